@@ -1,0 +1,252 @@
+"""`cast`, `upcast` and `QTensor`: one contract, several backends (design.md item 12).
+
+Layouts of a `QTensor` (all fields are numpy arrays):
+
+- ``data``: ``actual`` - element codes of the input's shape, unsigned, the smallest width
+  that holds them (two's complement for ints, the bit pattern for floats, table index for
+  codebooks); ``compress`` - those codes bit-packed as one uint8 stream in C order
+  (packing.py), pruned (N:M) positions left out.
+- ``scale`` / ``zero``: codes of the scale and zero-point types in *tile grid* layout - the
+  input's axis order with the tiled dims replaced by tile counts (shape (1,) for one scale).
+- ``tenscale``: the tensor scale code, shape (1,).
+- ``meta``: codebook mapping index or MX shift bit per subtile (per tile for codebooks without
+  subtiles), grid layout; packed to ``meta_bits`` each in compress mode.
+- ``mask``: N:M sparsity, bool of the input's shape; packed one bit each in compress mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from onnxq.cast import reference
+from onnxq.cast.packing import pack_bits, unpack_bits
+from onnxq.formats.codebook import Codebook
+from onnxq.formats.datatype import DataType, datatype
+from onnxq.formats.modes import Backend, CastMode, NanPolicy, RoundMode, ScaleMode, current_defaults
+
+__all__ = ["QTensor", "cast", "upcast"]
+
+_FLOAT_DTYPES = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float16): "float16",
+    np.dtype(ml_dtypes.bfloat16): "bfloat16",
+}
+
+
+@dataclasses.dataclass
+class QTensor:
+    """A quantized tensor: codes plus what is needed to upcast them (see module doc)."""
+
+    data: np.ndarray
+    dtype: DataType
+    shape: tuple[int, ...]
+    axis: int
+    mode: CastMode
+    scale: np.ndarray | None = None
+    zero: np.ndarray | None = None
+    tenscale: np.ndarray | None = None
+    meta: np.ndarray | None = None
+    mask: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every stored field (what the quantized tensor costs)."""
+        fields = (self.data, self.scale, self.zero, self.tenscale, self.meta, self.mask)
+        return sum(f.nbytes for f in fields if f is not None)
+
+
+def _meta_bits(dt: DataType) -> int:
+    return dt.nspec.meta_bits if isinstance(dt.nspec, Codebook) else 1
+
+
+def _as_datatype(dtype: DataType | str) -> DataType:
+    if isinstance(dtype, DataType):
+        return dtype
+    if isinstance(dtype, str):
+        return datatype(dtype)
+    raise TypeError(f"dtype must be a DataType or a preset/code string, got {type(dtype).__name__}")
+
+
+def _check_input(x: Any) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        if type(x).__module__.startswith("torch"):
+            raise NotImplementedError(
+                "torch tensors need the GPU engine (pip install onnxq[gpu]); pass x.numpy()"
+            )
+        raise TypeError(
+            f"cast expects a numpy array of float32, float16 or bfloat16, got {type(x).__name__}"
+        )
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"cast expects float32, float16 or bfloat16 data, got {x.dtype}; "
+            f"convert first, e.g. x.astype(np.float32)"
+        )
+    if x.size == 0:
+        raise ValueError(f"cannot cast an empty tensor (shape {x.shape})")
+    if x.ndim == 0:
+        raise ValueError("cannot cast a 0-D scalar; reshape it to (1,)")
+    return x
+
+
+def _pick_backend(backend: Backend) -> Backend:
+    if backend in (Backend.AUTO, Backend.REFERENCE):
+        return Backend.REFERENCE
+    raise NotImplementedError(
+        f"backend {backend.value!r} is not available in this build; use backend='reference' "
+        f"(or 'auto')"
+    )
+
+
+def cast(
+    x: np.ndarray,
+    dtype: DataType | str,
+    *,
+    mode: CastMode | str | None = None,
+    axis: int = -1,
+    round_mode: RoundMode | str | None = None,
+    scale_mode: ScaleMode | str | None = None,
+    nan_policy: NanPolicy | str | None = None,
+    seed: int | None = None,
+    backend: Backend | str | None = None,
+    metric: reference.Metric | None = None,
+    int_range: str = "symmetric",
+) -> np.ndarray | QTensor:
+    """Cast ``x`` to ``dtype``: fake-quantize (``virtual``) or encode (``actual``/``compress``).
+
+    Args:
+        x: float32, float16 or bfloat16 numpy array, 1-D or more, not empty.
+        dtype: a DataType, a preset name (``"mxfp4"``) or a data type code.
+        mode: ``virtual`` (same shape and dtype as ``x``), ``actual`` or ``compress``.
+        axis: the axis 1-D tiles run along (2-D tiles: the last two after moving it last).
+        round_mode: ``even``, ``away``, ``zero`` or ``stochastic``.
+        scale_mode: ``floor``, ``ceil``, ``midmax``, ``option3``, ``topbinade``, ``rceil``,
+            ``even`` (power-of-two scales of float elements; ints always use floor).
+        nan_policy: ``element`` or ``block`` (design.md item 5).
+        seed: stochastic rounding seed; the same seed gives the same bits on every backend.
+        backend: ``auto``, ``reference``, ``native`` or ``triton``.
+        metric: codebook mapping error, ``(scaled, quantized) -> error`` per unit (L2 default).
+        int_range: ``symmetric`` (+-(2^(N-1)-1)) or ``full`` (allows -2^(N-1), Quark MXINT8).
+
+    Returns:
+        The fake-quantized array (``virtual``) or a `QTensor`.
+
+    Raises:
+        TypeError: ``x`` is not a float32/float16/bfloat16 array, or ``dtype`` has a bad type.
+        ValueError: empty input, bad axis, unknown mode or malformed dtype code.
+        NotImplementedError: the requested backend or mode cannot do this cast.
+    """
+    d = current_defaults()
+    x = _check_input(x)
+    dt = _as_datatype(dtype)
+    cast_mode = CastMode.parse(mode if mode is not None else d.mode)
+    rmode = RoundMode.parse(round_mode if round_mode is not None else d.round_mode)
+    smode = ScaleMode.parse(scale_mode if scale_mode is not None else d.scale_mode)
+    policy = NanPolicy.parse(nan_policy if nan_policy is not None else d.nan_policy)
+    chosen = _pick_backend(Backend.parse(backend if backend is not None else d.backend))
+    if int_range not in ("symmetric", "full"):
+        raise ValueError(f"unknown int_range {int_range!r}: expected 'symmetric' or 'full'")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for a {x.ndim}-D tensor of shape {x.shape}")
+    axis = int(axis) % x.ndim
+    del chosen  # only the reference exists so far
+    enc = reference.quantize(
+        x.astype(np.float32),
+        dt,
+        axis=axis,
+        round_mode=rmode,
+        scale_mode=smode,
+        nan_policy=policy,
+        seed=int(seed if seed is not None else d.seed),
+        metric=metric,
+        full_int_range=int_range == "full",
+        want_codes=cast_mode is not CastMode.VIRTUAL,
+    )
+    if cast_mode is CastMode.VIRTUAL:
+        return enc.values.astype(x.dtype)
+    assert enc.codes is not None
+    q = QTensor(
+        data=enc.codes,
+        dtype=dt,
+        shape=tuple(x.shape),
+        axis=axis,
+        mode=cast_mode,
+        scale=enc.scale,
+        zero=enc.zero,
+        tenscale=enc.tenscale,
+        meta=enc.meta,
+        mask=enc.mask,
+    )
+    return _compress(q) if cast_mode is CastMode.COMPRESS else q
+
+
+def _compress(q: QTensor) -> QTensor:
+    codes = q.data if q.mask is None else q.data[q.mask]
+    return dataclasses.replace(
+        q,
+        data=pack_bits(codes, q.dtype.nspec.bits),
+        meta=None if q.meta is None else pack_bits(q.meta, _meta_bits(q.dtype)),
+        mask=None if q.mask is None else pack_bits(q.mask.astype(np.uint8), 1),
+    )
+
+
+def _expand(q: QTensor) -> tuple[np.ndarray, np.ndarray | None]:
+    """Unpacked codes (input shape) and meta (grid) of a compress-mode QTensor."""
+    count = int(np.prod(q.shape))
+    if q.mask is not None:
+        mask = unpack_bits(q.mask, 1, count).astype(bool).reshape(q.shape)
+        kept = unpack_bits(q.data, q.dtype.nspec.bits, int(mask.sum()))
+        codes = np.zeros(q.shape, dtype=kept.dtype)
+        codes[mask] = kept
+    else:
+        codes = unpack_bits(q.data, q.dtype.nspec.bits, count).reshape(q.shape)
+    meta = None
+    if q.meta is not None:
+        from onnxq.cast.layout import Tiling
+
+        tiling = Tiling.build(q.shape, q.axis, q.dtype.sspec)
+        if tiling.Sc:
+            rows, cols = tiling.sub_counts
+            meta_count = tiling.B * rows * cols
+            grid = tiling.sub_grid(np.zeros((tiling.B, tiling.nR, tiling.nC, tiling.n_sub), np.uint8))
+        else:
+            meta_count = tiling.B * tiling.nR * tiling.nC
+            grid = tiling.tile_grid(np.zeros((tiling.B, tiling.nR, tiling.nC), np.uint8))
+        meta = unpack_bits(q.meta, _meta_bits(q.dtype), meta_count).reshape(grid.shape)
+    return codes, meta
+
+
+def upcast(q: QTensor, dtype: Any = np.float32) -> np.ndarray:
+    """Decode a `QTensor` from `cast` (actual or compress) to a float array.
+
+    ``upcast(cast(x, dt, mode="compress"), x.dtype)`` equals ``cast(x, dt)`` bit for bit.
+
+    Raises:
+        TypeError: ``q`` is not a QTensor or ``dtype`` is not float32/float16/bfloat16.
+    """
+    if not isinstance(q, QTensor):
+        raise TypeError(f"upcast expects a QTensor from cast(..., mode='actual'|'compress'), got {type(q).__name__}")
+    out = np.dtype(dtype)
+    if out not in _FLOAT_DTYPES:
+        raise TypeError(f"upcast returns float32, float16 or bfloat16, not {out}")
+    if q.mode is CastMode.COMPRESS:
+        codes, meta = _expand(q)
+    else:
+        codes, meta = q.data, q.meta
+    values = reference.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.zero, q.tenscale, meta)
+    if q.mask is not None and q.mode is not CastMode.COMPRESS:
+        values = np.where(q.mask, values, np.float32(0))
+    elif q.mask is not None:
+        mask = unpack_bits(q.mask, 1, int(np.prod(q.shape))).astype(bool).reshape(q.shape)
+        values = np.where(mask, values, np.float32(0))
+    return values.astype(out)
+
+
+def _warn_once(message: str) -> None:  # pragma: no cover - used by later backends
+    warnings.warn(message, RuntimeWarning, stacklevel=3)

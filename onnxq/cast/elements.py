@@ -1,0 +1,180 @@
+"""Element rounding, encoding and decoding in numpy: the reference for every backend.
+
+Values are float64 arrays: a float32 input scaled by a power of two is exact in float64, so
+each step below is exact except the one rounding it is meant to do.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from onnxq.formats.modes import RoundMode
+from onnxq.formats.number import InfNaN, Kind, NumberSpec
+
+__all__ = [
+    "decode_codes",
+    "encode_values",
+    "floor_log2",
+    "quantize_values",
+    "round_magnitude",
+    "stochastic_bits",
+]
+
+_GOLDEN = np.uint32(0x9E3779B9)
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+    """A 32-bit integer hash (Wellons' lowbias32): cheap in numpy, C and Triton alike."""
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> np.uint32(15))
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def stochastic_bits(seed: int, index: np.ndarray) -> np.ndarray:
+    """24 random bits per element from (seed, flat element index) - design.md item 4.
+
+    ``h = mix32(lo32(i) ^ mix32(hi32(i) ^ mix32(lo32(seed) ^ 0x9E3779B9)))``, bits = h >> 8.
+    """
+    with np.errstate(over="ignore"):
+        key = _mix32(np.array([seed & 0xFFFFFFFF], dtype=np.uint32) ^ _GOLDEN)[0]
+        idx = index.astype(np.uint64, copy=False)
+        lo = (idx & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        hi = (idx >> np.uint64(32)).astype(np.uint32)
+        return _mix32(lo ^ _mix32(hi ^ key)) >> np.uint32(8)
+
+
+def floor_log2(a: np.ndarray) -> np.ndarray:
+    """floor(log2(a)) of positive float64 values from their exponent bits (0 -> -1023).
+
+    Exact for normal float64 (every float32 is one); never uses a float log2 (design.md item 1).
+    """
+    bits = np.ascontiguousarray(a, dtype=np.float64).view(np.int64)
+    return ((bits >> 52) & 0x7FF).astype(np.int64) - 1023
+
+
+def round_magnitude(t: np.ndarray, mode: RoundMode, rand: np.ndarray | None = None) -> np.ndarray:
+    """Round non-negative float64 ``t`` to an integer-valued float64.
+
+    Stochastic: up when ``rand < floor(frac * 2^24)``, with ``rand`` from `stochastic_bits`.
+    """
+    match mode:
+        case RoundMode.EVEN:
+            return np.rint(t)
+        case RoundMode.AWAY:
+            return np.floor(t + 0.5)
+        case RoundMode.ZERO:
+            return np.ceil(t - 0.5)
+        case RoundMode.STOCHASTIC:
+            if rand is None:
+                raise ValueError("stochastic rounding needs random bits")
+            low = np.floor(t)
+            threshold = np.floor((t - low) * 16777216.0)
+            return low + (rand < threshold)
+        case _:
+            raise ValueError(f"unknown round mode {mode!r}")
+
+
+def quantize_values(
+    v: np.ndarray,
+    spec: NumberSpec,
+    mode: RoundMode,
+    rand: np.ndarray | None = None,
+    *,
+    keep_inf: bool = False,
+    full_int_range: bool = False,
+) -> np.ndarray:
+    """Round scaled values ``v`` (float64) onto the grid of ``spec`` (design.md item 1).
+
+    Floats: e = max(floor(log2|v|), emin), step 2^(e - mbits); ints: step 1. The result is
+    clamped to +-maxfloat (ints: +-(2^(N-1) - 1), or -2^(N-1) with ``full_int_range``).
+    NaN stays NaN; Inf saturates unless ``keep_inf`` (unscaled casts to a format with Inf).
+    Negative zero becomes +0 in formats without -0.
+    """
+    a = np.abs(v)
+    if spec.kind is Kind.FLOAT:
+        with np.errstate(invalid="ignore"):
+            e = np.maximum(floor_log2(a), spec.emin) - spec.mbits
+            q = np.ldexp(round_magnitude(np.ldexp(a, -e), mode, rand), e)
+    else:
+        q = round_magnitude(a, mode, rand)
+    top = spec.maxfloat
+    with np.errstate(invalid="ignore"):
+        if full_int_range and spec.is_int:
+            limit = np.where(v < 0, top + 1.0, top)
+            clamped = np.minimum(q, limit)
+        else:
+            clamped = np.minimum(q, top)
+    if keep_inf and spec.has_inf:
+        clamped = np.where(np.isinf(a), np.inf, clamped)
+    out = np.copysign(clamped, v)
+    if not spec.has_negative_zero:
+        out[out == 0] = 0.0
+    return out
+
+
+def _nan_code(spec: NumberSpec) -> int:
+    sign = 1 << (spec.bits - 1)
+    match spec.infnan:
+        case InfNaN.IEEE:
+            return (((1 << spec.ebits) - 1) << spec.mbits) | (1 << max(spec.mbits - 1, 0))
+        case InfNaN.FN:
+            return sign - 1
+        case InfNaN.FNUZ | InfNaN.INUZ:
+            return sign
+        case _:
+            raise ValueError(f"{spec} has no NaN code")
+
+
+def encode_values(q: np.ndarray, spec: NumberSpec) -> np.ndarray:
+    """Codes (uint64) of values already on the grid of ``spec`` (the output of quantize)."""
+    if spec.kind is Kind.INT:
+        return q.astype(np.int64).astype(np.uint64) & np.uint64((1 << spec.bits) - 1)
+    if spec.kind is Kind.UINT:
+        return q.astype(np.uint64)
+    if spec.kind is Kind.EXPONENT:
+        with np.errstate(invalid="ignore"):
+            codes = floor_log2(np.where(q > 0, q, 1.0)) + spec.bias
+        return np.where(np.isnan(q), (1 << spec.ebits) - 1, codes).astype(np.uint64)
+    if spec.bits == 32 and spec.ebits == 8 and spec.infnan is InfNaN.IEEE:
+        return q.astype(np.float32).view(np.uint32).astype(np.uint64)
+    a = np.abs(q)
+    finite = np.isfinite(a)
+    safe = np.where(finite, a, 0.0)
+    e = np.maximum(floor_log2(safe), spec.emin)
+    normal = safe >= spec.smallest_normal
+    scaled = np.ldexp(safe, spec.mbits - e).astype(np.int64)  # exact: q is on the grid
+    mant = np.where(normal, scaled - (1 << spec.mbits), scaled)
+    field = np.where(normal, e + spec.bias, 0)
+    codes = (field << spec.mbits) | mant
+    sign = np.signbit(q) & (spec.has_negative_zero | (a != 0))
+    codes = codes | (sign.astype(np.int64) << (spec.bits - 1))
+    if spec.has_inf:
+        top = ((1 << spec.ebits) - 1) << spec.mbits if spec.infnan is InfNaN.IEEE else (1 << (spec.bits - 1)) - 1
+        inf_code = top | (np.signbit(q).astype(np.int64) << (spec.bits - 1))
+        codes = np.where(np.isinf(q), inf_code, codes)
+    if np.isnan(q).any():
+        codes = np.where(np.isnan(q), _nan_code(spec), codes)
+    return codes.astype(np.uint64)
+
+
+@functools.lru_cache(maxsize=64)
+def _table(spec: NumberSpec) -> np.ndarray:
+    return np.array([spec.decode(c) for c in range(1 << spec.bits)], dtype=np.float64)
+
+
+def decode_codes(codes: np.ndarray, spec: NumberSpec) -> np.ndarray:
+    """Values (float64) of codes of ``spec`` (a table for <= 16 bits, bit views for float32)."""
+    if spec.bits <= 16:
+        return _table(spec)[codes.astype(np.intp)]
+    if spec.bits == 32 and spec.ebits == 8 and spec.infnan is InfNaN.IEEE:
+        return codes.astype(np.uint32).view(np.float32).astype(np.float64)
+    if spec.kind is Kind.INT:
+        c = codes.astype(np.int64)
+        return np.where(c >> (spec.bits - 1), c - (1 << spec.bits), c).astype(np.float64)
+    if spec.kind is Kind.UINT:
+        return codes.astype(np.float64)
+    raise NotImplementedError(f"decoding {spec} codes (over 16 bits) is not supported")

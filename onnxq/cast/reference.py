@@ -1,0 +1,433 @@
+"""The numpy reference cast engine: the oracle every faster backend is tested against.
+
+`quantize` turns a float32 array into element codes, scales, zero points, meta and masks
+(and the dequantized values, which are what a virtual cast returns); `dequantize` turns the
+codes back into float32. The order of operations mirrors the documents and design.md:
+
+1. N:M sparsity (keep the N largest magnitudes of every M along the sparse axis).
+2. Tiles (layout.py), each tile's absmax over finite values (NaN policy: design.md item 5).
+3. The scale: exponent (scale-mode rules, design.md items 2-3), float (absmax / maxfloat
+   cast to the scale type, over an optional tensor scale), or float scale + zero point.
+4. The elements: scaled, rounded (elements.py), clamped; codebooks pick a mapping per tile
+   or subtile by error; MX9/6/4 shift a subtile by one when all its exponents are below the
+   tile's (spec 003).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from onnxq.cast.elements import (
+    decode_codes,
+    encode_values,
+    floor_log2,
+    quantize_values,
+    round_magnitude,
+    stochastic_bits,
+)
+from onnxq.cast.layout import Tiling
+from onnxq.formats.codebook import Codebook
+from onnxq.formats.datatype import DataType
+from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+from onnxq.formats.number import NumberSpec
+
+__all__ = ["Encoded", "Metric", "dequantize", "quantize"]
+
+# A codebook error metric: (scaled values, their quantized values), both (..., unit) -> (...).
+Metric = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def l2_metric(v: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Sum of squared errors over the last axis (the default codebook metric)."""
+    d = v - q
+    return np.einsum("...i,...i->...", d, d)
+
+
+@dataclasses.dataclass
+class Encoded:
+    """The result of `quantize`: unpacked codes in the layouts of layout.py."""
+
+    values: np.ndarray  # float32, input shape: the virtual (fake-quantized) result
+    codes: np.ndarray | None = None  # element codes, input shape (uint)
+    scale: np.ndarray | None = None  # scale codes, tile grid
+    zero: np.ndarray | None = None  # zero point codes, tile grid
+    tenscale: np.ndarray | None = None  # tensor scale code, shape (1,)
+    meta: np.ndarray | None = None  # mapping index / shift bit, subtile (or tile) grid
+    mask: np.ndarray | None = None  # bool, input shape: kept by N:M sparsity
+
+
+# -- step 1: sparsity --------------------------------------------------------------------------
+def _prune(x: np.ndarray, tiling: Tiling, n_keep: int, m: int, tile_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zero all but the N largest magnitudes of each group of M along the sparse dimension."""
+    moved = np.moveaxis(x, tiling.axis, -1).reshape(tiling.B, tiling.R, tiling.C)
+    along_rows = tiling.kind == "2d" and tile_index == 0
+    work = moved.transpose(0, 2, 1) if along_rows else moved
+    length = work.shape[-1]
+    pad = -length % m
+    key = np.abs(work)
+    key = np.where(np.isnan(key), np.inf, key)  # NaN is kept, to be seen by the NaN policy
+    if pad:
+        key = np.pad(key, ((0, 0), (0, 0), (0, pad)), constant_values=-1.0)
+    groups = key.reshape(*key.shape[:-1], -1, m)
+    order = np.argsort(-groups, axis=-1, kind="stable")  # ties: lower index first
+    keep = np.zeros(groups.shape, dtype=bool)
+    np.put_along_axis(keep, order[..., :n_keep], True, axis=-1)
+    keep = keep.reshape(*key.shape[:-1], -1)[..., :length]
+    if along_rows:
+        keep = keep.transpose(0, 2, 1)
+    keep_in = np.moveaxis(keep.reshape(tiling.moved_shape), -1, tiling.axis)
+    return np.where(keep_in, x, np.float32(0)), keep_in
+
+
+# -- step 3: exponent scales -------------------------------------------------------------------
+def _scale_exponent(amax: np.ndarray, spec: NumberSpec, mode: ScaleMode) -> np.ndarray:
+    """maxexp' - emax of design.md item 3, before clamping (int64; all-zero tiles arbitrary)."""
+    a = amax.astype(np.float64)
+    maxexp = floor_log2(np.where(a > 0, a, 1.0))
+    if spec.is_float:
+        bump: np.ndarray | None
+        match mode:
+            case ScaleMode.FLOOR:
+                bump = None
+            case ScaleMode.CEIL:
+                bump = a > np.ldexp(1.0, maxexp)
+            case ScaleMode.MIDMAX:
+                bump = a > np.ldexp(spec.midmax, maxexp - spec.emax)
+            case ScaleMode.TOPBINADE | ScaleMode.RCEIL:
+                bump = a > np.ldexp(spec.maxfloat, maxexp - spec.emax)
+            case ScaleMode.OPTION3:
+                bump = np.rint(np.ldexp(a, spec.mbits - maxexp)) >= 2.0 ** (spec.mbits + 1)
+            case ScaleMode.EVEN:
+                bump = np.floor(np.ldexp(a, spec.mbits - maxexp) + 0.5) >= 2.0 ** (spec.mbits + 1)
+            case _:
+                raise ValueError(f"unknown scale mode {mode!r}")
+        if bump is not None:
+            maxexp = maxexp + bump
+    return maxexp - spec.emax
+
+
+def _codebook_select(
+    v: np.ndarray, book: Codebook, tiling: Tiling, mode: RoundMode, metric: Metric
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nearest entry of every mapping, then the mapping with the least error per unit.
+
+    Returns (quantized values, magnitude index, mapping index per unit), units being subtiles
+    when the scale has them, else tiles.
+    """
+    if mode is RoundMode.STOCHASTIC:
+        raise NotImplementedError("codebooks round to the nearest table entry; stochastic is not supported")
+    a = np.abs(v)
+    per_unit = (lambda t: tiling.to_subtiles(t)) if tiling.Sc else (lambda t: t[..., None, :])
+    best_err = best_q = best_idx = best_map = None
+    for index, (mags, codes) in enumerate(zip(book.magnitudes(), book.magnitude_codes(), strict=True)):
+        table = np.asarray(mags, dtype=np.float64)
+        even = (np.asarray(codes) % 2 == 0)
+        hi = np.clip(np.searchsorted(table, a, side="left"), 1, len(table) - 1)
+        lo = hi - 1
+        d_lo, d_hi = a - table[lo], table[hi] - a
+        match mode:
+            case RoundMode.EVEN:
+                tie_hi = even[hi]
+            case RoundMode.AWAY:
+                tie_hi = np.ones_like(d_lo, dtype=bool)
+            case RoundMode.ZERO:
+                tie_hi = np.zeros_like(d_lo, dtype=bool)
+            case _:
+                raise ValueError(f"unknown round mode {mode!r}")
+        pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & tie_hi)
+        idx = np.where(pick_hi, hi, lo)
+        q = np.copysign(table[idx], v)
+        err = metric(per_unit(v), per_unit(q))
+        if best_err is None:
+            best_err, best_q, best_idx = err, q, idx
+            best_map = np.zeros(err.shape, dtype=np.int64)
+        else:
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            best_map = np.where(better, index, best_map)
+            wide = tiling.from_subtiles(np.broadcast_to(better[..., None], (*better.shape, tiling.Sr * tiling.Sc))) if tiling.Sc else np.broadcast_to(better, q.shape)
+            best_q = np.where(wide, q, best_q)
+            best_idx = np.where(wide, idx, best_idx)
+    assert best_q is not None and best_idx is not None and best_map is not None
+    return best_q, best_idx, (best_map if tiling.Sc else best_map[..., 0])
+
+
+def _expand_units(per_unit: np.ndarray, tiling: Tiling) -> np.ndarray:
+    """Per-subtile (or per-tile) array -> per-element, in tile layout."""
+    if tiling.Sc:
+        return tiling.from_subtiles(np.repeat(per_unit[..., None], tiling.Sr * tiling.Sc, axis=-1))
+    return np.repeat(per_unit[..., None], tiling.tile_elems, axis=-1)
+
+
+# -- the cast ----------------------------------------------------------------------------------
+def quantize(
+    x: np.ndarray,
+    dt: DataType,
+    *,
+    axis: int = -1,
+    round_mode: RoundMode = RoundMode.EVEN,
+    scale_mode: ScaleMode = ScaleMode.FLOOR,
+    nan_policy: NanPolicy = NanPolicy.ELEMENT,
+    seed: int = 0,
+    metric: Metric | None = None,
+    full_int_range: bool = False,
+    want_codes: bool = True,
+) -> Encoded:
+    """Quantize a float32 array (any shape, non-empty) to ``dt``.
+
+    Raises:
+        ValueError: geometry problems (axis, 2-D tiles on 1-D data).
+        NotImplementedError: a mode the format cannot do (stochastic codebooks).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, s = dt.nspec, dt.sspec
+    tiling = Tiling.build(x.shape, axis, s)
+    rand = None
+    if round_mode is RoundMode.STOCHASTIC:
+        rand = stochastic_bits(seed, np.arange(x.size, dtype=np.uint64).reshape(x.shape))
+    if s is None:  # an unscaled cast
+        q = quantize_values(x.astype(np.float64), n, round_mode, rand, keep_inf=True)
+        return Encoded(
+            values=q.astype(np.float32),
+            codes=encode_values(q, n).astype(_code_dtype(n)) if want_codes else None,
+        )
+
+    mask = None
+    sparse_n, sparse_m, sparse_dim = s.sparsity
+    if sparse_m:
+        x, mask = _prune(x, tiling, sparse_n, sparse_m, sparse_dim)
+
+    xt = tiling.to_tiles(x)
+    rt = tiling.to_tiles(rand) if rand is not None else None
+    finite = np.isfinite(xt)
+    absx = np.where(finite, np.abs(xt), np.float32(0))
+    amax = absx.max(axis=-1)
+    nonfinite = ~finite.all(axis=-1)
+    if nan_policy is NanPolicy.BLOCK:
+        nan_tiles = nonfinite
+    elif n.is_float:
+        nan_tiles = None
+    else:  # no NaN code: a NaN poisons its tile through the scale
+        nan_tiles = np.isnan(xt).any(axis=-1)
+    if nan_tiles is not None and not nan_tiles.any():
+        nan_tiles = None
+
+    out = Encoded(values=np.empty(0, np.float32))
+    if s.scale.is_exponent:
+        y, codes_t = _exponent_scaled(xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, metric, full_int_range, out, want_codes)
+    elif s.zero is not None:
+        y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes)
+    else:
+        y, codes_t = _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes)
+
+    if nan_tiles is not None:
+        y = np.where(nan_tiles[..., None], np.float32(np.nan), y)
+        if want_codes:
+            assert codes_t is not None and out.scale is not None
+            codes_t = np.where(nan_tiles[..., None], 0, codes_t)
+            nan_scale = encode_values(np.array([np.nan]), s.scale)[0]
+            out.scale = np.where(nan_tiles, nan_scale, out.scale)
+    out.values = tiling.from_tiles(y.astype(np.float32))
+    if mask is not None:  # pruned positions read as zero whatever the zero point
+        out.values = np.where(mask, out.values, np.float32(0))
+        out.mask = mask
+    if want_codes:
+        assert codes_t is not None
+        out.codes = tiling.from_tiles(codes_t).astype(_code_dtype(n))
+        out.scale = tiling.tile_grid(out.scale.astype(_code_dtype(s.scale)))
+        if out.zero is not None:
+            out.zero = tiling.tile_grid(out.zero.astype(_code_dtype(s.zero)))
+        if out.meta is not None:
+            meta_grid = tiling.sub_grid if tiling.Sc else tiling.tile_grid
+            out.meta = meta_grid(out.meta).astype(np.uint8)
+    return out
+
+
+def _code_dtype(spec: NumberSpec) -> np.dtype:
+    for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
+        if spec.bits <= np.dtype(dtype).itemsize * 8:
+            return np.dtype(dtype)
+    raise AssertionError(spec)
+
+
+def _exponent_scaled(xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, metric, full_int_range, out, want_codes):  # noqa: ANN001, ANN202, D103
+    s = dt.sspec
+    book = n if isinstance(n, Codebook) else None
+    elem = book.compute if book is not None else n
+    sexp = _scale_exponent(amax, elem, scale_mode)
+    low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
+    sexp = np.where(amax > 0, np.clip(sexp, low, high), low)
+    v = np.ldexp(xt.astype(np.float64), -sexp[..., None])
+    shift_el = None
+    if book is None and tiling.Sc:  # MX9/6/4: one shift bit per subtile (spec 003)
+        maxexp = floor_log2(np.where(amax > 0, amax, 1.0).astype(np.float64))
+        e_el = floor_log2(absx.astype(np.float64))
+        below = (tiling.to_subtiles(e_el) < maxexp[..., None, None]).all(axis=-1)
+        out.meta = below.astype(np.uint8)
+        shift_el = _expand_units(below, tiling).astype(np.int64)
+        v = np.ldexp(v, shift_el)
+    if book is not None:
+        q, mag_idx, chosen = _codebook_select(v, book, tiling, round_mode, metric or l2_metric)
+        out.meta = chosen.astype(np.uint8)
+        codes = None
+        if want_codes:
+            negative = np.signbit(q) & ((q != 0) | book.compute.has_negative_zero)
+            codes = (negative.astype(np.int64) << (book.index_bits - 1)) | mag_idx
+    else:
+        q = quantize_values(v, n, round_mode, rt, full_int_range=full_int_range)
+        codes = None
+        if want_codes:  # ints have no NaN code: their NaN tiles are marked by the caller
+            codes = encode_values(q if n.is_float else np.nan_to_num(q), n)
+    y = np.ldexp(q, sexp[..., None] - (shift_el if shift_el is not None else 0))
+    out.scale = (sexp + s.scale.bias).astype(np.int64)
+    return y, codes
+
+
+def _cast_scale(values: np.ndarray, spec: NumberSpec) -> np.ndarray:
+    """Round non-negative float32 scale values to ``spec`` (round-even, saturating)."""
+    return quantize_values(values.astype(np.float64), spec, RoundMode.EVEN).astype(np.float32)
+
+
+def _tensor_scale(xt: np.ndarray, amax: np.ndarray, n: NumberSpec, dt: DataType) -> tuple[np.float32, np.float32]:
+    """NVFP4-style tensor scale: amax / (maxfloat_elem * maxfloat_scale), cast to its type."""
+    s = dt.sspec
+    top = np.float32(amax.max()) if amax.size else np.float32(0)
+    denom = np.float32(n.maxfloat) * np.float32(s.scale.maxfloat)
+    ts = _cast_scale(np.array([top / denom], dtype=np.float32), s.tenscale)[0]
+    return np.float32(ts), top
+
+
+def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes):  # noqa: ANN001, ANN202, D103
+    s = dt.sspec
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        raw = amax / np.float32(n.maxfloat)
+        if s.tenscale is not None:
+            ts, _ = _tensor_scale(xt, amax, n, dt)
+            raw = np.where(ts > 0, raw / ts, np.float32(0)).astype(np.float32)
+            out.tenscale = encode_values(np.array([ts], dtype=np.float64), s.tenscale).astype(_code_dtype(s.tenscale))
+        sc = _cast_scale(raw, s.scale)
+        eff = (sc * ts).astype(np.float32) if s.tenscale is not None else sc
+        v = np.where(eff[..., None] > 0, xt / eff[..., None], np.float32(0)).astype(np.float32)
+    q = quantize_values(v.astype(np.float64), n, round_mode, rt, full_int_range=full_int_range)
+    y = q.astype(np.float32) * eff[..., None]
+    out.scale = encode_values(sc.astype(np.float64), s.scale)
+    # Ints have no NaN code: their NaN tiles are marked by the caller, so the code is moot.
+    codes = encode_values(q if n.is_float else np.nan_to_num(q), n) if want_codes else None
+    return y, codes
+
+
+def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes):  # noqa: ANN001, ANN202, D103
+    s = dt.sspec
+    finite = np.isfinite(xt)
+    qmax = np.float32(n.maxfloat)
+    lo = np.where(finite, xt, np.float32(np.inf)).min(axis=-1)
+    hi = np.where(finite, xt, np.float32(-np.inf)).max(axis=-1)
+    lo = np.where(np.isfinite(lo), lo, np.float32(0))
+    hi = np.where(np.isfinite(hi), hi, np.float32(0))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if s.zero.is_float:
+            zero = quantize_values(lo.astype(np.float64), s.zero, RoundMode.EVEN).astype(np.float32)
+            raw = np.maximum((hi - zero) / qmax, np.float32(0)).astype(np.float32)
+            sc = _cast_scale(raw, s.scale)
+            shifted = (xt - zero[..., None]).astype(np.float32)
+            v = np.where(sc[..., None] > 0, shifted / sc[..., None], np.float32(0)).astype(np.float32)
+            q = np.clip(_round_signed(v, round_mode, rt), 0, qmax)
+            y = (q.astype(np.float32) * sc[..., None]).astype(np.float32) + zero[..., None]
+            zero_codes = encode_values(zero.astype(np.float64), s.zero)
+        else:
+            lo, hi = np.minimum(lo, np.float32(0)), np.maximum(hi, np.float32(0))
+            raw = ((hi - lo) / qmax).astype(np.float32)
+            sc = _cast_scale(raw, s.scale)
+            zp = np.where(sc > 0, -lo / sc, np.float32(0)).astype(np.float32)
+            zp = np.clip(np.rint(zp), 0, qmax)
+            v = np.where(sc[..., None] > 0, xt / sc[..., None], np.float32(0)).astype(np.float32)
+            q = np.clip(_round_signed(v, round_mode, rt) + zp[..., None], 0, qmax)
+            y = ((q - zp[..., None]).astype(np.float32) * sc[..., None]).astype(np.float32)
+            zero_codes = encode_values(zp.astype(np.float64), s.zero)
+    # Inf saturated through the clip; NaN tiles get their scale made NaN by the caller.
+    q = np.nan_to_num(q)
+    out.scale = encode_values(sc.astype(np.float64), s.scale)
+    out.zero = zero_codes
+    return y, (q.astype(np.int64) if want_codes else None)
+
+
+def _round_signed(v: np.ndarray, mode: RoundMode, rand: np.ndarray | None) -> np.ndarray:
+    v64 = v.astype(np.float64)
+    return np.copysign(round_magnitude(np.abs(v64), mode, rand), v64)
+
+
+# -- the inverse -------------------------------------------------------------------------------
+def dequantize(
+    dt: DataType,
+    shape: tuple[int, ...],
+    axis: int,
+    codes: np.ndarray,
+    scale: np.ndarray | None = None,
+    zero: np.ndarray | None = None,
+    tenscale: np.ndarray | None = None,
+    meta: np.ndarray | None = None,
+) -> np.ndarray:
+    """Float32 values of unpacked codes (input shape; pruned positions hold code 0).
+
+    Raises:
+        ValueError: a missing or mis-shaped scale, zero point or meta tensor.
+    """
+    n, s = dt.nspec, dt.sspec
+    if s is None:
+        return decode_codes(codes, n).astype(np.float32)
+    if scale is None:
+        raise ValueError(f"{dt.name}: dequantizing needs the scale tensor")
+    tiling = Tiling.build(shape, axis, s)
+    ct = tiling.to_tiles(codes.reshape(shape))
+    sc_codes = tiling.tile_ungrid(np.asarray(scale))
+    if s.scale.is_exponent:
+        sexp = sc_codes.astype(np.int64) - s.scale.bias
+        nan_tiles = sc_codes.astype(np.int64) == (1 << s.scale.ebits) - 1
+        shift = 0
+        if isinstance(n, Codebook) or tiling.Sc:
+            if meta is None:
+                raise ValueError(f"{dt.name}: dequantizing needs the meta tensor")
+            units = tiling.sub_ungrid(np.asarray(meta)) if tiling.Sc else tiling.tile_ungrid(np.asarray(meta))
+            per_el = _expand_units(units.astype(np.int64), tiling)
+        if isinstance(n, Codebook):
+            table = np.asarray(n.table(), dtype=np.float64)
+            q = table[per_el, ct.astype(np.int64)]
+        else:
+            q = decode_codes(ct, n)
+            if tiling.Sc:
+                shift = per_el
+        y = np.ldexp(q, sexp[..., None] - shift)
+        y = np.where(nan_tiles[..., None], np.nan, y).astype(np.float32)
+    else:
+        sc = decode_codes(sc_codes, s.scale).astype(np.float32)
+        if s.zero is not None:
+            if zero is None:
+                raise ValueError(f"{dt.name}: dequantizing needs the zero point tensor")
+            zp = decode_codes(tiling.tile_ungrid(np.asarray(zero)), s.zero).astype(np.float32)
+            q = decode_codes(ct, n).astype(np.float32)
+            with np.errstate(invalid="ignore"):
+                if s.zero.is_float:
+                    y = (q * sc[..., None]).astype(np.float32) + zp[..., None]
+                else:
+                    y = ((q - zp[..., None]) * sc[..., None]).astype(np.float32)
+        else:
+            eff = sc
+            if s.tenscale is not None:
+                if tenscale is None:
+                    raise ValueError(f"{dt.name}: dequantizing needs the tensor scale")
+                ts = decode_codes(np.asarray(tenscale).reshape(-1)[:1], s.tenscale).astype(np.float32)[0]
+                eff = (sc * ts).astype(np.float32)
+            q = decode_codes(ct, n).astype(np.float32)
+            with np.errstate(invalid="ignore"):
+                y = q * eff[..., None]
+        y = np.where(np.isnan(sc)[..., None], np.float32(np.nan), y).astype(np.float32)
+    return tiling.from_tiles(y)
+
+
+def element_count(shape: tuple[int, ...]) -> int:
+    """Number of elements of ``shape``."""
+    return math.prod(shape)
