@@ -17,6 +17,7 @@ __all__ = [
     "decode_codes",
     "encode_values",
     "floor_log2",
+    "pow2",
     "quantize_values",
     "round_magnitude",
     "stochastic_bits",
@@ -53,7 +54,15 @@ def floor_log2(a: np.ndarray) -> np.ndarray:
     Exact for normal float64 (every float32 is one); never uses a float log2 (design.md item 1).
     """
     bits = np.ascontiguousarray(a, dtype=np.float64).view(np.int64)
-    return ((bits >> 52) & 0x7FF).astype(np.int64) - 1023
+    return ((bits >> 52) & 0x7FF) - 1023
+
+
+def pow2(k: np.ndarray | int) -> np.ndarray:
+    """2.0^k as float64 for integer k in [-1022, 1023], built from the exponent bits.
+
+    Multiplying by it is exact and much cheaper than ``np.ldexp`` with an array of exponents.
+    """
+    return ((np.asarray(k, dtype=np.int64) + 1023) << 52).view(np.float64)
 
 
 def round_magnitude(t: np.ndarray, mode: RoundMode, rand: np.ndarray | None = None) -> np.ndarray:
@@ -96,9 +105,11 @@ def quantize_values(
     """
     a = np.abs(v)
     if spec.kind is Kind.FLOAT:
-        with np.errstate(invalid="ignore"):
-            e = np.maximum(floor_log2(a), spec.emin) - spec.mbits
-            q = np.ldexp(round_magnitude(np.ldexp(a, -e), mode, rand), e)
+        with np.errstate(invalid="ignore", over="ignore"):
+            # Non-finite a gets a harmless exponent here; it is restored by the clamp below.
+            low = max(spec.emin, spec.mbits - 1022)  # keeps pow2 in range for any format
+            e = np.clip(floor_log2(a), low, 1022 + spec.mbits) - spec.mbits
+            q = round_magnitude(a * pow2(-e), mode, rand) * pow2(e)
     else:
         q = round_magnitude(a, mode, rand)
     top = spec.maxfloat
@@ -112,7 +123,7 @@ def quantize_values(
         clamped = np.where(np.isinf(a), np.inf, clamped)
     out = np.copysign(clamped, v)
     if not spec.has_negative_zero:
-        out[out == 0] = 0.0
+        out += 0.0  # -0 + +0 = +0 under round-to-nearest; every other value is unchanged
     return out
 
 

@@ -25,6 +25,7 @@ from onnxq.cast.elements import (
     decode_codes,
     encode_values,
     floor_log2,
+    pow2,
     quantize_values,
     round_magnitude,
     stochastic_bits,
@@ -141,6 +142,8 @@ def _codebook_select(
         pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & tie_hi)
         idx = np.where(pick_hi, hi, lo)
         q = np.copysign(table[idx], v)
+        if not book.compute.has_negative_zero:
+            q += 0.0  # the table's sign-and-zero entry is +0 (codebook.py `table`)
         err = metric(per_unit(v), per_unit(q))
         if best_err is None:
             best_err, best_q, best_idx = err, q, idx
@@ -154,6 +157,11 @@ def _codebook_select(
             best_idx = np.where(wide, idx, best_idx)
     assert best_q is not None and best_idx is not None and best_map is not None
     return best_q, best_idx, (best_map if tiling.Sc else best_map[..., 0])
+
+
+def _scale_units(t: np.ndarray, factor: np.ndarray, tiling: Tiling) -> np.ndarray:
+    """Multiply each subtile of tile-layout ``t`` by its ``factor`` (exact powers of two)."""
+    return tiling.from_subtiles(tiling.to_subtiles(t) * factor[..., None])
 
 
 def _expand_units(per_unit: np.ndarray, tiling: Tiling) -> np.ndarray:
@@ -261,15 +269,14 @@ def _exponent_scaled(xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, 
     sexp = _scale_exponent(amax, elem, scale_mode)
     low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
     sexp = np.where(amax > 0, np.clip(sexp, low, high), low)
-    v = np.ldexp(xt.astype(np.float64), -sexp[..., None])
-    shift_el = None
+    v = xt.astype(np.float64) * pow2(-sexp)[..., None]
+    shift = None
     if book is None and tiling.Sc:  # MX9/6/4: one shift bit per subtile (spec 003)
-        maxexp = floor_log2(np.where(amax > 0, amax, 1.0).astype(np.float64))
-        e_el = floor_log2(absx.astype(np.float64))
-        below = (tiling.to_subtiles(e_el) < maxexp[..., None, None]).all(axis=-1)
+        # "Both exponents below the block's" == every magnitude below 2^maxexp.
+        below = (tiling.to_subtiles(absx) < pow2(floor_log2(amax.astype(np.float64)))[..., None, None]).all(axis=-1)
         out.meta = below.astype(np.uint8)
-        shift_el = _expand_units(below, tiling).astype(np.int64)
-        v = np.ldexp(v, shift_el)
+        shift = below
+        v = _scale_units(v, np.where(below, 2.0, 1.0), tiling)
     if book is not None:
         q, mag_idx, chosen = _codebook_select(v, book, tiling, round_mode, metric or l2_metric)
         out.meta = chosen.astype(np.uint8)
@@ -282,7 +289,9 @@ def _exponent_scaled(xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, 
         codes = None
         if want_codes:  # ints have no NaN code: their NaN tiles are marked by the caller
             codes = encode_values(q if n.is_float else np.nan_to_num(q), n)
-    y = np.ldexp(q, sexp[..., None] - (shift_el if shift_el is not None else 0))
+    y = q * pow2(sexp)[..., None]
+    if shift is not None:
+        y = _scale_units(y, np.where(shift, 0.5, 1.0), tiling)
     out.scale = (sexp + s.scale.bias).astype(np.int64)
     return y, codes
 
@@ -400,7 +409,9 @@ def dequantize(
             q = decode_codes(ct, n)
             if tiling.Sc:
                 shift = per_el
-        y = np.ldexp(q, sexp[..., None] - shift)
+        y = q * pow2(np.where(nan_tiles, 0, sexp))[..., None]
+        if tiling.Sc and not isinstance(n, Codebook):
+            y = y * pow2(-shift)
         y = np.where(nan_tiles[..., None], np.nan, y).astype(np.float32)
     else:
         sc = decode_codes(sc_codes, s.scale).astype(np.float32)

@@ -256,6 +256,8 @@ class NumberSpec:
                 return (1 << self.ebits) - 2
             case Kind.FLOAT:
                 code = (1 << (self.bits - 1)) - 1
+                if self.infnan is InfNaN.IEEE:  # skip the whole Inf/NaN binade at once
+                    code = (((1 << self.ebits) - 1) << self.mbits) - 1
                 while not math.isfinite(self.decode(code)):
                     code -= 1
                 return code
