@@ -27,7 +27,9 @@ def _datatype(block_size: int, mantissa_bits: int) -> DataType:
     if not 2 <= mantissa_bits <= 8:
         raise ValueError(f"mantissa_bits={mantissa_bits}: the int8 layout holds 2..8 bits")
     if block_size < 2 or block_size & (block_size - 1):
-        raise ValueError(f"block_size={block_size}: expected a power of two >= 2 (4, 8, 16, 32, 64)")
+        raise ValueError(
+            f"block_size={block_size}: expected a power of two >= 2 (4, 8, 16, 32, 64)"
+        )
     return datatype(f"int{mantissa_bits}", f"e8m0_t{block_size}")
 
 
@@ -51,10 +53,15 @@ def fp32_to_bfp(
     # E8M0 code c means 2^(c - 127) = 2^(shared_exp - (m - 1)).
     shared = q.scale.astype(np.int32) - 127 + (mantissa_bits - 1)
     if shared.max() > 127:
-        raise ValueError("a block maximum of 2^126 or more needs a shared exponent above int8's 127")
+        raise ValueError(
+            "a block maximum of 2^126 or more needs a shared exponent above int8's 127"
+        )
     mantissas = q.data.astype(np.uint8).view(np.int8)
     if mantissa_bits < 8:  # sign-extend the m-bit two's complement codes
-        mantissas = ((q.data.astype(np.int16) << (16 - mantissa_bits)).astype(np.int16) >> (16 - mantissa_bits)).astype(np.int8)
+        mantissas = (
+            (q.data.astype(np.int16) << (16 - mantissa_bits)).astype(np.int16)
+            >> (16 - mantissa_bits)
+        ).astype(np.int8)
     meta = {
         "format": "bfp",
         "block_size": block_size,
@@ -81,13 +88,17 @@ def bfp_to_fp32(
     e = np.asarray(shared_exps, dtype=np.int8).reshape(-1).astype(np.int64)
     blocks = -(-m.size // block_size)
     if e.size != blocks:
-        raise ValueError(f"{m.size} mantissas in blocks of {block_size} need {blocks} exponents, got {e.size}")
+        raise ValueError(
+            f"{m.size} mantissas in blocks of {block_size} need {blocks} exponents, got {e.size}"
+        )
     exps = np.repeat(e, block_size)[: m.size] - (mantissa_bits - 1)
     out = np.ldexp(m.astype(np.float64), exps).astype(np.float32)
     return out.reshape(original_shape) if original_shape is not None else out
 
 
-def quantize(data: Any, fmt: str = "bfp16", block_size: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+def quantize(
+    data: Any, fmt: str = "bfp16", block_size: int | None = None
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Quantize to the packed int8 layout ``[exponents..., mantissas...]``.
 
     Raises:
@@ -112,5 +123,13 @@ def dequantize(packed: Any, meta: dict[str, Any]) -> np.ndarray:
     blocks = int(meta["num_blocks"])
     count = int(np.prod(meta["shape"]))
     if p.size != blocks + count:
-        raise ValueError(f"packed BFP has {p.size} bytes; meta says {blocks} exponents + {count} mantissas")
-    return bfp_to_fp32(p[blocks:], p[:blocks], int(meta["block_size"]), int(meta["mantissa_bits"]), tuple(meta["shape"]))
+        raise ValueError(
+            f"packed BFP has {p.size} bytes; meta says {blocks} exponents + {count} mantissas"
+        )
+    return bfp_to_fp32(
+        p[blocks:],
+        p[:blocks],
+        int(meta["block_size"]),
+        int(meta["mantissa_bits"]),
+        tuple(meta["shape"]),
+    )

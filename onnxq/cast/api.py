@@ -214,7 +214,9 @@ def _expand(q: QTensor) -> tuple[np.ndarray, np.ndarray | None]:
         if tiling.Sc:
             rows, cols = tiling.sub_counts
             meta_count = tiling.B * rows * cols
-            grid = tiling.sub_grid(np.zeros((tiling.B, tiling.nR, tiling.nC, tiling.n_sub), np.uint8))
+            grid = tiling.sub_grid(
+                np.zeros((tiling.B, tiling.nR, tiling.nC, tiling.n_sub), np.uint8)
+            )
         else:
             meta_count = tiling.B * tiling.nR * tiling.nC
             grid = tiling.tile_grid(np.zeros((tiling.B, tiling.nR, tiling.nC), np.uint8))
@@ -231,7 +233,10 @@ def upcast(q: QTensor, dtype: Any = np.float32) -> np.ndarray:
         TypeError: ``q`` is not a QTensor or ``dtype`` is not float32/float16/bfloat16.
     """
     if not isinstance(q, QTensor):
-        raise TypeError(f"upcast expects a QTensor from cast(..., mode='actual'|'compress'), got {type(q).__name__}")
+        raise TypeError(
+            "upcast expects a QTensor from cast(..., mode='actual'|'compress'), "
+            f"got {type(q).__name__}"
+        )
     out = np.dtype(dtype)
     if out not in _FLOAT_DTYPES:
         raise TypeError(f"upcast returns float32, float16 or bfloat16, not {out}")
@@ -239,7 +244,9 @@ def upcast(q: QTensor, dtype: Any = np.float32) -> np.ndarray:
         codes, meta = _expand(q)
     else:
         codes, meta = q.data, q.meta
-    values = reference.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.zero, q.tenscale, meta)
+    values = reference.dequantize(
+        q.dtype, q.shape, q.axis, codes, q.scale, q.zero, q.tenscale, meta
+    )
     if q.mask is not None and q.mode is not CastMode.COMPRESS:
         values = np.where(q.mask, values, np.float32(0))
     elif q.mask is not None:

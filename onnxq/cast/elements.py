@@ -164,7 +164,11 @@ def encode_values(q: np.ndarray, spec: NumberSpec) -> np.ndarray:
     sign = np.signbit(q) & (spec.has_negative_zero | (a != 0))
     codes = codes | (sign.astype(np.int64) << (spec.bits - 1))
     if spec.has_inf:
-        top = ((1 << spec.ebits) - 1) << spec.mbits if spec.infnan is InfNaN.IEEE else (1 << (spec.bits - 1)) - 1
+        top = (
+            ((1 << spec.ebits) - 1) << spec.mbits
+            if spec.infnan is InfNaN.IEEE
+            else (1 << (spec.bits - 1)) - 1
+        )
         inf_code = top | (np.signbit(q).astype(np.int64) << (spec.bits - 1))
         codes = np.where(np.isinf(q), inf_code, codes)
     if np.isnan(q).any():

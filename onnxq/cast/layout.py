@@ -119,13 +119,17 @@ class Tiling:
 
     def to_subtiles(self, t: np.ndarray) -> np.ndarray:
         """``(B, nR, nC, Tr*Tc)`` -> ``(B, nR, nC, n_sub, Sr*Sc)``."""
-        s = t.reshape(self.B, self.nR, self.nC, self.Tr // self.Sr, self.Sr, self.Tc // self.Sc, self.Sc)
+        s = t.reshape(
+            self.B, self.nR, self.nC, self.Tr // self.Sr, self.Sr, self.Tc // self.Sc, self.Sc
+        )
         s = s.transpose(0, 1, 2, 3, 5, 4, 6)
         return s.reshape(self.B, self.nR, self.nC, self.n_sub, self.Sr * self.Sc)
 
     def from_subtiles(self, s: np.ndarray) -> np.ndarray:
         """Inverse of `to_subtiles`."""
-        s = s.reshape(self.B, self.nR, self.nC, self.Tr // self.Sr, self.Tc // self.Sc, self.Sr, self.Sc)
+        s = s.reshape(
+            self.B, self.nR, self.nC, self.Tr // self.Sr, self.Tc // self.Sc, self.Sr, self.Sc
+        )
         return s.transpose(0, 1, 2, 3, 5, 4, 6).reshape(self.B, self.nR, self.nC, self.Tr * self.Tc)
 
     # -- per-tile and per-subtile arrays in grid layout -------------------------------------
@@ -134,8 +138,8 @@ class Tiling:
         if self.kind == "tensor":
             return (1,)
         if self.kind == "1d":
-            return moved[:-1] + (cols,)
-        return moved[:-2] + (rows, cols)
+            return (*moved[:-1], cols)
+        return (*moved[:-2], rows, cols)
 
     def tile_grid(self, per_tile: np.ndarray) -> np.ndarray:
         """``(B, nR, nC)`` -> grid layout (input axis order, tiled dims = tile counts)."""
@@ -179,7 +183,9 @@ class Tiling:
         rows, cols = self.sub_counts
         g = np.moveaxis(grid, self.axis, -1)
         if g.size != self.B * rows * cols:
-            raise ValueError(f"meta has {g.size} entries; shape {self.shape} needs {self.B * rows * cols}")
+            raise ValueError(
+                f"meta has {g.size} entries; shape {self.shape} needs {self.B * rows * cols}"
+            )
         g = g.reshape(self.B, rows, cols)
         tr, tc = self.Tr // self.Sr, self.Tc // self.Sc
         full = np.zeros((self.B, self.nR * tr, self.nC * tc), dtype=g.dtype)

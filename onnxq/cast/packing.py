@@ -62,7 +62,9 @@ def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     stream = np.ascontiguousarray(packed, dtype=np.uint8).reshape(-1)
     need = packed_nbytes(count, bits)
     if stream.size < need:
-        raise ValueError(f"packed stream has {stream.size} bytes; {count} codes of {bits} bits need {need}")
+        raise ValueError(
+            f"packed stream has {stream.size} bytes; {count} codes of {bits} bits need {need}"
+        )
     out_dtype = code_dtype(bits)
     if bits % 8 == 0:
         return stream[:need].view(f"<u{bits // 8}").astype(out_dtype)

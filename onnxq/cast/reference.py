@@ -62,7 +62,9 @@ class Encoded:
 
 
 # -- step 1: sparsity --------------------------------------------------------------------------
-def _prune(x: np.ndarray, tiling: Tiling, n_keep: int, m: int, tile_index: int) -> tuple[np.ndarray, np.ndarray]:
+def _prune(
+    x: np.ndarray, tiling: Tiling, n_keep: int, m: int, tile_index: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Zero all but the N largest magnitudes of each group of M along the sparse dimension."""
     moved = np.moveaxis(x, tiling.axis, -1).reshape(tiling.B, tiling.R, tiling.C)
     along_rows = tiling.kind == "2d" and tile_index == 0
@@ -86,7 +88,7 @@ def _prune(x: np.ndarray, tiling: Tiling, n_keep: int, m: int, tile_index: int) 
 
 # -- step 3: exponent scales -------------------------------------------------------------------
 def _scale_exponent(amax: np.ndarray, spec: NumberSpec, mode: ScaleMode) -> np.ndarray:
-    """maxexp' - emax of design.md item 3, before clamping (int64; all-zero tiles arbitrary)."""
+    """Maxexp' - emax of design.md item 3, before clamping (int64; all-zero tiles arbitrary)."""
     a = amax.astype(np.float64)
     maxexp = floor_log2(np.where(a > 0, a, 1.0))
     if spec.is_float:
@@ -120,13 +122,17 @@ def _codebook_select(
     when the scale has them, else tiles.
     """
     if mode is RoundMode.STOCHASTIC:
-        raise NotImplementedError("codebooks round to the nearest table entry; stochastic is not supported")
+        raise NotImplementedError(
+            "codebooks round to the nearest table entry; stochastic is not supported"
+        )
     a = np.abs(v)
     per_unit = (lambda t: tiling.to_subtiles(t)) if tiling.Sc else (lambda t: t[..., None, :])
     best_err = best_q = best_idx = best_map = None
-    for index, (mags, codes) in enumerate(zip(book.magnitudes(), book.magnitude_codes(), strict=True)):
+    for index, (mags, codes) in enumerate(
+        zip(book.magnitudes(), book.magnitude_codes(), strict=True)
+    ):
         table = np.asarray(mags, dtype=np.float64)
-        even = (np.asarray(codes) % 2 == 0)
+        even = np.asarray(codes) % 2 == 0
         hi = np.clip(np.searchsorted(table, a, side="left"), 1, len(table) - 1)
         lo = hi - 1
         d_lo, d_hi = a - table[lo], table[hi] - a
@@ -152,7 +158,13 @@ def _codebook_select(
             better = err < best_err
             best_err = np.where(better, err, best_err)
             best_map = np.where(better, index, best_map)
-            wide = tiling.from_subtiles(np.broadcast_to(better[..., None], (*better.shape, tiling.Sr * tiling.Sc))) if tiling.Sc else np.broadcast_to(better, q.shape)
+            wide = (
+                tiling.from_subtiles(
+                    np.broadcast_to(better[..., None], (*better.shape, tiling.Sr * tiling.Sc))
+                )
+                if tiling.Sc
+                else np.broadcast_to(better, q.shape)
+            )
             best_q = np.where(wide, q, best_q)
             best_idx = np.where(wide, idx, best_idx)
     assert best_q is not None and best_idx is not None and best_map is not None
@@ -226,7 +238,21 @@ def quantize(
 
     out = Encoded(values=np.empty(0, np.float32))
     if s.scale.is_exponent:
-        y, codes_t = _exponent_scaled(xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, metric, full_int_range, out, want_codes)
+        y, codes_t = _exponent_scaled(
+            xt,
+            absx,
+            amax,
+            rt,
+            n,
+            dt,
+            tiling,
+            round_mode,
+            scale_mode,
+            metric,
+            full_int_range,
+            out,
+            want_codes,
+        )
     elif s.zero is not None:
         y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes)
     else:
@@ -262,7 +288,21 @@ def _code_dtype(spec: NumberSpec) -> np.dtype:
     raise AssertionError(spec)
 
 
-def _exponent_scaled(xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, metric, full_int_range, out, want_codes):  # noqa: ANN001, ANN202, D103
+def _exponent_scaled(
+    xt,
+    absx,
+    amax,
+    rt,
+    n,
+    dt,
+    tiling,
+    round_mode,
+    scale_mode,
+    metric,
+    full_int_range,
+    out,
+    want_codes,
+):
     s = dt.sspec
     book = n if isinstance(n, Codebook) else None
     elem = book.compute if book is not None else n
@@ -273,7 +313,9 @@ def _exponent_scaled(xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, 
     shift = None
     if book is None and tiling.Sc:  # MX9/6/4: one shift bit per subtile (spec 003)
         # "Both exponents below the block's" == every magnitude below 2^maxexp.
-        below = (tiling.to_subtiles(absx) < pow2(floor_log2(amax.astype(np.float64)))[..., None, None]).all(axis=-1)
+        below = (
+            tiling.to_subtiles(absx) < pow2(floor_log2(amax.astype(np.float64)))[..., None, None]
+        ).all(axis=-1)
         out.meta = below.astype(np.uint8)
         shift = below
         v = _scale_units(v, np.where(below, 2.0, 1.0), tiling)
@@ -301,7 +343,9 @@ def _cast_scale(values: np.ndarray, spec: NumberSpec) -> np.ndarray:
     return quantize_values(values.astype(np.float64), spec, RoundMode.EVEN).astype(np.float32)
 
 
-def _tensor_scale(xt: np.ndarray, amax: np.ndarray, n: NumberSpec, dt: DataType) -> tuple[np.float32, np.float32]:
+def _tensor_scale(
+    xt: np.ndarray, amax: np.ndarray, n: NumberSpec, dt: DataType
+) -> tuple[np.float32, np.float32]:
     """NVFP4-style tensor scale: amax / (maxfloat_elem * maxfloat_scale), cast to its type."""
     s = dt.sspec
     top = np.float32(amax.max()) if amax.size else np.float32(0)
@@ -310,14 +354,16 @@ def _tensor_scale(xt: np.ndarray, amax: np.ndarray, n: NumberSpec, dt: DataType)
     return np.float32(ts), top
 
 
-def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes):  # noqa: ANN001, ANN202, D103
+def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes):
     s = dt.sspec
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         raw = amax / np.float32(n.maxfloat)
         if s.tenscale is not None:
             ts, _ = _tensor_scale(xt, amax, n, dt)
             raw = np.where(ts > 0, raw / ts, np.float32(0)).astype(np.float32)
-            out.tenscale = encode_values(np.array([ts], dtype=np.float64), s.tenscale).astype(_code_dtype(s.tenscale))
+            out.tenscale = encode_values(np.array([ts], dtype=np.float64), s.tenscale).astype(
+                _code_dtype(s.tenscale)
+            )
         sc = _cast_scale(raw, s.scale)
         eff = (sc * ts).astype(np.float32) if s.tenscale is not None else sc
         v = np.where(eff[..., None] > 0, xt / eff[..., None], np.float32(0)).astype(np.float32)
@@ -329,7 +375,7 @@ def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_cod
     return y, codes
 
 
-def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes):  # noqa: ANN001, ANN202, D103
+def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes):
     s = dt.sspec
     finite = np.isfinite(xt)
     qmax = np.float32(n.maxfloat)
@@ -343,7 +389,9 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes):  # noqa: ANN
             raw = np.maximum((hi - zero) / qmax, np.float32(0)).astype(np.float32)
             sc = _cast_scale(raw, s.scale)
             shifted = (xt - zero[..., None]).astype(np.float32)
-            v = np.where(sc[..., None] > 0, shifted / sc[..., None], np.float32(0)).astype(np.float32)
+            v = np.where(sc[..., None] > 0, shifted / sc[..., None], np.float32(0)).astype(
+                np.float32
+            )
             q = np.clip(_round_signed(v, round_mode, rt), 0, qmax)
             y = (q.astype(np.float32) * sc[..., None]).astype(np.float32) + zero[..., None]
             zero_codes = encode_values(zero.astype(np.float64), s.zero)
@@ -400,7 +448,11 @@ def dequantize(
         if isinstance(n, Codebook) or tiling.Sc:
             if meta is None:
                 raise ValueError(f"{dt.name}: dequantizing needs the meta tensor")
-            units = tiling.sub_ungrid(np.asarray(meta)) if tiling.Sc else tiling.tile_ungrid(np.asarray(meta))
+            units = (
+                tiling.sub_ungrid(np.asarray(meta))
+                if tiling.Sc
+                else tiling.tile_ungrid(np.asarray(meta))
+            )
             per_el = _expand_units(units.astype(np.int64), tiling)
         if isinstance(n, Codebook):
             table = np.asarray(n.table(), dtype=np.float64)
@@ -430,7 +482,9 @@ def dequantize(
             if s.tenscale is not None:
                 if tenscale is None:
                     raise ValueError(f"{dt.name}: dequantizing needs the tensor scale")
-                ts = decode_codes(np.asarray(tenscale).reshape(-1)[:1], s.tenscale).astype(np.float32)[0]
+                ts = decode_codes(np.asarray(tenscale).reshape(-1)[:1], s.tenscale).astype(
+                    np.float32
+                )[0]
                 eff = (sc * ts).astype(np.float32)
             q = decode_codes(ct, n).astype(np.float32)
             with np.errstate(invalid="ignore"):

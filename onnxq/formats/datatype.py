@@ -56,7 +56,7 @@ class DataType:
                 )
         if s.zero is not None and s.scale.is_exponent:
             raise ValueError(f"{where}: zero points need a float scale, not {s.scale}")
-        sub_rows, sub_cols = s.subtile
+        _sub_rows, sub_cols = s.subtile
         if sub_cols:
             if n.is_codebook:
                 pass  # the mapping is chosen per subtile
@@ -194,7 +194,9 @@ def datatype(nspec: NumberSpec | str, sspec: ScaleSpec | str | None = None) -> D
         try:
             return DataType.parse(nspec)
         except ValueError as err:
-            if "_" in key or key.startswith(("e", "int", "uint", "float", "bfloat", "binary", "cb")):
+            if "_" in key or key.startswith(
+                ("e", "int", "uint", "float", "bfloat", "binary", "cb")
+            ):
                 raise
             raise ValueError(
                 f"{nspec!r} is neither a preset ({', '.join(sorted(_PRESETS))}) "

@@ -40,9 +40,7 @@ class _Choice(str, Enum):
             return cls(str(value).lower())
         except ValueError:
             valid = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(
-                f"unknown {cls._label()} {value!r}: expected one of {valid}"
-            ) from None
+            raise ValueError(f"unknown {cls._label()} {value!r}: expected one of {valid}") from None
 
     @classmethod
     def _label(cls) -> str:

@@ -116,7 +116,9 @@ class NumberSpec:
             case Kind.UINT:
                 return f"uint{self.bits}"
             case Kind.EXPONENT:
-                return f"e{self.ebits}m0" + (f"b{self.bias}" if self.bias != self._default_bias else "")
+                return f"e{self.ebits}m0" + (
+                    f"b{self.bias}" if self.bias != self._default_bias else ""
+                )
             case Kind.FLOAT:
                 base = f"e{self.ebits}m{self.mbits}"
                 bias = f"b{self.bias}" if self.bias != self._default_bias else ""
@@ -304,7 +306,7 @@ class NumberSpec:
 
     @property
     def midmax(self) -> float:
-        """maxfloat plus half an ulp of the top binade: where rounding starts to clip."""
+        """Maxfloat plus half an ulp of the top binade: where rounding starts to clip."""
         half_ulp = math.ldexp(1.0, self.emax - self.mbits - 1) if self.is_float else 0.5
         return self.maxfloat + half_ulp
 

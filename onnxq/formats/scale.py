@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import re
 
-from onnxq.formats.number import Kind, NumberSpec, number_spec
+from onnxq.formats.number import NumberSpec, number_spec
 
 __all__ = ["ScaleSpec", "TileSpec", "scale"]
 
@@ -97,7 +97,9 @@ class TileSpec:
                 )
         if mm:
             if not _is_pow2(mm) or mm < 2 or mm > 16:
-                raise ValueError(f"{where}sparsity block M={mm} in {text!r}: expected 2, 4, 8 or 16")
+                raise ValueError(
+                    f"{where}sparsity block M={mm} in {text!r}: expected 2, 4, 8 or 16"
+                )
             if not 1 <= n < mm:
                 raise ValueError(f"{where}sparsity N={n} in {text!r}: expected 1 <= N < M={mm}")
             if size and size % mm:
@@ -117,7 +119,9 @@ class ScaleSpec:
     def __post_init__(self) -> None:
         where = f"scale {self.name!r}"
         if not (self.scale.is_float or self.scale.is_exponent):
-            raise ValueError(f"{where}: the scale must be a float or exponent type, got {self.scale}")
+            raise ValueError(
+                f"{where}: the scale must be a float or exponent type, got {self.scale}"
+            )
         if self.tenscale is not None:
             if not self.tenscale.is_float:
                 raise ValueError(
@@ -213,13 +217,19 @@ class ScaleSpec:
                 tiles.append(TileSpec.parse(seg, context=code))
                 continue
             if tiles:
-                raise ValueError(f"{code!r}: number code {seg!r} after a tile code; numbers come first")
+                raise ValueError(
+                    f"{code!r}: number code {seg!r} after a tile code; numbers come first"
+                )
             try:
                 specs.append(number_spec(seg))
             except ValueError as err:
-                raise ValueError(f"{code!r}: segment {seg!r} is neither a tile nor a number: {err}") from None
+                raise ValueError(
+                    f"{code!r}: segment {seg!r} is neither a tile nor a number: {err}"
+                ) from None
         if not specs:
-            raise ValueError(f"{code!r}: a scale code starts with the scale's number code (e8m0_t32)")
+            raise ValueError(
+                f"{code!r}: a scale code starts with the scale's number code (e8m0_t32)"
+            )
         if len(specs) > 3:
             raise ValueError(f"{code!r}: at most three number codes (scale, zero, tensor scale)")
         zero = tenscale = None
