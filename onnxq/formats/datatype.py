@@ -100,11 +100,10 @@ class DataType:
         tile = 1
         for t in s.tiles:
             tile *= t.size  # 0 for a channel: amortised over the whole axis
-        if tile and s.tiles:
-            stored = tile * density
-            bits += s.scale.bits / stored
+        if tile and s.tiles:  # a tile's size counts element positions, kept or pruned
+            bits += s.scale.bits / tile
             if s.zero is not None:
-                bits += s.zero.bits / stored
+                bits += s.zero.bits / tile
         sub_rows, sub_cols = s.subtile
         if sub_cols:
             meta_bits = n.meta_bits if isinstance(n, Codebook) else 1
@@ -132,21 +131,32 @@ class DataType:
                 take = 3  # a label
             nspec: NumberSpec = _number("_".join(segments[:take]))
         else:
-            take = 1
-            nspec = _number(segments[0])
+            # Torch names hold underscores (float8_e4m3fnuz, float4_e2m1fn_x2): take the longest
+            # run of leading segments that is a number code.
+            take = next(
+                (
+                    k
+                    for k in range(min(3, len(segments)), 1, -1)
+                    if _is_number("_".join(segments[:k]))
+                ),
+                1,
+            )
+            nspec = _number("_".join(segments[:take]))
         rest = "_".join(segments[take:])
         sspec = ScaleSpec.parse(rest, nspec if not nspec.is_codebook else None) if rest else None
         return cls(nspec=nspec, sspec=sspec)
 
 
-def _looks_like_scale_start(segment: str) -> bool:
-    if segment.startswith("t"):
-        return True
+def _is_number(code: str) -> bool:
     try:
-        number_spec(segment)
+        number_spec(code)
     except ValueError:
         return False
     return True
+
+
+def _looks_like_scale_start(segment: str) -> bool:
+    return segment.startswith("t") or _is_number(segment)
 
 
 # -- the registry -------------------------------------------------------------------------
@@ -202,6 +212,12 @@ def datatype(nspec: NumberSpec | str, sspec: ScaleSpec | str | None = None) -> D
                 f"{nspec!r} is neither a preset ({', '.join(sorted(_PRESETS))}) "
                 f"nor a data type code: {err}"
             ) from None
+    if not isinstance(nspec, (str, NumberSpec)):
+        raise TypeError(
+            f"datatype expects a preset name, a code or a NumberSpec, got {type(nspec).__name__}"
+        )
+    if sspec is not None and not isinstance(sspec, (str, ScaleSpec)):
+        raise TypeError(f"datatype expects a scale code or a ScaleSpec, got {type(sspec).__name__}")
     n = _number(nspec) if isinstance(nspec, str) else nspec
     if isinstance(sspec, str):
         s: ScaleSpec | None = ScaleSpec.parse(sspec, n if not n.is_codebook else None)

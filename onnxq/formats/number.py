@@ -126,7 +126,11 @@ class NumberSpec:
                 if not bias and self.infnan is InfNaN.IEEE and base in _FLOAT_ALIASES:
                     return _FLOAT_ALIASES[base]
                 bare = _bare_infnan(self.ebits, self.bits)
-                suffix = "" if self.infnan is bare is InfNaN.IEEE else self.infnan.value
+                # A bare eXm0 with X >= 5 would read back as an exponent type: keep the suffix.
+                implicit = self.infnan is bare is InfNaN.IEEE and not (
+                    self.mbits == 0 and self.ebits >= 5
+                )
+                suffix = "" if implicit else self.infnan.value
                 return base + bias + suffix
             case _:
                 raise AssertionError(self.kind)
@@ -343,9 +347,13 @@ def _parse(code: str) -> NumberSpec:
         if ebits < 1:
             raise ValueError(f"{code!r}: a float needs at least 1 exponent bit (eXmY with X >= 1)")
         bias = int(m[3]) if m[3] is not None else 2 ** (ebits - 1) - 1
-        if mbits == 0 and ebits >= 5:
-            if m[4] not in (None, "fnu"):
-                raise ValueError(f"{code!r}: an exponent type takes no suffix (e{ebits}m0)")
+        if mbits == 0 and ebits >= 5 and m[4] in ("fn", "fnuz", "ieee"):
+            raise ValueError(
+                f"{code!r}: e{ebits}m0 is the exponent (scale) type and takes no suffix; "
+                f"write e{ebits}m0 (only 'inuz', P3109 binary8p1, makes a mantissa-less float)"
+            )
+        if mbits == 0 and ebits >= 5 and m[4] in (None, "fnu"):
+            # Bare eXm0 (X >= 5) is an exponent type; with inuz it is a float (binary8p1).
             return NumberSpec(kind=Kind.EXPONENT, ebits=ebits, mbits=0, bias=bias)
         if m[4] == "fnu":
             raise ValueError(f"{code!r}: 'fnu' is only for exponent types such as e8m0fnu")
