@@ -18,19 +18,22 @@ from onnxq.formats import (
 
 __version__ = "0.1.0"
 
-# The cast engine needs numpy; the format language does not. Import the engine on first use so
-# that `import onnxq.formats` works on a machine without numpy.
-_LAZY = {"QTensor": "onnxq.cast", "cast": "onnxq.cast", "upcast": "onnxq.cast", "bfp": "onnxq.bfp"}
+# The cast engine needs numpy; the format language does not. Import the engine eagerly when
+# numpy is there: binding `cast` here, after the subpackage `onnxq.cast` has loaded, keeps the
+# name pointing at the function even when `onnxq.cast.<module>` is imported later.
+try:
+    import numpy as _numpy  # noqa: F401
+except ImportError:  # pragma: no cover - exercised by a subprocess test
+    _HAVE_NUMPY = False
+else:
+    _HAVE_NUMPY = True
+    from onnxq import bfp
+    from onnxq.cast import QTensor, cast, upcast
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module = importlib.import_module(_LAZY[name])
-        value = module if name == "bfp" else getattr(module, name)
-        globals()[name] = value
-        return value
+    if name in ("QTensor", "cast", "upcast", "bfp"):
+        raise ImportError(f"onnxq.{name} needs numpy: pip install numpy")
     raise AttributeError(f"module 'onnxq' has no attribute {name!r}")
 
 __all__ = [
