@@ -23,7 +23,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from onnxq.cast import reference
+from onnxq.cast import native, reference
 from onnxq.cast.packing import pack_bits, unpack_bits
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType, datatype
@@ -72,6 +72,10 @@ def _as_datatype(dtype: DataType | str) -> DataType:
     raise TypeError(f"dtype must be a DataType or a preset/code string, got {type(dtype).__name__}")
 
 
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
 def _check_input(x: Any) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         if type(x).__module__.startswith("torch"):
@@ -94,8 +98,19 @@ def _check_input(x: Any) -> np.ndarray:
 
 
 def _pick_backend(backend: Backend) -> Backend:
-    if backend in (Backend.AUTO, Backend.REFERENCE):
+    if backend is Backend.REFERENCE:
         return Backend.REFERENCE
+    if backend is Backend.AUTO:
+        if native.available():
+            return Backend.NATIVE
+        native.warn_unavailable_once()
+        return Backend.REFERENCE
+    if backend is Backend.NATIVE:
+        if not native.available():
+            raise NotImplementedError(
+                f"backend 'native' is not available: {native.missing_reason()}"
+            )
+        return Backend.NATIVE
     raise NotImplementedError(
         f"backend {backend.value!r} is not available in this build; use backend='reference' "
         f"(or 'auto')"
@@ -140,6 +155,14 @@ def cast(
         ValueError: empty input, bad axis, unknown mode or malformed dtype code.
         NotImplementedError: the requested backend or mode cannot do this cast.
     """
+    if _is_torch(x):  # torch stays optional: imported only when a tensor comes in
+        from onnxq.cast.torch_bridge import cast_torch
+
+        return cast_torch(
+            x, _as_datatype(dtype), mode=mode, axis=axis, round_mode=round_mode,
+            scale_mode=scale_mode, nan_policy=nan_policy, seed=seed, backend=backend,
+            metric=metric, int_range=int_range,
+        )  # fmt: skip
     d = current_defaults()
     x = _check_input(x)
     dt = _as_datatype(dtype)
@@ -155,21 +178,28 @@ def cast(
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis {axis} is out of range for a {x.ndim}-D tensor of shape {x.shape}")
     axis = int(axis) % x.ndim
-    del chosen  # only the reference exists so far
-    enc = reference.quantize(
-        x.astype(np.float32),
+    if chosen is Backend.NATIVE and (lacking := native.unsupported(dt, metric=metric)):
+        if Backend.parse(backend if backend is not None else d.backend) is Backend.NATIVE:
+            raise NotImplementedError(f"backend 'native' cannot do this cast: {lacking}")
+        chosen = Backend.REFERENCE
+    engine = native.quantize if chosen is Backend.NATIVE else reference.quantize
+    extra: dict[str, Any] = {"values_dtype": x.dtype} if chosen is Backend.NATIVE else {}
+    if chosen is Backend.REFERENCE:
+        extra["metric"] = metric
+    enc = engine(
+        x if chosen is Backend.NATIVE else x.astype(np.float32),
         dt,
         axis=axis,
         round_mode=rmode,
         scale_mode=smode,
         nan_policy=policy,
         seed=int(seed if seed is not None else d.seed),
-        metric=metric,
         full_int_range=int_range == "full",
         want_codes=cast_mode is not CastMode.VIRTUAL,
+        **extra,
     )
     if cast_mode is CastMode.VIRTUAL:
-        return enc.values.astype(x.dtype)
+        return enc.values.astype(x.dtype, copy=False)
     assert enc.codes is not None
     q = QTensor(
         data=enc.codes,
@@ -237,6 +267,10 @@ def upcast(q: QTensor, dtype: Any = np.float32) -> np.ndarray:
             "upcast expects a QTensor from cast(..., mode='actual'|'compress'), "
             f"got {type(q).__name__}"
         )
+    if _is_torch(q.data):
+        from onnxq.cast.torch_bridge import upcast_torch
+
+        return upcast_torch(q, dtype)
     out = np.dtype(dtype)
     if out not in _FLOAT_DTYPES:
         raise TypeError(f"upcast returns float32, float16 or bfloat16, not {out}")

@@ -1,0 +1,110 @@
+/* onnxq native kernels: the plain C ABI that onnxq/cast/native.py calls with ctypes.
+ *
+ * Formats arrive as numbers derived in Python from a DataType (onnxq_format), never as strings.
+ * Every function returns 0 on success, or a non-zero status with a NUL-terminated message in
+ * `err` (at most `errlen` bytes). No C++ exception crosses this ABI.
+ *
+ * Layouts are those of onnxq/cast/api.py: codes in the input's shape, scales / zero points in
+ * tile-grid layout, meta in subtile-grid (or tile-grid) layout, mask as one byte per element.
+ * Code arrays use the smallest unsigned width that holds the format's bits (1, 2, 4 or 8 bytes).
+ */
+#ifndef ONNXQ_OPS_H_
+#define ONNXQ_OPS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ONNXQ_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define ONNXQ_API __attribute__((visibility("default")))
+#else
+#define ONNXQ_API
+#endif
+
+/* kind: 0 float, 1 int, 2 uint, 3 exponent. infnan: 0 none, 1 ieee, 2 fn, 3 fnuz, 4 inuz. */
+typedef struct onnxq_number {
+  int32_t kind;
+  int32_t ebits;
+  int32_t mbits;
+  int32_t bias;
+  int32_t infnan;
+} onnxq_number;
+
+typedef struct onnxq_format {
+  onnxq_number elem;      /* the element; for codebooks the compute type */
+  int32_t scaled;         /* 0: an unscaled cast */
+  onnxq_number scale;
+  int32_t has_zero;
+  onnxq_number zero;
+  int32_t has_tenscale;
+  onnxq_number tenscale;
+  int32_t ntiles;         /* 0 (one scale for the tensor), 1 or 2 */
+  int32_t tile[2];        /* tile sizes, 0 = the whole axis (channel) */
+  int32_t sub[2];         /* subtile (rows, cols) as ScaleSpec.subtile; 0 = none */
+  int32_t sparse_n;
+  int32_t sparse_m;       /* 0 = no N:M sparsity */
+  int32_t sparse_dim;     /* tile index of the sparse dimension */
+  int32_t cb_index_bits;  /* 0 = not a codebook */
+  int32_t cb_meta_bits;
+  const double* cb_mags;  /* [2^meta_bits][2^(index_bits-1)] magnitudes, 0 first, ascending */
+  const uint8_t* cb_even; /* same shape: 1 where the magnitude's compute code is even */
+  const double* cb_table; /* [2^meta_bits][2^index_bits] values by index code */
+} onnxq_format;
+
+/* round_mode: 0 even, 1 away, 2 zero, 3 stochastic.
+ * scale_mode: 0 floor, 1 ceil, 2 midmax, 3 option3, 4 topbinade, 5 rceil, 6 even.
+ * nan_policy: 0 element, 1 block. */
+typedef struct onnxq_modes {
+  int32_t round_mode;
+  int32_t scale_mode;
+  int32_t nan_policy;
+  int32_t full_int_range;
+  uint64_t seed;
+} onnxq_modes;
+
+/* Float buffer types: 0 float32, 1 float16, 2 bfloat16. */
+ONNXQ_API int32_t onnxq_abi_version(void);
+
+/* Derived properties of a number spec (for tests that compare them with Python):
+ * out[0] bits, out[1] maxfloat, out[2] emax, out[3] emin, out[4] midmax. */
+ONNXQ_API int32_t onnxq_number_info(const onnxq_number* n, double* out, char* err, size_t errlen);
+
+/* Quantize x (float type x_type, shape[ndim]) along axis. Any output may be NULL:
+ * values (type values_type, x's shape), codes, scale, zero, tenscale, meta (uint8), mask
+ * (uint8, x's shape; only for N:M sparsity). nthreads <= 0 uses every core. */
+ONNXQ_API int32_t onnxq_quantize(const onnxq_format* f, const onnxq_modes* m, const void* x, int32_t x_type,
+                       int32_t ndim, const int64_t* shape, int32_t axis, void* values,
+                       int32_t values_type, void* codes, void* scale, void* zero, void* tenscale,
+                       uint8_t* meta, uint8_t* mask, int32_t nthreads, char* err, size_t errlen);
+
+/* Decode unpacked codes (x's shape; pruned positions hold any code and read as 0 when mask is
+ * given) to float values of type values_type. */
+ONNXQ_API int32_t onnxq_dequantize(const onnxq_format* f, int32_t ndim, const int64_t* shape, int32_t axis,
+                         const void* codes, const void* scale, const void* zero,
+                         const void* tenscale, const uint8_t* meta, const uint8_t* mask,
+                         void* values, int32_t values_type, int32_t nthreads, char* err,
+                         size_t errlen);
+
+/* Bit packing of packing.py: codes (width bytes each) -> LSB-first stream of `bits` per code.
+ * If mask is given, only codes whose mask byte is non-zero are packed. Returns the number of
+ * codes packed in *packed_count. */
+ONNXQ_API int32_t onnxq_pack_bits(const void* codes, int32_t width, int64_t count, int32_t bits,
+                        const uint8_t* mask, uint8_t* out, int64_t* packed_count, char* err,
+                        size_t errlen);
+
+/* Inverse of onnxq_pack_bits: `count` positions; with a mask, kept positions take the next
+ * code of the stream and the others 0. stream_bytes guards against a truncated stream. */
+ONNXQ_API int32_t onnxq_unpack_bits(const uint8_t* stream, int64_t stream_bytes, int32_t bits,
+                          int64_t count, const uint8_t* mask, void* codes, int32_t width,
+                          char* err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ONNXQ_OPS_H_ */

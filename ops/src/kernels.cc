@@ -1,0 +1,982 @@
+// The cast kernels: onnxq/cast/reference.py, tile by tile, in C++.
+//
+// Each tile is gathered into a small float32 buffer in layout.py's to_tiles order (padding is
+// zero), its statistics and scale are computed exactly as the reference computes them, and
+// every element is rounded with the reference's arithmetic (float64 for exponent scales,
+// float32 for float scales and zero points). Tiles are independent, so they run in parallel;
+// a tensor-wide scale is a parallel reduction followed by an elementwise pass.
+#include "kernels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+namespace onnxq {
+
+namespace {
+
+constexpr uint32_t kQuietNaN = 0x7FC00000u;
+
+inline float load_x(const void* p, int type, int64_t i) {
+  switch (type) {
+    case kF16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case kBF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+inline void store_y(void* p, int type, int64_t i, float y) {
+  switch (type) {
+    case kF16: static_cast<uint16_t*>(p)[i] = float_to_half(y); break;
+    case kBF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(y); break;
+    default: static_cast<float*>(p)[i] = y; break;
+  }
+}
+
+enum Path : int { kExp, kExpShift, kExpBook, kFloatScale, kZeroFloat, kZeroInt };
+
+struct Stats {
+  float amax = 0.0f;
+  bool nonfinite = false, hasnan = false;
+  float lo = INFINITY, hi = -INFINITY;  // over finite values (zero-point formats)
+};
+
+// One element of the statistics pass (reference: where(finite, |x|, 0).max(), isnan.any()...).
+inline void accumulate(Stats& s, float x, bool want_range) {
+  if (std::isfinite(x)) {
+    float a = std::fabs(x);
+    s.amax = a > s.amax ? a : s.amax;
+    if (want_range) {
+      s.lo = s.lo < x ? s.lo : x;  // numpy minimum: ties take the later value
+      s.hi = s.hi > x ? s.hi : x;
+    }
+  } else {
+    s.nonfinite = true;
+    if (std::isnan(x)) s.hasnan = true;
+  }
+}
+
+inline void merge(Stats& s, const Stats& o) {
+  s.amax = o.amax > s.amax ? o.amax : s.amax;
+  s.nonfinite |= o.nonfinite;
+  s.hasnan |= o.hasnan;
+  s.lo = s.lo < o.lo ? s.lo : o.lo;
+  s.hi = s.hi > o.hi ? s.hi : o.hi;
+}
+
+struct TileParams {
+  bool nan_tile = false;
+  int sexp = 0;
+  double inv = 1.0, pw = 1.0;  // 2^-sexp, 2^sexp
+  float sc = 0.0f, eff = 0.0f, zero = 0.0f, zp = 0.0f;
+  uint64_t scale_code = 0, zero_code = 0;
+};
+
+// reference._cast_scale for one value.
+inline float cast_scale(float v, const Num& spec) {
+  return static_cast<float>(quantize_value(static_cast<double>(v), spec, kEven, 0, false, false));
+}
+
+struct Ctx {
+  const Format& f;
+  const Modes& m;
+  const Geometry& g;
+  const QuantizeIO& io;
+  Path path;
+  uint32_t key;
+  bool stochastic;
+  int code_w, scale_w, zero_w;
+  float ts = 0.0f;  // tensor scale (NVFP4)
+  float nan_f;
+};
+
+// reference._scale_exponent + clamp (design.md items 2-3).
+inline int scale_exponent(float amax, const Num& e, const Num& s, int mode) {
+  double a = amax;
+  int maxexp = floor_log2(a > 0 ? a : 1.0);
+  if (e.is_float) {
+    bool bump = false;
+    switch (mode) {
+      case kSFloor: break;
+      case kSCeil: bump = a > std::ldexp(1.0, maxexp); break;
+      case kSMidmax: bump = a > std::ldexp(e.midmax, maxexp - e.emax); break;
+      case kSTopbinade:
+      case kSRceil: bump = a > std::ldexp(e.maxfloat, maxexp - e.emax); break;
+      case kSOption3:
+        bump = std::nearbyint(std::ldexp(a, e.mbits - maxexp)) >= std::ldexp(1.0, e.mbits + 1);
+        break;
+      default:
+        bump = std::floor(std::ldexp(a, e.mbits - maxexp) + 0.5) >= std::ldexp(1.0, e.mbits + 1);
+        break;
+    }
+    maxexp += bump ? 1 : 0;
+  }
+  int sexp = maxexp - e.emax;
+  int low = -s.bias, high = (1 << s.ebits) - 2 - s.bias;
+  if (!(a > 0)) return low;
+  return sexp < low ? low : sexp > high ? high : sexp;
+}
+
+TileParams tile_params(const Ctx& c, const Stats& st) {
+  const Format& f = c.f;
+  TileParams p;
+  if (c.m.nan_policy == 1) {
+    p.nan_tile = st.nonfinite;
+  } else if (!f.elem.is_float || f.codebook() || f.has_zero) {
+    p.nan_tile = st.hasnan;  // no NaN code: a NaN poisons its tile through the scale
+  }
+  switch (c.path) {
+    case kExp:
+    case kExpShift:
+    case kExpBook: {
+      p.sexp = scale_exponent(st.amax, f.elem, f.scale, c.m.scale_mode);
+      p.inv = pow2(-p.sexp);
+      p.pw = pow2(p.sexp);
+      p.scale_code = p.nan_tile ? (1ull << f.scale.ebits) - 1
+                                : static_cast<uint64_t>(p.sexp + f.scale.bias);
+      break;
+    }
+    case kFloatScale: {
+      float raw = st.amax / static_cast<float>(f.elem.maxfloat);
+      if (f.has_ts) raw = c.ts > 0 ? raw / c.ts : 0.0f;
+      p.sc = cast_scale(raw, f.scale);
+      p.eff = f.has_ts ? p.sc * c.ts : p.sc;
+      p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
+      break;
+    }
+    case kZeroFloat: {
+      float qmax = static_cast<float>(f.elem.maxfloat);
+      float lo = std::isfinite(st.lo) ? st.lo : 0.0f;
+      float hi = std::isfinite(st.hi) ? st.hi : 0.0f;
+      p.zero = static_cast<float>(quantize_value(lo, f.zero, kEven, 0, false, false));
+      float r = (hi - p.zero) / qmax;
+      float raw = r < 0.0f ? 0.0f : r;  // np.maximum(r, 0): ties and NaN keep r's value
+      if (r == 0.0f) raw = 0.0f;
+      p.sc = cast_scale(raw, f.scale);
+      p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
+      p.zero_code = encode_value(static_cast<double>(p.zero), f.zero);
+      break;
+    }
+    case kZeroInt: {
+      float qmax = static_cast<float>(f.elem.maxfloat);
+      float lo = std::isfinite(st.lo) ? st.lo : 0.0f;
+      float hi = std::isfinite(st.hi) ? st.hi : 0.0f;
+      lo = lo < 0.0f ? lo : 0.0f;  // np.minimum(lo, 0): ties take 0
+      hi = hi > 0.0f ? hi : 0.0f;
+      float raw = (hi - lo) / qmax;
+      p.sc = cast_scale(raw, f.scale);
+      float zp = p.sc > 0 ? -lo / p.sc : 0.0f;
+      zp = std::nearbyint(zp);
+      zp = zp < 0.0f ? 0.0f : zp > qmax ? qmax : zp;
+      p.zp = zp;
+      p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
+      p.zero_code = encode_value(static_cast<double>(p.zp), f.zero);
+      break;
+    }
+  }
+  return p;
+}
+
+inline double nan_to_num(double q) { return std::isnan(q) ? 0.0 : q; }
+
+// One element of every path but codebooks. `factor` is the MX shift (2.0 when shifted).
+inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, bool shifted,
+                       float* y, uint64_t* code) {
+  const Format& f = c.f;
+  const Num& n = f.elem;
+  int rm = c.m.round_mode;
+  switch (c.path) {
+    case kExp:
+    case kExpShift: {
+      double v = static_cast<double>(x) * p.inv;
+      if (shifted) v = v * 2.0;
+      double q = quantize_value(v, n, rm, r, false, c.m.full_int_range);
+      double out = q * p.pw;
+      if (shifted) out = out * 0.5;
+      *y = static_cast<float>(out);
+      if (c.io.codes) *code = encode_value(n.is_float ? q : nan_to_num(q), n);
+      break;
+    }
+    case kFloatScale: {
+      float v = p.eff > 0 ? x / p.eff : 0.0f;
+      double q = quantize_value(static_cast<double>(v), n, rm, r, false, c.m.full_int_range);
+      *y = static_cast<float>(q) * p.eff;
+      if (c.io.codes) *code = encode_value(n.is_float ? q : nan_to_num(q), n);
+      break;
+    }
+    case kZeroFloat: {
+      double qmax = n.maxfloat;
+      float shifted_x = x - p.zero;
+      float v = p.sc > 0 ? shifted_x / p.sc : 0.0f;
+      double v64 = v;
+      double q = std::copysign(round_magnitude(std::fabs(v64), rm, r), v64);
+      q = q < 0.0 ? 0.0 : q > qmax ? qmax : q;
+      *y = static_cast<float>(q) * p.sc + p.zero;
+      *code = static_cast<uint64_t>(static_cast<int64_t>(nan_to_num(q)));
+      break;
+    }
+    case kZeroInt: {
+      double qmax = n.maxfloat;
+      float v = p.sc > 0 ? x / p.sc : 0.0f;
+      double v64 = v;
+      double q = std::copysign(round_magnitude(std::fabs(v64), rm, r), v64) +
+                 static_cast<double>(p.zp);
+      q = q < 0.0 ? 0.0 : q > qmax ? qmax : q;
+      *y = static_cast<float>(q - static_cast<double>(p.zp)) * p.sc;
+      *code = static_cast<uint64_t>(static_cast<int64_t>(nan_to_num(q)));
+      break;
+    }
+    default: break;
+  }
+  if (p.nan_tile) {
+    *y = c.nan_f;
+    *code = 0;
+  }
+}
+
+struct Scratch {
+  std::vector<float> x;
+  std::vector<int64_t> idx;
+  std::vector<uint8_t> keep;
+  std::vector<double> v, q;
+  std::vector<int> mag;
+};
+
+// N:M pruning inside a gathered tile (reference._prune): keep the N largest |x| of each group of
+// M along the sparse dimension (NaN counts as +inf, ties keep the lower index, padding -1).
+void prune_tile(const Ctx& c, Scratch& s, int64_t Tr, int64_t Tc) {
+  const Format& f = c.f;
+  int M = f.sparse_m, N = f.sparse_n;
+  bool along_rows = c.g.kind == 2 && f.sparse_dim == 0;
+  int64_t lines = along_rows ? Tc : Tr, len = along_rows ? Tr : Tc;
+  float key[16];
+  for (int64_t line = 0; line < lines; ++line) {
+    for (int64_t g0 = 0; g0 < len; g0 += M) {
+      int cnt = static_cast<int>(std::min<int64_t>(M, len - g0));
+      int64_t pos[16];
+      for (int k = 0; k < M; ++k) {
+        if (k >= cnt) { key[k] = -1.0f; pos[k] = -1; continue; }
+        int64_t e = along_rows ? (g0 + k) * Tc + line : line * Tc + g0 + k;
+        pos[k] = e;
+        float xv = s.x[e];
+        key[k] = s.idx[e] < 0 ? -1.0f : std::isnan(xv) ? INFINITY : std::fabs(xv);
+      }
+      for (int k = 0; k < cnt; ++k) {
+        int rank = 0;
+        for (int j = 0; j < M; ++j) {
+          if (key[j] > key[k] || (key[j] == key[k] && j < k)) rank++;
+        }
+        bool kept = rank < N;
+        s.keep[pos[k]] = kept ? 1 : 0;
+        if (!kept) s.x[pos[k]] = 0.0f;
+      }
+    }
+  }
+}
+
+// Gathers tile t into s.x (to_tiles order, zero padding) with input indices in s.idx (-1 for
+// padding), and prunes it when the format is N:M sparse.
+void gather_tile(const Ctx& c, int64_t t, Scratch& s) {
+  const Geometry& g = c.g;
+  int64_t b = t / (g.nR * g.nC), rt = (t / g.nC) % g.nR, ct = t % g.nC;
+  int64_t Tr = g.Tr, Tc = g.Tc, n = Tr * Tc;
+  s.x.resize(static_cast<size_t>(n));
+  s.idx.resize(static_cast<size_t>(n));
+  if (c.f.sparse_m) s.keep.assign(static_cast<size_t>(n), 1);
+  for (int64_t i = 0; i < Tr; ++i) {
+    int64_t r = rt * Tr + i;
+    int64_t c0 = ct * Tc;
+    float* xr = s.x.data() + i * Tc;
+    int64_t* ir = s.idx.data() + i * Tc;
+    if (r >= g.R) {
+      std::fill(xr, xr + Tc, 0.0f);
+      std::fill(ir, ir + Tc, int64_t(-1));
+      continue;
+    }
+    int64_t valid = std::min<int64_t>(Tc, g.C - c0);
+    if (g.kind == 0) {  // one tile: the tensor in moved order (axis last), as to_tiles
+      for (int64_t j = 0; j < valid; ++j) {
+        int64_t k = c0 + j;
+        int64_t o = g.orig(k / g.A, k % g.A);
+        ir[j] = o;
+        xr[j] = load_x(c.io.x, c.io.x_type, o);
+      }
+      for (int64_t j = valid; j < Tc; ++j) { xr[j] = 0.0f; ir[j] = -1; }
+      continue;
+    }
+    int64_t base = g.orig(b * g.R + r, c0);
+    if (g.Post == 1 && c.io.x_type == kF32) {
+      const float* src = static_cast<const float*>(c.io.x) + base;
+      for (int64_t j = 0; j < valid; ++j) { xr[j] = src[j]; ir[j] = base + j; }
+    } else {
+      for (int64_t j = 0; j < valid; ++j) {
+        int64_t o = base + j * g.Post;
+        ir[j] = o;
+        xr[j] = load_x(c.io.x, c.io.x_type, o);
+      }
+    }
+    for (int64_t j = valid; j < Tc; ++j) { xr[j] = 0.0f; ir[j] = -1; }
+  }
+  if (c.f.sparse_m) prune_tile(c, s, Tr, Tc);
+}
+
+void process_tile(const Ctx& c, int64_t t, Scratch& s) {
+  const Geometry& g = c.g;
+  const Format& f = c.f;
+  const QuantizeIO& io = c.io;
+  int64_t b = t / (g.nR * g.nC), rt = (t / g.nC) % g.nR, ct = t % g.nC;
+  int64_t Tr = g.Tr, Tc = g.Tc, n = Tr * Tc;
+  gather_tile(c, t, s);
+  if (f.sparse_m) {
+    if (io.mask) {
+      for (int64_t k = 0; k < n; ++k) if (s.idx[k] >= 0) io.mask[s.idx[k]] = s.keep[k];
+    }
+  }
+  Stats st;
+  bool want_range = c.path == kZeroFloat || c.path == kZeroInt;
+  for (int64_t k = 0; k < n; ++k) accumulate(st, s.x[k], want_range);
+  TileParams p = tile_params(c, st);
+  int64_t gi = g.kind == 0 ? 0 : g.grid(b, rt, ct, g.nR, g.nC);
+  if (io.scale) store_code(io.scale, c.scale_w, gi, p.scale_code);
+  if (io.zero && f.has_zero) store_code(io.zero, c.zero_w, gi, p.zero_code);
+
+  auto emit = [&](int64_t k, float y, uint64_t code) {
+    int64_t o = s.idx[k];
+    if (o < 0) return;
+    if (f.sparse_m && !s.keep[k]) y = 0.0f;  // pruned positions read as zero
+    if (io.values) store_y(io.values, io.values_type, o, y);
+    if (io.codes) store_code(io.codes, c.code_w, o, code);
+  };
+  auto rand_at = [&](int64_t k) -> uint32_t {
+    return c.stochastic && s.idx[k] >= 0 ? stochastic_bits(c.key, static_cast<uint64_t>(s.idx[k]))
+                                         : 0u;
+  };
+
+  if (c.path == kExp || c.path == kFloatScale || c.path == kZeroFloat || c.path == kZeroInt) {
+    for (int64_t k = 0; k < n; ++k) {
+      if (s.idx[k] < 0) continue;
+      float y = 0.0f;
+      uint64_t code = 0;
+      quant_elem(c, p, s.x[k], rand_at(k), false, &y, &code);
+      emit(k, y, code);
+    }
+    return;
+  }
+  // Units: subtiles (to_subtiles order) or the whole tile.
+  int64_t Sr = g.Sc ? g.Sr : Tr, Sc = g.Sc ? g.Sc : Tc;
+  int64_t ur = Tr / Sr, uc = Tc / Sc, usize = Sr * Sc;
+  int64_t sub_rows = g.sub_rows(), sub_cols = g.sub_cols();
+  double thr = pow2(floor_log2(static_cast<double>(st.amax)));
+  std::vector<int64_t> ue(usize);
+  for (int64_t ui = 0; ui < ur; ++ui) {
+    for (int64_t uj = 0; uj < uc; ++uj) {
+      for (int64_t a = 0; a < Sr; ++a)
+        for (int64_t bb = 0; bb < Sc; ++bb) ue[a * Sc + bb] = (ui * Sr + a) * Tc + uj * Sc + bb;
+      uint8_t meta = 0;
+      if (c.path == kExpShift) {
+        bool below = true;
+        for (int64_t k : ue) {
+          float xv = s.x[k];
+          double ax = std::isfinite(xv) ? std::fabs(xv) : 0.0;
+          if (!(ax < thr)) { below = false; break; }
+        }
+        meta = below ? 1 : 0;
+        for (int64_t k : ue) {
+          if (s.idx[k] < 0) continue;
+          float y = 0.0f;
+          uint64_t code = 0;
+          quant_elem(c, p, s.x[k], rand_at(k), below, &y, &code);
+          emit(k, y, code);
+        }
+      } else {  // codebook: nearest entry per mapping, mapping with the least L2 error
+        const Num& comp = f.elem;
+        int half = 1 << (f.cb_ib - 1), maps = 1 << f.cb_mb;
+        s.v.resize(usize);
+        for (int64_t u = 0; u < usize; ++u) s.v[u] = static_cast<double>(s.x[ue[u]]) * p.inv;
+        double best = 0.0;
+        int best_map = 0;
+        auto nearest = [&](int map, double vv, int* idx_out) -> double {
+          const double* tab = f.mags.data() + static_cast<size_t>(map) * half;
+          const uint8_t* ev = f.even.data() + static_cast<size_t>(map) * half;
+          double a = std::fabs(vv);
+          int lo_i = static_cast<int>(std::lower_bound(tab, tab + half, a) - tab);
+          if (std::isnan(a)) lo_i = half;
+          int hi = lo_i < 1 ? 1 : lo_i > half - 1 ? half - 1 : lo_i;
+          int lo = hi - 1;
+          double d_lo = a - tab[lo], d_hi = tab[hi] - a;
+          bool tie_hi = c.m.round_mode == kEven ? ev[hi] != 0 : c.m.round_mode == kAway;
+          bool pick_hi = (d_hi < d_lo) || (d_hi == d_lo && tie_hi);
+          int idx = pick_hi ? hi : lo;
+          *idx_out = idx;
+          double q = std::copysign(tab[idx], vv);
+          if (!comp.has_negzero) q += 0.0;
+          return q;
+        };
+        for (int map = 0; map < maps; ++map) {
+          double err = 0.0;
+          for (int64_t u = 0; u < usize; ++u) {
+            int idx;
+            double q = nearest(map, s.v[u], &idx);
+            double d = s.v[u] - q;
+            err += d * d;
+          }
+          if (map == 0 || err < best) { best = err; best_map = map; }
+        }
+        meta = static_cast<uint8_t>(best_map);
+        for (int64_t u = 0; u < usize; ++u) {
+          int64_t k = ue[u];
+          if (s.idx[k] < 0) continue;
+          int idx;
+          double q = nearest(best_map, s.v[u], &idx);
+          bool negative = std::signbit(q) && (q != 0 || comp.has_negzero);
+          uint64_t code = (static_cast<uint64_t>(negative) << (f.cb_ib - 1)) |
+                          static_cast<uint64_t>(idx);
+          float y = static_cast<float>(q * p.pw);
+          if (p.nan_tile) { y = c.nan_f; code = 0; }
+          emit(k, y, code);
+        }
+      }
+      if (io.meta) {
+        if (g.Sc) {
+          int64_t gr = rt * ur + ui, gc = ct * uc + uj;
+          if (gr < sub_rows && gc < sub_cols) io.meta[g.grid(b, gr, gc, sub_rows, sub_cols)] = meta;
+        } else {
+          io.meta[gi] = meta;
+        }
+      }
+    }
+  }
+}
+
+// Elementwise pass for one scale over the whole tensor (memory order: order-independent).
+void tensor_elements(const Ctx& c, const TileParams& p, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    float x = load_x(c.io.x, c.io.x_type, i);
+    uint32_t r = c.stochastic ? stochastic_bits(c.key, static_cast<uint64_t>(i)) : 0u;
+    float y = 0.0f;
+    uint64_t code = 0;
+    quant_elem(c, p, x, r, false, &y, &code);
+    if (c.io.values) store_y(c.io.values, c.io.values_type, i, y);
+    if (c.io.codes) store_code(c.io.codes, c.code_w, i, code);
+  }
+}
+
+constexpr int64_t kChunk = 1 << 15;
+
+}  // namespace
+
+int64_t Geometry::grid(int64_t b, int64_t r, int64_t c, int64_t rows, int64_t cols) const {
+  int64_t m, postp;
+  if (kind == 1) {
+    m = r;
+    postp = Post;
+  } else {
+    m = b * rows + r;
+    postp = Post == 1 ? 1 : Post / R * rows;
+  }
+  return (m / postp) * cols * postp + c * postp + m % postp;
+}
+
+std::string make_format(const onnxq_format& in, Format* out) {
+  Format f;
+  auto num = [](const onnxq_number& src, Num* dst, const char* what) -> std::string {
+    dst->kind = src.kind;
+    dst->ebits = src.ebits;
+    dst->mbits = src.mbits;
+    dst->bias = src.bias;
+    dst->infnan = src.infnan;
+    std::string e = dst->derive();
+    return e.empty() ? e : std::string(what) + ": " + e;
+  };
+  std::string e = num(in.elem, &f.elem, "element");
+  if (!e.empty()) return e;
+  f.scaled = in.scaled != 0;
+  if (f.scaled) {
+    if (!(e = num(in.scale, &f.scale, "scale")).empty()) return e;
+    if (f.scale.kind != kFloat && f.scale.kind != kExponent)
+      return "the scale must be a float or exponent type";
+    if (f.scale.kind == kExponent && f.scale.ebits > 10)
+      return "exponent scales of more than 10 bits are not supported";
+    f.has_zero = in.has_zero != 0;
+    if (f.has_zero && !(e = num(in.zero, &f.zero, "zero point")).empty()) return e;
+    f.has_ts = in.has_tenscale != 0;
+    if (f.has_ts && !(e = num(in.tenscale, &f.ts, "tensor scale")).empty()) return e;
+    if (in.ntiles < 0 || in.ntiles > 2) return "at most two tile dimensions";
+    f.ntiles = in.ntiles;
+    for (int i = 0; i < 2; ++i) {
+      f.tile[i] = in.tile[i];
+      f.sub[i] = in.sub[i];
+      if (f.tile[i] < 0 || f.sub[i] < 0) return "negative tile size";
+    }
+    f.sparse_n = in.sparse_n;
+    f.sparse_m = in.sparse_m;
+    f.sparse_dim = in.sparse_dim;
+    if (f.sparse_m && (f.sparse_m > 16 || f.sparse_n < 1 || f.sparse_n >= f.sparse_m))
+      return "N:M sparsity needs 1 <= N < M <= 16";
+    if (f.has_zero && f.elem.kind != kUint) return "a zero point is only for uint data";
+    if (!f.has_zero && f.elem.kind == kUint) return "uint data needs a zero point";
+    if (f.has_zero && f.scale.kind == kExponent) return "zero points need a float scale";
+  } else if (f.elem.kind != kFloat) {
+    return "only float formats can be unscaled";
+  }
+  if (in.cb_index_bits) {
+    f.cb_ib = in.cb_index_bits;
+    f.cb_mb = in.cb_meta_bits;
+    if (f.cb_ib < 2 || f.cb_ib > 8 || f.cb_mb < 0 || f.cb_mb > 4)
+      return "codebook index_bits 2..8 and meta_bits 0..4";
+    if (!f.scaled || f.scale.kind != kExponent) return "codebooks need an exponent scale";
+    if (f.elem.kind != kFloat) return "a codebook's compute type must be a float format";
+    size_t maps = size_t(1) << f.cb_mb, half = size_t(1) << (f.cb_ib - 1);
+    if (!in.cb_table) return "a codebook needs its table";
+    f.table.assign(in.cb_table, in.cb_table + maps * 2 * half);
+    if (in.cb_mags) {
+      f.mags.assign(in.cb_mags, in.cb_mags + maps * half);
+    } else {
+      f.mags.resize(maps * half);
+      for (size_t m = 0; m < maps; ++m)
+        for (size_t i = 0; i < half; ++i) f.mags[m * half + i] = f.table[m * 2 * half + i];
+    }
+    if (in.cb_even) {
+      f.even.assign(in.cb_even, in.cb_even + maps * half);
+    } else {
+      f.even.resize(maps * half);
+      for (size_t i = 0; i < f.mags.size(); ++i) {
+        uint64_t code = encode_value(f.mags[i], f.elem);
+        f.even[i] = (code % 2 == 0) ? 1 : 0;
+      }
+    }
+  } else if (f.scaled && f.sub[1] && !(f.elem.kind == kInt && f.scale.kind == kExponent)) {
+    return "a subtile needs int elements with an exponent scale (mx6) or a codebook";
+  }
+  *out = std::move(f);
+  return "";
+}
+
+std::string make_geometry(const Format& f, const std::vector<int64_t>& shape, int axis,
+                          Geometry* out) {
+  Geometry g;
+  int ndim = static_cast<int>(shape.size());
+  if (ndim < 1) return "a tensor of at least 1 dim is needed";
+  if (axis < -ndim || axis >= ndim) {
+    return "axis " + std::to_string(axis) + " is out of range for a " + std::to_string(ndim) +
+           "-D tensor";
+  }
+  if (axis < 0) axis += ndim;
+  g.size = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return "negative dimension";
+    g.size *= d;
+  }
+  g.A = shape[axis];
+  g.Post = 1;
+  for (int i = axis + 1; i < ndim; ++i) g.Post *= shape[i];
+  if (!f.scaled || f.ntiles == 0) {
+    g.kind = 0;
+    g.C = g.size;
+    g.Tc = g.size;
+  } else if (f.ntiles == 1) {
+    g.kind = 1;
+    g.C = g.A;
+    g.R = g.C ? g.size / g.C : 0;
+    g.Tc = f.tile[0] ? f.tile[0] : g.C;
+    g.Sc = f.sub[1];
+    g.Sr = g.Sc ? 1 : 0;
+    g.nR = g.R;
+  } else {
+    if (ndim < 2) return "2-D tiles need a tensor of at least 2 dims";
+    g.kind = 2;
+    g.C = g.A;
+    g.R = axis == ndim - 1 ? shape[ndim - 2] : shape[ndim - 1];
+    g.B = (g.R * g.C) != 0 ? g.size / (g.R * g.C) : 0;
+    g.Tr = f.tile[0] ? f.tile[0] : g.R;
+    g.Tc = f.tile[1] ? f.tile[1] : g.C;
+    g.Sr = f.sub[0];
+    g.Sc = f.sub[1];
+    if (g.Sc && (g.Tr % g.Sr || g.Tc % g.Sc)) return "subtiles must divide the tile";
+    g.nR = g.Tr ? (g.R + g.Tr - 1) / g.Tr : 0;
+  }
+  if (g.Tc <= 0) g.Tc = 1;
+  if (g.Tr <= 0) g.Tr = 1;
+  g.nC = (g.C + g.Tc - 1) / g.Tc;
+  if (g.kind == 1 && g.Sc && g.Tc % g.Sc) return "subtiles must divide the tile";
+  *out = g;
+  return "";
+}
+
+std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>& shape, int axis,
+                     const QuantizeIO& io, const ParallelFor& pf) {
+  Geometry g;
+  std::string e = make_geometry(f, shape, axis, &g);
+  if (!e.empty()) return e;
+  if (g.size == 0) return "cannot cast an empty tensor";
+  if (f.codebook() && m.round_mode == kStochastic)
+    return "codebooks round to the nearest table entry; stochastic is not supported";
+  uint32_t key = seed_key(m.seed);
+  bool stochastic = m.round_mode == kStochastic;
+  int code_w = code_width(f.code_bits());
+  float nan_f = from_fbits(kQuietNaN);
+  if (!f.scaled) {  // an unscaled cast: elementwise, keeps Inf where the format has it
+    pf((g.size + kChunk - 1) / kChunk, [&](int64_t c0, int64_t c1) {
+      int64_t end = std::min(g.size, c1 * kChunk);
+      for (int64_t i = c0 * kChunk; i < end; ++i) {
+        float x = load_x(io.x, io.x_type, i);
+        uint32_t r = stochastic ? stochastic_bits(key, static_cast<uint64_t>(i)) : 0u;
+        double q = quantize_value(static_cast<double>(x), f.elem, m.round_mode, r, true, false);
+        if (io.values) store_y(io.values, io.values_type, i, static_cast<float>(q));
+        if (io.codes) store_code(io.codes, code_w, i, encode_value(q, f.elem));
+      }
+    });
+    return "";
+  }
+  Path path;
+  if (f.scale.kind == kExponent) {
+    path = f.codebook() ? kExpBook : g.Sc ? kExpShift : kExp;
+  } else if (f.has_zero) {
+    path = f.zero.kind == kFloat ? kZeroFloat : kZeroInt;
+  } else {
+    path = kFloatScale;
+  }
+  Ctx c{f, m, g, io, path, key, stochastic, code_w, code_width(f.scale.bits),
+        f.has_zero ? code_width(f.zero.bits) : 1, 0.0f, nan_f};
+  if (f.has_ts) {  // NVFP4: tensor scale from the largest tile absmax (after pruning)
+    int64_t tiles = g.tiles();
+    std::vector<float> amaxes(static_cast<size_t>(tiles), 0.0f);
+    pf(tiles, [&](int64_t t0, int64_t t1) {
+      Scratch s;
+      for (int64_t t = t0; t < t1; ++t) {
+        gather_tile(c, t, s);
+        Stats st;
+        for (float xv : s.x) accumulate(st, xv, false);
+        amaxes[static_cast<size_t>(t)] = st.amax;
+      }
+    });
+    float top = 0.0f;
+    for (float a : amaxes) top = a > top ? a : top;
+    float denom = static_cast<float>(f.elem.maxfloat) * static_cast<float>(f.scale.maxfloat);
+    c.ts = cast_scale(top / denom, f.ts);
+    if (io.tenscale)
+      store_code(io.tenscale, code_width(f.ts.bits), 0, encode_value(c.ts, f.ts));
+  }
+  if (g.kind == 0 && path != kExpBook) {  // one scale: parallel reduction, then elementwise
+    int64_t chunks = (g.size + kChunk - 1) / kChunk;
+    std::vector<Stats> parts(static_cast<size_t>(chunks));
+    bool want_range = path == kZeroFloat || path == kZeroInt;
+    pf(chunks, [&](int64_t c0, int64_t c1) {
+      for (int64_t ch = c0; ch < c1; ++ch) {
+        Stats st;
+        int64_t end = std::min(g.size, (ch + 1) * kChunk);
+        for (int64_t i = ch * kChunk; i < end; ++i) accumulate(st, load_x(io.x, io.x_type, i),
+                                                                want_range);
+        parts[static_cast<size_t>(ch)] = st;
+      }
+    });
+    Stats st = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) merge(st, parts[i]);
+    TileParams p = tile_params(c, st);
+    if (io.scale) store_code(io.scale, c.scale_w, 0, p.scale_code);
+    if (io.zero && f.has_zero) store_code(io.zero, c.zero_w, 0, p.zero_code);
+    pf(chunks, [&](int64_t c0, int64_t c1) {
+      tensor_elements(c, p, c0 * kChunk, std::min(g.size, c1 * kChunk));
+    });
+    return "";
+  }
+  pf(g.tiles(), [&](int64_t t0, int64_t t1) {
+    Scratch s;
+    for (int64_t t = t0; t < t1; ++t) process_tile(c, t, s);
+  });
+  return "";
+}
+
+std::string dequantize(const Format& f, const std::vector<int64_t>& shape, int axis,
+                       const DequantizeIO& io, const ParallelFor& pf) {
+  Geometry g;
+  std::string e = make_geometry(f, shape, axis, &g);
+  if (!e.empty()) return e;
+  int code_w = code_width(f.code_bits());
+  const Num& n = f.elem;
+  // Decode table for narrow codes (decode_codes uses one for <= 16 bits).
+  std::vector<double> table;
+  if (!f.codebook() && n.bits <= 16) {
+    table.resize(size_t(1) << n.bits);
+    for (size_t cd = 0; cd < table.size(); ++cd) table[cd] = n.decode(cd);
+  }
+  auto decode = [&](uint64_t code) -> double {
+    if (!table.empty()) return table[code & (table.size() - 1)];
+    return n.decode(code);
+  };
+  float nan_f = from_fbits(kQuietNaN);
+  if (!f.scaled) {
+    pf((g.size + kChunk - 1) / kChunk, [&](int64_t c0, int64_t c1) {
+      int64_t end = std::min(g.size, c1 * kChunk);
+      for (int64_t i = c0 * kChunk; i < end; ++i) {
+        float y = static_cast<float>(decode(load_code(io.codes, code_w, i)));
+        if (io.mask && !io.mask[i]) y = 0.0f;
+        store_y(io.values, io.values_type, i, y);
+      }
+    });
+    return "";
+  }
+  if (!io.scale) return "dequantizing needs the scale tensor";
+  if (f.has_zero && !io.zero) return "dequantizing needs the zero point tensor";
+  if (f.has_ts && !io.tenscale) return "dequantizing needs the tensor scale";
+  if (f.has_meta() && !io.meta) return "dequantizing needs the meta tensor";
+  int scale_w = code_width(f.scale.bits);
+  int zero_w = f.has_zero ? code_width(f.zero.bits) : 1;
+  float ts = 0.0f;
+  if (f.has_ts)
+    ts = static_cast<float>(f.ts.decode(load_code(io.tenscale, code_width(f.ts.bits), 0)));
+  int64_t Tr = g.Tr, Tc = g.Tc;
+  int64_t sub_rows = g.sub_rows(), sub_cols = g.sub_cols();
+  auto tile_fn = [&](int64_t t) {
+    int64_t b = t / (g.nR * g.nC), rt = (t / g.nC) % g.nR, ct = t % g.nC;
+    int64_t gi = g.kind == 0 ? 0 : g.grid(b, rt, ct, g.nR, g.nC);
+    uint64_t sc_code = load_code(io.scale, scale_w, gi);
+    bool exp_scale = f.scale.kind == kExponent;
+    int sexp = 0;
+    bool nan_tile = false;
+    float sc = 0.0f, eff = 0.0f, zp = 0.0f;
+    if (exp_scale) {
+      sexp = static_cast<int>(sc_code) - f.scale.bias;
+      nan_tile = sc_code == (1ull << f.scale.ebits) - 1;
+      if (nan_tile) sexp = 0;
+    } else {
+      sc = static_cast<float>(f.scale.decode(sc_code));
+      nan_tile = std::isnan(sc);
+      eff = f.has_ts ? sc * ts : sc;
+      if (f.has_zero) zp = static_cast<float>(f.zero.decode(load_code(io.zero, zero_w, gi)));
+    }
+    double pw = pow2(sexp);
+    int64_t Sr = g.Sc ? g.Sr : 1, Sc = g.Sc ? g.Sc : 1;
+    for (int64_t i = 0; i < Tr; ++i) {
+      int64_t r = rt * Tr + i;
+      if (r >= g.R) break;
+      int64_t c0 = ct * Tc;
+      int64_t valid = std::min<int64_t>(Tc, g.C - c0);
+      int64_t mrow = b * g.R + r;
+      int64_t base = g.kind == 0 ? 0 : g.orig(mrow, c0);
+      int64_t step = g.kind == 0 ? 1 : g.Post;
+      for (int64_t j = 0; j < valid; ++j) {
+        int64_t o = base + j * step;
+        uint64_t code = load_code(io.codes, code_w, o);
+        float y;
+        if (exp_scale) {
+          int meta = 0;
+          if (f.has_meta()) {
+            int64_t mi;
+            if (g.Sc) {
+              mi = g.grid(b, (rt * Tr + i) / Sr, (c0 + j) / Sc, sub_rows, sub_cols);
+            } else {
+              mi = gi;
+            }
+            meta = io.meta[mi];
+          }
+          double q;
+          if (f.codebook()) {
+            size_t w = size_t(1) << f.cb_ib;
+            q = f.table[static_cast<size_t>(meta) * w + (code & (w - 1))];
+          } else {
+            q = decode(code);
+          }
+          double yy = q * pw;
+          if (g.Sc && !f.codebook()) yy = yy * pow2(-meta);
+          y = nan_tile ? nan_f : static_cast<float>(yy);
+        } else {
+          float q = static_cast<float>(decode(code));
+          if (f.has_zero) {
+            y = f.zero.kind == kFloat ? q * sc + zp : (q - zp) * sc;
+          } else {
+            y = q * eff;
+          }
+          if (nan_tile) y = nan_f;
+        }
+        if (io.mask && !io.mask[o]) y = 0.0f;
+        store_y(io.values, io.values_type, o, y);
+      }
+    }
+  };
+  if (g.kind == 0) {
+    // One tile covering the tensor in memory order: split by chunks of elements.
+    Geometry flat = g;
+    pf((g.size + kChunk - 1) / kChunk, [&](int64_t c0, int64_t c1) {
+      (void)flat;
+      int64_t begin = c0 * kChunk, end = std::min(g.size, c1 * kChunk);
+      uint64_t sc_code = load_code(io.scale, scale_w, 0);
+      bool exp_scale = f.scale.kind == kExponent;
+      for (int64_t o = begin; o < end; ++o) {
+        uint64_t code = load_code(io.codes, code_w, o);
+        float y;
+        if (exp_scale) {
+          bool nan_tile = sc_code == (1ull << f.scale.ebits) - 1;
+          int sexp = nan_tile ? 0 : static_cast<int>(sc_code) - f.scale.bias;
+          double q;
+          if (f.codebook()) {
+            size_t w = size_t(1) << f.cb_ib;
+            q = f.table[static_cast<size_t>(io.meta[0]) * w + (code & (w - 1))];
+          } else {
+            q = decode(code);
+          }
+          y = nan_tile ? nan_f : static_cast<float>(q * pow2(sexp));
+        } else {
+          float sc = static_cast<float>(f.scale.decode(sc_code));
+          float q = static_cast<float>(decode(code));
+          if (f.has_zero) {
+            float zp = static_cast<float>(f.zero.decode(load_code(io.zero, zero_w, 0)));
+            y = f.zero.kind == kFloat ? q * sc + zp : (q - zp) * sc;
+          } else {
+            y = q * sc;
+          }
+          if (std::isnan(sc)) y = nan_f;
+        }
+        if (io.mask && !io.mask[o]) y = 0.0f;
+        store_y(io.values, io.values_type, o, y);
+      }
+    });
+    return "";
+  }
+  pf(g.tiles(), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) tile_fn(t);
+  });
+  return "";
+}
+
+int64_t pack_bits(const void* codes, int width, int64_t count, int bits, const uint8_t* mask,
+                  uint8_t* out) {
+  int64_t nbytes_max = packed_nbytes(count, bits);
+  std::memset(out, 0, static_cast<size_t>(nbytes_max));
+  int64_t k = 0;
+  uint64_t bitpos = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (mask && !mask[i]) continue;
+    uint64_t v = load_code(codes, width, i);
+    for (int done = 0; done < bits;) {
+      uint64_t byte = bitpos >> 3;
+      int off = static_cast<int>(bitpos & 7);
+      int take = std::min(8 - off, bits - done);
+      out[byte] |= static_cast<uint8_t>(((v >> done) & ((1u << take) - 1)) << off);
+      done += take;
+      bitpos += static_cast<uint64_t>(take);
+    }
+    k++;
+  }
+  return k;
+}
+
+void unpack_bits(const uint8_t* stream, int bits, int64_t count, const uint8_t* mask,
+                 void* codes, int width) {
+  uint64_t bitpos = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (mask && !mask[i]) {
+      store_code(codes, width, i, 0);
+      continue;
+    }
+    uint64_t v = 0;
+    for (int done = 0; done < bits;) {
+      uint64_t byte = bitpos >> 3;
+      int off = static_cast<int>(bitpos & 7);
+      int take = std::min(8 - off, bits - done);
+      v |= static_cast<uint64_t>((stream[byte] >> off) & ((1u << take) - 1)) << done;
+      done += take;
+      bitpos += static_cast<uint64_t>(take);
+    }
+    store_code(codes, width, i, v);
+  }
+}
+
+// -- a small thread pool for the C ABI -------------------------------------------------------
+namespace {
+
+class Pool {
+ public:
+  explicit Pool(int n) {
+    for (int i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  int size() const { return static_cast<int>(workers_.size()); }
+  // Runs task(i) for i in [0, n) on the workers and the caller; returns when all are done.
+  void run(int64_t n, const std::function<void(int64_t)>& task) {
+    std::unique_lock<std::mutex> run_lock(run_mu_);  // one job at a time
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    auto body = [&] {
+      for (int64_t i; (i = next.fetch_add(1)) < n;) {
+        task(i);
+        done.fetch_add(1);
+      }
+    };
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = body;
+      gen_++;
+    }
+    cv_.notify_all();
+    body();
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] { return active_ == 0 && done.load() == n; });
+    job_ = nullptr;
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || (gen_ != seen && job_); });
+        if (stop_) return;
+        seen = gen_;
+        job = job_;
+        active_++;
+      }
+      job();
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        active_--;
+      }
+      done_cv_.notify_all();
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex mu_, run_mu_;
+  std::condition_variable cv_, done_cv_;
+  std::function<void()> job_;
+  uint64_t gen_ = 0;
+  int active_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool p(std::max(0, static_cast<int>(std::thread::hardware_concurrency()) - 1));
+  return p;
+}
+
+}  // namespace
+
+ParallelFor default_parallel_for(int nthreads) {
+  return [nthreads](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    if (n <= 0) return;
+    int workers = nthreads > 0 ? nthreads : pool().size() + 1;
+    if (workers <= 1 || n == 1) {
+      fn(0, n);
+      return;
+    }
+    int64_t tasks = std::min<int64_t>(n, static_cast<int64_t>(workers) * 8);
+    pool().run(tasks, [&](int64_t i) {
+      int64_t b = n * i / tasks, e = n * (i + 1) / tasks;
+      if (b < e) fn(b, e);
+    });
+  };
+}
+
+}  // namespace onnxq

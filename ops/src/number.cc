@@ -1,0 +1,119 @@
+// Derived properties of number specs (NumberSpec's properties, computed the same way).
+#include "number.h"
+
+#include <cmath>
+#include <string>
+
+namespace onnxq {
+
+std::string Num::name() const {
+  switch (kind) {
+    case kInt: return "int" + std::to_string(mbits + 1);
+    case kUint: return "uint" + std::to_string(mbits);
+    case kExponent: return "e" + std::to_string(ebits) + "m0b" + std::to_string(bias);
+    default: break;
+  }
+  static const char* suffix[] = {"", "ieee", "fn", "fnuz", "inuz"};
+  return "e" + std::to_string(ebits) + "m" + std::to_string(mbits) + "b" + std::to_string(bias) +
+         suffix[infnan >= 0 && infnan <= 4 ? infnan : 0];
+}
+
+double Num::decode(uint64_t code) const {
+  switch (kind) {
+    case kInt: {
+      int64_t c = static_cast<int64_t>(code);
+      return static_cast<double>((code >> (bits - 1)) & 1 ? c - (int64_t(1) << bits) : c);
+    }
+    case kUint: return static_cast<double>(code);
+    case kExponent:
+      if (code == (1ull << ebits) - 1) return NAN;
+      return std::ldexp(1.0, static_cast<int>(code) - bias);
+    default: break;
+  }
+  uint64_t sign_bit = 1ull << (bits - 1);
+  bool negative = (code & sign_bit) != 0;
+  uint64_t magnitude = code & (sign_bit - 1);
+  uint64_t field = magnitude >> mbits;
+  uint64_t mant = magnitude & ((1ull << mbits) - 1);
+  uint64_t top_field = (1ull << ebits) - 1, top_mant = (1ull << mbits) - 1;
+  if (infnan == kIeee && field == top_field) {
+    return mant ? NAN : (negative ? -INFINITY : INFINITY);
+  }
+  if (infnan == kFn && field == top_field && mant == top_mant) return NAN;
+  if ((infnan == kFnuz || infnan == kInuz) && code == sign_bit) return NAN;
+  if (infnan == kInuz && magnitude == sign_bit - 1) return negative ? -INFINITY : INFINITY;
+  double value;
+  if (field == 0) {
+    value = std::ldexp(static_cast<double>(mant), 1 - bias - mbits);
+  } else {
+    value = std::ldexp(static_cast<double>((1ull << mbits) + mant),
+                       static_cast<int>(field) - bias - mbits);
+  }
+  return negative ? -value : value;
+}
+
+std::string Num::derive() {
+  is_float = kind == kFloat;
+  is_int = kind == kInt;
+  switch (kind) {
+    case kFloat:
+      if (ebits < 1 || mbits < 0 || infnan < kIeee || infnan > kInuz) return "invalid float format";
+      bits = 1 + ebits + mbits;
+      break;
+    case kInt:
+      bits = mbits + 1;
+      if (bits < 2 || bits > 32) return "int width must be 2..32";
+      break;
+    case kUint:
+      bits = mbits;
+      if (bits < 1 || bits > 32) return "uint width must be 1..32";
+      break;
+    case kExponent:
+      bits = ebits;
+      if (ebits < 1 || ebits > 16) return "exponent width must be 1..16";
+      break;
+    default: return "unknown number kind " + std::to_string(kind);
+  }
+  if (bits > 64) return "at most 64 bits are supported";
+  if (kind == kFloat && ebits > 11) return "at most 11 exponent bits are supported";
+  code_bytes = code_width(bits);
+  has_inf = infnan == kIeee || infnan == kInuz;
+  has_negzero = infnan == kIeee || infnan == kFn;
+  uint64_t max_code = 0;
+  switch (kind) {
+    case kInt: max_code = (1ull << (bits - 1)) - 1; break;
+    case kUint: max_code = bits >= 64 ? ~0ull : (1ull << bits) - 1; break;
+    case kExponent: max_code = (1ull << ebits) - 2; break;
+    default: {
+      max_code = (1ull << (bits - 1)) - 1;
+      if (infnan == kIeee) max_code = (((1ull << ebits) - 1) << mbits) - 1;
+      while (!std::isfinite(decode(max_code))) {
+        if (max_code == 0) return "no finite value";
+        max_code--;
+      }
+    }
+  }
+  maxfloat = decode(max_code);
+  int ex = 0;
+  std::frexp(maxfloat, &ex);
+  emax = ex - 1;
+  emin = kind == kFloat ? 1 - bias : kind == kExponent ? -bias : 0;
+  double half_ulp = kind == kFloat ? std::ldexp(1.0, emax - mbits - 1) : 0.5;
+  midmax = maxfloat + half_ulp;
+  smallest_normal = std::ldexp(1.0, emin);
+  if (kind == kFloat) {
+    uint64_t sign = 1ull << (bits - 1);
+    switch (infnan) {
+      case kIeee:
+        nan_code = (((1ull << ebits) - 1) << mbits) | (1ull << (mbits > 0 ? mbits - 1 : 0));
+        break;
+      case kFn: nan_code = sign - 1; break;
+      default: nan_code = sign; break;
+    }
+  } else if (kind == kExponent) {
+    nan_code = (1ull << ebits) - 1;
+  }
+  return "";
+}
+
+}  // namespace onnxq
