@@ -42,6 +42,8 @@ def build_native() -> Path | None:
         print("onnxq: cmake not found; installing without the native library", file=sys.stderr)
         return None
     build = ROOT / "ops" / "build"
+    # pip builds in throw-away environments: a cache naming an earlier run's cmake would break.
+    (build / "CMakeCache.txt").unlink(missing_ok=True)
     configure = [cmake, "-S", str(ROOT / "ops"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
     if os.environ.get("ONNXRUNTIME_INCLUDE_DIR"):
         configure.append(f"-DONNXRUNTIME_INCLUDE_DIR={os.environ['ONNXRUNTIME_INCLUDE_DIR']}")

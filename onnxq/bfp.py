@@ -2,11 +2,12 @@
 
 A block of ``block_size`` values shares ``shared_exp = floor(log2(max|x|)) + 1``; each value
 keeps ``round(x * 2^(m - 1 - shared_exp))`` clamped to +-(2^(m-1) - 1). That is exactly an
-int``m`` element with an E8M0 scale of ``2^(shared_exp - (m - 1))``, so this module is a thin
+int``m`` fixed-point element (one integer bit) with an E8M0 scale of ``2^(shared_exp - 1)``,
+so this module is a thin
 layer over `onnxq.cast` (the presets ``bfp16`` = int8 / block 16, ``bfp8`` = int4 / block
 32) that converts to the document's packed layout ``[exponents..., mantissas...]`` (int8).
 Blocks run over the flattened (C order) data. An all-zero block stores the exponent of the
-smallest scale, -127 + (m - 1).
+smallest scale, -127 + 1 = -126.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def fp32_to_bfp(
 
     Raises:
         ValueError: bad block size or mantissa width, empty or non-finite data, or a block
-            whose exponent does not fit in int8 (|x| >= 2^126).
+            whose exponent does not fit in int8 (|x| >= 2^127).
     """
     x = np.asarray(data, dtype=np.float32)
     if x.size == 0:
@@ -50,11 +51,12 @@ def fp32_to_bfp(
     dt = _datatype(block_size, mantissa_bits)
     q = cast(x.reshape(-1), dt, mode="actual")
     assert isinstance(q, QTensor) and q.scale is not None
-    # E8M0 code c means 2^(c - 127) = 2^(shared_exp - (m - 1)).
-    shared = q.scale.astype(np.int32) - 127 + (mantissa_bits - 1)
+    # E8M0 code c = floor(log2 max) + 127 (ints are fixed point, OCP MXINT8), so
+    # shared_exp = floor(log2 max) + 1 = c - 126.
+    shared = q.scale.astype(np.int32) - 126
     if shared.max() > 127:
         raise ValueError(
-            "a block maximum of 2^126 or more needs a shared exponent above int8's 127"
+            "a block maximum of 2^127 or more needs a shared exponent above int8's 127"
         )
     mantissas = q.data.astype(np.uint8).view(np.int8)
     if mantissa_bits < 8:  # sign-extend the m-bit two's complement codes

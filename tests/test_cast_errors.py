@@ -51,12 +51,6 @@ def test_a_torch_tensor_of_a_wrong_dtype_is_a_type_error() -> None:
         cast(torch.zeros(0, dtype=torch.float32), "mxfp4")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="any object whose class lives in a 'torch' module goes to the torch bridge, which "
-    "reads x.dtype: a torch object that is not a tensor (torch.Size, torch.dtype) raises "
-    "AttributeError (\"'Size' object has no attribute 'dtype'\") instead of a TypeError",
-)
 def test_a_torch_object_that_is_not_a_tensor_is_a_type_error() -> None:
     fake = type("Size", (tuple,), {"__module__": "torch"})((4,))
     with pytest.raises(TypeError, match=r"Size"):

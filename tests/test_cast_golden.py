@@ -428,13 +428,14 @@ def _scale_mode_cases() -> list[Case]:
             packed_nbytes=24,  # 32 x 6 bits as one bit stream (design "Packing")
         ))
     for mode in MODES:
-        # mxint8: ints always floor (design 3). absmax 1.5: floor(log2) = 0, emax(int8) = 6
-        # -> sexp -6 (code 121) whatever the mode; v = 64x: 96, -64, 32.5 -> even 32 -> 0.5.
+        # mxint8: ints always floor (design 3). absmax 1.5: floor(log2) = 0 -> E8M0 exponent 0
+        # (code 127: int8 is fixed point 1.6, OCP MXINT8) whatever the mode; grid step 2^-6,
+        # v = 64x: 96, -64, 32.5 -> even 32 -> 0.5.
         # codes: 96; -64 -> 192; 32.
         cases.append(Case(
             name=f"mxint8 ints floor {mode}", dtype="mxint8",
             x=tile([1.5, -1.0, 0.5078125]), kwargs={"scale_mode": mode},
-            expected=tile([1.5, -1.0, 0.5]), scale=[121], data=ctile([96, 192, 32]),
+            expected=tile([1.5, -1.0, 0.5]), scale=[127], data=ctile([96, 192, 32]),
         ))
     return cases
 
@@ -451,25 +452,25 @@ def test_scale_modes(case: Case) -> None:
 INTS: list[Case] = [
     # v = 64x (sexp -6): 0.5078125 * 64 = 32.5 -> away 33 -> 0.515625; zero 32 -> 0.5.
     Case("mxint8 away", "mxint8", tile([1.5, -1.0, 0.5078125]), tile([1.5, -1.0, 0.515625]),
-         {"round_mode": "away"}, scale=[121], data=ctile([96, 192, 33])),
+         {"round_mode": "away"}, scale=[127], data=ctile([96, 192, 33])),
     Case("mxint8 zero", "mxint8", tile([1.5, -1.0, 0.5078125]), tile([1.5, -1.0, 0.5]),
-         {"round_mode": "zero"}, scale=[121], data=ctile([96, 192, 32])),
-    # absmax 2 - 2^-10: floor(log2) = 0 -> sexp -6 (code 121); v = 127.9375 -> 128 clamps to
+         {"round_mode": "zero"}, scale=[127], data=ctile([96, 192, 32])),
+    # absmax 2 - 2^-10: floor(log2) = 0 -> exponent 0 (code 127), step 2^-6; v = 127.9375 -> 128 clamps to
     # 127 -> 127/64 = 1.984375 (ints use floor even when the top value clips).
     Case("mxint8 clamp top", "mxint8", tile([1.9990234375, -1.0]), tile([1.984375, -1.0]),
-         scale=[121], data=ctile([127, 192])),
+         scale=[127], data=ctile([127, 192])),
     # symmetric: -127.9375 -> -128 clamps to -127 (code 129) -> -1.984375; 1.0 -> 64.
     Case("mxint8 symmetric", "mxint8", tile([-1.9990234375, 1.0]), tile([-1.984375, 1.0]),
-         scale=[121], data=ctile([129, 64])),
+         scale=[127], data=ctile([129, 64])),
     # int_range=full (design 6, Quark MXINT8): -128 allowed (code 128) -> -2.0.
     Case("mxint8 full range", "mxint8", tile([-1.9990234375, 1.0]), tile([-2.0, 1.0]),
-         {"int_range": "full"}, scale=[121], data=ctile([128, 64])),
-    # mxint4: emax(int4) = floor(log2 7) = 2; absmax 1.5 -> sexp -2 (code 125); v = 4x:
+         {"int_range": "full"}, scale=[127], data=ctile([128, 64])),
+    # mxint4: fixed point 1.2; absmax 1.5 -> exponent 0 (code 127), step 2^-2; v = 4x:
     # 6, -4, 2.5 -> even 2 -> 0.5 / away 3 -> 0.75. int4 codes: 6; -4 -> 12; 2 / 3.
     Case("mxint4 even", "mxint4", tile([1.5, -1.0, 0.625]), tile([1.5, -1.0, 0.5]),
-         scale=[125], data=ctile([6, 12, 2]), packed_nbytes=16),
+         scale=[127], data=ctile([6, 12, 2]), packed_nbytes=16),
     Case("mxint4 away", "mxint4", tile([1.5, -1.0, 0.625]), tile([1.5, -1.0, 0.75]),
-         {"round_mode": "away"}, scale=[125], data=ctile([6, 12, 3])),
+         {"round_mode": "away"}, scale=[127], data=ctile([6, 12, 3])),
     # int8_tensor: scale = 127/127 = 1.0 (float32 0x3F800000); -63.5 -> tie -> -64 (192);
     # 0.5 -> tie -> 0.
     Case("int8_tensor", "int8_tensor", [127, -63.5, 0.5, 1.0], [127, -64, 0, 1],
@@ -638,10 +639,10 @@ GEOMETRY: list[Case] = [
     # clamps to 6 (7) -> 6 * 2^125 = 1.5 * 2^127.
     Case("mxfp4 float32 max", "mxfp4", tile([F32_MAX]), tile([1.5 * p2(127)]), scale=[252],
          data=ctile([7])),
-    # bfp16 preset = int8_e8m0_t16 (spec 004 example): absmax 3.5 -> floor 1 - 6 = -5 (122);
+    # bfp16 preset = int8_e8m0_t16 (spec 004 example): absmax 3.5 -> floor 1 (code 128), step 2^(1-6);
     # v = 32x: 112, 38.4 -> 38, -89.6 -> -90 (166), 16.
     Case("bfp16 preset", "bfp16", tile([3.5, 1.2, -2.8, 0.5], 16),
-         tile([3.5, 1.1875, -2.8125, 0.5], 16), scale=[122], data=ctile([112, 38, 166, 16], 16)),
+         tile([3.5, 1.1875, -2.8125, 0.5], 16), scale=[128], data=ctile([112, 38, 166, 16], 16)),
 ]
 
 
@@ -672,9 +673,10 @@ NONFINITE: list[Case] = [
     Case("mxfp8e5 element Inf", "mxfp8e5", tile([INF, 1.0]), tile([1.75, 1.0]), scale=[112],
          data=ctile([123, 120])),
     # mxint8 has no NaN code: a NaN makes its tile NaN (scale 255, codes 0); tile 1 with Inf
-    # saturates: absmax 1 -> -6 (121); Inf -> 127/64 = 1.984375; 1 -> 64; -0.5 -> -32 (224).
+    # saturates: absmax 1 -> exponent 0 (127), step 2^-6; Inf -> 127/64 = 1.984375; 1 -> 64;
+    # -0.5 -> -32 (224).
     Case("mxint8 element NaN", "mxint8", tile([NAN, 1.0]) + tile([INF, 1.0, -0.5]),
-         [NAN] * 32 + tile([1.984375, 1.0, -0.5]), scale=[255, 121],
+         [NAN] * 32 + tile([1.984375, 1.0, -0.5]), scale=[255, 127],
          data=[0] * 32 + ctile([127, 64, 224])),
     Case("mxint8 block Inf", "mxint8", tile([INF, 1.0]), [NAN] * 32, {"nan_policy": "block"},
          scale=[255], data=[0] * 32),
@@ -700,7 +702,8 @@ def test_nan_and_inf(case: Case) -> None:
 # shifted (meta 1): its step is s_b / 2. |q| <= 2^m - 1. mx9 = int8 (m 7, emax 6),
 # mx6 = int5 (m 4, emax 3), mx4 = int3 (m 2, emax 1).
 #
-# MX9 block, absmax 3.984375: e_bmax = 1 -> s_b = 2^-5 (code 122); unshifted v = 32x,
+# MX9 block, absmax 3.984375: e_bmax = 1 (E8M0 code 128: the block exponent itself, ints being
+# fixed point) -> s_b = 2^(1-6) = 2^-5; unshifted v = 32x,
 # shifted v = 64x.
 #   p0 [3.984375, -2]       unshifted: 127.5 -> 128 clamps to 127 -> 3.96875; -64 (192).
 #   p1 [1.015625, -0.75]    exps 0, -1 -> shifted: 65 -> 1.015625 (unshifted would give
@@ -713,7 +716,7 @@ def test_nan_and_inf(case: Case) -> None:
 MX9_X = [3.984375, -2.0, 1.015625, -0.75, 2.0390625, 1.015625, p2(-7), -3 * p2(-8)]
 MX9_X = MX9_X + [0.5, 0.25] * 4
 MX9_META = [0, 1, 0, 1, 1, 1, 1, 1]
-# MX6 block, absmax 3.875: e_bmax 1 -> s_b = 2^(1-3) = 0.25 (code 125); shifted step 0.125.
+# MX6 block, absmax 3.875: e_bmax 1 (code 128) -> s_b = 2^(1-3) = 0.25; shifted step 0.125.
 #   p0 [3.875, -1.125]  unshifted: 15.5 -> 16 clamps to 15 (any mode) -> 3.75;
 #                       -4.5 -> even -4 / away -5 / zero -4 (int5 codes 28 / 27 / 28).
 #   p1 [1.5625, 0.6875] shifted: 12.5 -> 12 / 13 / 12; 5.5 -> 6 / 6 / 5.
@@ -723,7 +726,7 @@ MX9_META = [0, 1, 0, 1, 1, 1, 1, 1]
 MX6_X = [3.875, -1.125, 1.5625, 0.6875, 1.9375, -1.9375, 2.0, 0.0625] + [0.5, -0.25] * 4
 MX6_META = [0, 1, 1, 0, 1, 1, 1, 1]
 MX6_TAIL_Y, MX6_TAIL_D = [0.5, -0.25] * 4, [4, 30] * 4
-# MX4 block, absmax 1.5: e_bmax 0 -> s_b = 2^(0-1) = 0.5 (code 126); shifted step 0.25.
+# MX4 block, absmax 1.5: e_bmax 0 (code 127) -> s_b = 2^(0-1) = 0.5; shifted step 0.25.
 #   p0 [1.5, -0.75]     unshifted: 3; -1.5 -> even -2 (6) -> -1.0.
 #   p1 [0.875, 0.3125]  shifted: 3.5 -> 4 clamps to 3 -> 0.75; 1.25 -> 1 -> 0.25.
 #   p2 [1.25, 0.125]    unshifted: 2.5 -> 2 -> 1.0; 0.25 -> 0.
@@ -732,33 +735,33 @@ MX4_X = [1.5, -0.75, 0.875, 0.3125, 1.25, 0.125] + [0.5, 0.25] * 5
 MX: list[Case] = [
     Case("mx9 even", "mx9", MX9_X,
          [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.0, 0.0, -p2(-6)] + [0.5, 0.25] * 4,
-         scale=[122], meta=MX9_META,
+         scale=[128], meta=MX9_META,
          data=[127, 192, 65, 208, 65, 32, 0, 255] + [32, 16] * 4, packed_nbytes=16),
     Case("mx9 away", "mx9", MX9_X,
          [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.03125, p2(-6), -p2(-6)] + [0.5, 0.25] * 4,
-         {"round_mode": "away"}, scale=[122], meta=MX9_META,
+         {"round_mode": "away"}, scale=[128], meta=MX9_META,
          data=[127, 192, 65, 208, 65, 33, 1, 255] + [32, 16] * 4),
     Case("mx6 even", "mx6", MX6_X,
          [3.75, -1.0, 1.5, 0.75, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
-         scale=[125], meta=MX6_META, data=[15, 28, 12, 6, 15, 17, 8, 0, *MX6_TAIL_D],
+         scale=[128], meta=MX6_META, data=[15, 28, 12, 6, 15, 17, 8, 0, *MX6_TAIL_D],
          packed_nbytes=10),  # 16 x 5 bits
     Case("mx6 away", "mx6", MX6_X,
          [3.75, -1.25, 1.625, 0.75, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
-         {"round_mode": "away"}, scale=[125], meta=MX6_META,
+         {"round_mode": "away"}, scale=[128], meta=MX6_META,
          data=[15, 27, 13, 6, 15, 17, 8, 0, *MX6_TAIL_D]),
     Case("mx6 zero", "mx6", MX6_X,
          [3.75, -1.0, 1.5, 0.625, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
-         {"round_mode": "zero"}, scale=[125], meta=MX6_META,
+         {"round_mode": "zero"}, scale=[128], meta=MX6_META,
          data=[15, 28, 12, 5, 15, 17, 8, 0, *MX6_TAIL_D]),
-    # 18 values: block 1 is [1, 0.5] + 14 zeros of padding: e_bmax 0 -> s_b 2^-6 (code 121);
+    # 18 values: block 1 is [1, 0.5] + 14 zeros of padding: e_bmax 0 (code 127) -> s_b 2^-6;
     # the pair holds exponent 0 = e_bmax -> unshifted (meta 0): 64, 32 exact. The meta grid
     # keeps only the 9 pairs that hold data (padding is never stored: design 7).
     Case("mx9 ragged 18", "mx9", [*MX9_X, 1.0, 0.5],
          [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.0, 0.0, -p2(-6)] + [0.5, 0.25] * 4
-         + [1.0, 0.5], scale=[122, 121], meta=[*MX9_META, 0],
+         + [1.0, 0.5], scale=[128, 127], meta=[*MX9_META, 0],
          data=[127, 192, 65, 208, 65, 32, 0, 255] + [32, 16] * 4 + [64, 32], packed_nbytes=18),
     Case("mx4 even", "mx4", MX4_X, [1.5, -1.0, 0.75, 0.25, 1.0, 0.0] + [0.5, 0.25] * 5,
-         scale=[126], meta=[0, 1, 0, 1, 1, 1, 1, 1], data=[3, 6, 3, 1, 2, 0] + [2, 1] * 5,
+         scale=[127], meta=[0, 1, 0, 1, 1, 1, 1, 1], data=[3, 6, 3, 1, 2, 0] + [2, 1] * 5,
          packed_nbytes=6),  # 16 x 3 bits
 ]
 
@@ -844,8 +847,8 @@ BFP_CASES = [
     # -5.6 -> -6 -> -3; 1 -> 0.5.
     BfpCase("bfp8 clamp", tile([3.75, 1.2, -2.8, 0.5]), 32, 4, ctile([7, 2, -6, 1]), [2],
             tile([3.5, 1.0, -3.0, 0.5])),
-    # An all-zero block: E8M0 code 0 (design 2) = 2^-127 = 2^(shared - 7) -> shared -120.
-    BfpCase("zero block", [0.0] * 4, 4, 8, [0] * 4, [-120], [0.0] * 4),
+    # An all-zero block: E8M0 code 0 (design 2): block exponent -127 = shared - 1 -> -126.
+    BfpCase("zero block", [0.0] * 4, 4, 8, [0] * 4, [-126], [0.0] * 4),
 ]
 
 

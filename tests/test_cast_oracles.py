@@ -12,7 +12,7 @@ the attribute ``onnxq.cast`` from the function to the subpackage (see test_cast_
   OCP floor rule: 2^(floor(log2 amax) - emax_elem), clipped to 2^[-127, 127]).
 
 Differences with the oracles are documented where they are tested (see the ``test_*_differs``
-tests): they are decisions of design.md, except the MXINT8 scale range, which is marked xfail.
+tests): they are decisions of design.md.
 """
 
 from __future__ import annotations
@@ -262,9 +262,9 @@ def _tiles(rng: np.random.Generator, count: int) -> np.ndarray:
     ties = grid * np.ldexp(1.0, rng.integers(-8, 8, (count, 1)))
     zeros = np.where(rng.random((count, 32)) < 0.7, 0.0, rng.standard_normal((count, 32)))
     pow2 = np.ldexp(np.sign(rng.standard_normal((count, 32))), rng.integers(-12, 3, (count, 32)))
-    # Tiny tiles stay at least 2^-121 (see test_mxint8_scale_range_matches_ocp) and huge ones
-    # at most 2^120 so that x / scale stays finite for gfloat.
-    tiny = rng.standard_normal((count, 32)) * 2.0**-110
+    # Tiny tiles reach 2^-126 (test_mxint8_scale_range_matches_ocp covers the clamp) and huge
+    # ones at most 2^120 so that x / scale stays finite for gfloat.
+    tiny = rng.standard_normal((count, 32)) * 2.0**-123
     huge = rng.standard_normal((count, 32)) * 2.0**110
     tiles = np.concatenate([normal, spread, ties, zeros, pow2, tiny, huge]).astype(np.float32)
     tiles[0] = 0.0  # an all-zero tile
@@ -311,12 +311,9 @@ def test_mx_block_cast_agrees_with_gfloat(preset: str, round_mode: str) -> None:
     assert np.array_equal(codes, their_codes)
     ours_scale = q.scale.reshape(-1).astype(np.int64)
     their_scales = np.asarray(their_scales, dtype=np.int64)
-    if preset == "mxint8":
-        # onnxq's int8 element is the integer -127..127 (emax 6) and its E8M0 code is the
-        # exponent of the integer step; OCP's (gfloat's) is the fixed point 1.6 (emax 0). Same
-        # values, codes 6 apart: for an all-ones tile gfloat writes 127 (X = 1), onnxq 121.
-        their_scales = their_scales - 6
-        their_scales[(tiles == 0).all(axis=1)] = 0  # both: all-zero tile -> smallest scale
+    # Both read int8 as the fixed point 1.6 (OCP), so MXINT8 scale codes agree too; an
+    # all-zero tile gets the smallest scale (code 0, design.md item 2) in onnxq.
+    their_scales[(tiles == 0).all(axis=1)] = 0
     assert np.array_equal(ours_scale, their_scales)
 
 
@@ -331,12 +328,6 @@ def test_mxint8_negative_full_scale_differs_from_gfloat() -> None:
     assert cast(tile, "mxint8")[0] == -127 / 64
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="onnxq clamps the E8M0 exponent of the int8 *step* to [-127, 127] (int emax 6), so "
-    "MXINT8 tiles with amax in [2^-127, 2^-121) lose up to 6 binades vs OCP (X >= 2^-127 "
-    "on the 1.6 fixed point); its scale codes are also OCP's minus 6",
-)
 def test_mxint8_scale_range_matches_ocp() -> None:
     tile = np.zeros(32, dtype=np.float32)
     tile[0] = 2.0**-124
@@ -346,7 +337,8 @@ def test_mxint8_scale_range_matches_ocp() -> None:
     ours = cast(tile, "mxint8")
     # gfloat: X = 2^-124, step 2^-130: 1.37 * 2^-126 = 21.92 steps -> 22 * 2^-130.
     assert theirs[1] == 22 * 2.0**-130
-    assert ours[1] == theirs[1]  # onnxq: step 2^-127 -> 3 * 2^-127 (1.76e-38 vs 1.62e-38)
+    assert ours[1] == theirs[1]
+    assert cast(tile, "mxint8", mode="actual").scale[0] == 127 - 124  # X = 2^-124
 
 
 @pytest.mark.parametrize("preset", ["mxfp8e4", "mxfp4", "mxint8"])

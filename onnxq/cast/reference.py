@@ -113,6 +113,11 @@ def _scale_exponent(amax: np.ndarray, spec: NumberSpec, mode: ScaleMode) -> np.n
     return maxexp - spec.emax
 
 
+def _int_frac_bits(spec: NumberSpec) -> int:
+    """Fraction bits of an int element read as fixed point with one integer bit (int8: 6)."""
+    return spec.bits - 2 if spec.is_int else 0
+
+
 def _codebook_select(
     v: np.ndarray, book: Codebook, tiling: Tiling, mode: RoundMode, metric: Metric
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -306,9 +311,12 @@ def _exponent_scaled(
     s = dt.sspec
     book = n if isinstance(n, Codebook) else None
     elem = book.compute if book is not None else n
-    sexp = _scale_exponent(amax, elem, scale_mode)
+    # The stored exponent treats ints as fixed point with one integer bit (OCP MXINT8, spec
+    # 003); `sexp` is the exponent of the element grid step, `frac` lower.
+    frac = _int_frac_bits(elem)
     low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
-    sexp = np.where(amax > 0, np.clip(sexp, low, high), low)
+    stored = _scale_exponent(amax, elem, scale_mode) + frac
+    sexp = np.where(amax > 0, np.clip(stored, low, high), low) - frac
     v = xt.astype(np.float64) * pow2(-sexp)[..., None]
     shift = None
     if book is None and tiling.Sc:  # MX9/6/4: one shift bit per subtile (spec 003)
@@ -334,7 +342,7 @@ def _exponent_scaled(
     y = q * pow2(sexp)[..., None]
     if shift is not None:
         y = _scale_units(y, np.where(shift, 0.5, 1.0), tiling)
-    out.scale = (sexp + s.scale.bias).astype(np.int64)
+    out.scale = (sexp + frac + s.scale.bias).astype(np.int64)
     return y, codes
 
 
@@ -442,7 +450,7 @@ def dequantize(
     ct = tiling.to_tiles(codes.reshape(shape))
     sc_codes = tiling.tile_ungrid(np.asarray(scale))
     if s.scale.is_exponent:
-        sexp = sc_codes.astype(np.int64) - s.scale.bias
+        sexp = sc_codes.astype(np.int64) - s.scale.bias - _int_frac_bits(n)
         nan_tiles = sc_codes.astype(np.int64) == (1 << s.scale.ebits) - 1
         shift = 0
         if isinstance(n, Codebook) or tiling.Sc:

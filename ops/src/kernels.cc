@@ -94,6 +94,9 @@ struct Ctx {
   float nan_f;
 };
 
+// reference._int_frac_bits: an int element of N bits is fixed point with N - 2 fraction bits.
+inline int int_frac_bits(const Num& e) { return e.is_int ? e.bits - 2 : 0; }
+
 // reference._scale_exponent + clamp (design.md items 2-3).
 inline int scale_exponent(float amax, const Num& e, const Num& s, int mode) {
   double a = amax;
@@ -115,10 +118,13 @@ inline int scale_exponent(float amax, const Num& e, const Num& s, int mode) {
     }
     maxexp += bump ? 1 : 0;
   }
-  int sexp = maxexp - e.emax;
+  // The stored exponent treats ints as fixed point with one integer bit (OCP MXINT8); the
+  // value returned is the exponent of the element grid step, `int_frac_bits` lower.
+  int frac = int_frac_bits(e);
+  int stored = maxexp - e.emax + frac;
   int low = -s.bias, high = (1 << s.ebits) - 2 - s.bias;
-  if (!(a > 0)) return low;
-  return sexp < low ? low : sexp > high ? high : sexp;
+  if (!(a > 0)) return low - frac;
+  return (stored < low ? low : stored > high ? high : stored) - frac;
 }
 
 TileParams tile_params(const Ctx& c, const Stats& st) {
@@ -137,7 +143,7 @@ TileParams tile_params(const Ctx& c, const Stats& st) {
       p.inv = pow2(-p.sexp);
       p.pw = pow2(p.sexp);
       p.scale_code = p.nan_tile ? (1ull << f.scale.ebits) - 1
-                                : static_cast<uint64_t>(p.sexp + f.scale.bias);
+                                : static_cast<uint64_t>(p.sexp + int_frac_bits(f.elem) + f.scale.bias);
       break;
     }
     case kFloatScale: {
@@ -740,7 +746,7 @@ std::string dequantize(const Format& f, const std::vector<int64_t>& shape, int a
     bool nan_tile = false;
     float sc = 0.0f, eff = 0.0f, zp = 0.0f;
     if (exp_scale) {
-      sexp = static_cast<int>(sc_code) - f.scale.bias;
+      sexp = static_cast<int>(sc_code) - f.scale.bias - int_frac_bits(f.elem);
       nan_tile = sc_code == (1ull << f.scale.ebits) - 1;
       if (nan_tile) sexp = 0;
     } else {
@@ -811,7 +817,7 @@ std::string dequantize(const Format& f, const std::vector<int64_t>& shape, int a
         float y;
         if (exp_scale) {
           bool nan_tile = sc_code == (1ull << f.scale.ebits) - 1;
-          int sexp = nan_tile ? 0 : static_cast<int>(sc_code) - f.scale.bias;
+          int sexp = nan_tile ? 0 : static_cast<int>(sc_code) - f.scale.bias - int_frac_bits(f.elem);
           double q;
           if (f.codebook()) {
             size_t w = size_t(1) << f.cb_ib;
