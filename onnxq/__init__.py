@@ -36,6 +36,7 @@ def __getattr__(name: str) -> Any:
         raise ImportError(f"onnxq.{name} needs numpy: pip install numpy")
     raise AttributeError(f"module 'onnxq' has no attribute {name!r}")
 
+
 __all__ = [
     "Codebook",
     "DataType",

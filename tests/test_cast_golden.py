@@ -455,8 +455,8 @@ INTS: list[Case] = [
          {"round_mode": "away"}, scale=[127], data=ctile([96, 192, 33])),
     Case("mxint8 zero", "mxint8", tile([1.5, -1.0, 0.5078125]), tile([1.5, -1.0, 0.5]),
          {"round_mode": "zero"}, scale=[127], data=ctile([96, 192, 32])),
-    # absmax 2 - 2^-10: floor(log2) = 0 -> exponent 0 (code 127), step 2^-6; v = 127.9375 -> 128 clamps to
-    # 127 -> 127/64 = 1.984375 (ints use floor even when the top value clips).
+    # absmax 2 - 2^-10: floor(log2) = 0 -> exponent 0 (code 127), step 2^-6;
+    # v = 127.9375 -> 128 clamps to 127 -> 127/64 = 1.984375 (ints use floor even when the top value clips).
     Case("mxint8 clamp top", "mxint8", tile([1.9990234375, -1.0]), tile([1.984375, -1.0]),
          scale=[127], data=ctile([127, 192])),
     # symmetric: -127.9375 -> -128 clamps to -127 (code 129) -> -1.984375; 1.0 -> 64.
@@ -639,8 +639,8 @@ GEOMETRY: list[Case] = [
     # clamps to 6 (7) -> 6 * 2^125 = 1.5 * 2^127.
     Case("mxfp4 float32 max", "mxfp4", tile([F32_MAX]), tile([1.5 * p2(127)]), scale=[252],
          data=ctile([7])),
-    # bfp16 preset = int8_e8m0_t16 (spec 004 example): absmax 3.5 -> floor 1 (code 128), step 2^(1-6);
-    # v = 32x: 112, 38.4 -> 38, -89.6 -> -90 (166), 16.
+    # bfp16 preset = int8_e8m0_t16 (spec 004 example): absmax 3.5 -> floor 1 (code 128),
+    # step 2^(1-6); v = 32x: 112, 38.4 -> 38, -89.6 -> -90 (166), 16.
     Case("bfp16 preset", "bfp16", tile([3.5, 1.2, -2.8, 0.5], 16),
          tile([3.5, 1.1875, -2.8125, 0.5], 16), scale=[128], data=ctile([112, 38, 166, 16], 16)),
 ]

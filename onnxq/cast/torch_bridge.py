@@ -58,6 +58,8 @@ def _warn_once(message: str) -> None:
 
 
 def _check(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"cast expects a numpy array or a torch tensor, got {type(x).__name__}")
     if x.dtype not in _FLOATS:
         raise TypeError(
             f"cast expects float32, float16 or bfloat16 data, got {x.dtype}; "
