@@ -456,7 +456,8 @@ INTS: list[Case] = [
     Case("mxint8 zero", "mxint8", tile([1.5, -1.0, 0.5078125]), tile([1.5, -1.0, 0.5]),
          {"round_mode": "zero"}, scale=[127], data=ctile([96, 192, 32])),
     # absmax 2 - 2^-10: floor(log2) = 0 -> exponent 0 (code 127), step 2^-6;
-    # v = 127.9375 -> 128 clamps to 127 -> 127/64 = 1.984375 (ints use floor even when the top value clips).
+    # v = 127.9375 -> 128 clamps to 127 -> 127/64 = 1.984375 (ints use floor even when the
+    # top value clips).
     Case("mxint8 clamp top", "mxint8", tile([1.9990234375, -1.0]), tile([1.984375, -1.0]),
          scale=[127], data=ctile([127, 192])),
     # symmetric: -127.9375 -> -128 clamps to -127 (code 129) -> -1.984375; 1.0 -> 64.
