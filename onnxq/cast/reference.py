@@ -217,7 +217,7 @@ def quantize(
     if s is None:  # an unscaled cast
         q = quantize_values(x.astype(np.float64), n, round_mode, rand, keep_inf=True)
         return Encoded(
-            values=q.astype(np.float32),
+            values=_canonical_nan(q.astype(np.float32)),
             codes=encode_values(q, n).astype(_code_dtype(n)) if want_codes else None,
         )
 
@@ -270,7 +270,7 @@ def quantize(
             codes_t = np.where(nan_tiles[..., None], 0, codes_t)
             nan_scale = encode_values(np.array([np.nan]), s.scale)[0]
             out.scale = np.where(nan_tiles, nan_scale, out.scale)
-    out.values = tiling.from_tiles(y.astype(np.float32))
+    out.values = tiling.from_tiles(_canonical_nan(y.astype(np.float32)))
     if mask is not None:  # pruned positions read as zero whatever the zero point
         out.values = np.where(mask, out.values, np.float32(0))
         out.mask = mask
@@ -284,6 +284,15 @@ def quantize(
             meta_grid = tiling.sub_grid if tiling.Sc else tiling.tile_grid
             out.meta = meta_grid(out.meta).astype(np.uint8)
     return out
+
+
+def _canonical_nan(values: np.ndarray) -> np.ndarray:
+    """Every NaN as the quiet positive NaN 0x7FC00000, whatever its input payload or sign.
+
+    A NaN code carries no payload, so upcast can only give the canonical NaN; virtual casts
+    give the same so that both are bit-identical.
+    """
+    return np.where(np.isnan(values), np.float32(np.nan), values)
 
 
 def _code_dtype(spec: NumberSpec) -> np.dtype:
@@ -374,7 +383,9 @@ def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_cod
             )
         sc = _cast_scale(raw, s.scale)
         eff = (sc * ts).astype(np.float32) if s.tenscale is not None else sc
-        v = np.where(eff[..., None] > 0, xt / eff[..., None], np.float32(0)).astype(np.float32)
+        # A zero scale (all finite values zero) sends everything to 0, but NaN stays NaN.
+        v = np.where(eff[..., None] > 0, xt / eff[..., None], np.where(np.isnan(xt), xt, 0))
+        v = v.astype(np.float32)
     q = quantize_values(v.astype(np.float64), n, round_mode, rt, full_int_range=full_int_range)
     y = q.astype(np.float32) * eff[..., None]
     out.scale = encode_values(sc.astype(np.float64), s.scale)
@@ -443,7 +454,7 @@ def dequantize(
     """
     n, s = dt.nspec, dt.sspec
     if s is None:
-        return decode_codes(codes, n).astype(np.float32)
+        return _canonical_nan(decode_codes(codes, n).astype(np.float32))
     if scale is None:
         raise ValueError(f"{dt.name}: dequantizing needs the scale tensor")
     tiling = Tiling.build(shape, axis, s)
@@ -498,7 +509,7 @@ def dequantize(
             with np.errstate(invalid="ignore"):
                 y = q * eff[..., None]
         y = np.where(np.isnan(sc)[..., None], np.float32(np.nan), y).astype(np.float32)
-    return tiling.from_tiles(y)
+    return tiling.from_tiles(_canonical_nan(y))
 
 
 def element_count(shape: tuple[int, ...]) -> int:

@@ -21,6 +21,12 @@ namespace {
 
 constexpr uint32_t kQuietNaN = 0x7FC00000u;
 
+inline float from_fbits_nan() {
+  float f;
+  std::memcpy(&f, &kQuietNaN, sizeof f);
+  return f;
+}
+
 inline float load_x(const void* p, int type, int64_t i) {
   switch (type) {
     case kF16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
@@ -30,6 +36,9 @@ inline float load_x(const void* p, int type, int64_t i) {
 }
 
 inline void store_y(void* p, int type, int64_t i, float y) {
+  // Every NaN leaves as the canonical quiet NaN (reference._canonical_nan): a NaN code has no
+  // payload, so upcast and virtual casts agree bit for bit.
+  if (y != y) y = from_fbits_nan();
   switch (type) {
     case kF16: static_cast<uint16_t*>(p)[i] = float_to_half(y); break;
     case kBF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(y); break;
@@ -208,7 +217,8 @@ inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, b
       break;
     }
     case kFloatScale: {
-      float v = p.eff > 0 ? x / p.eff : 0.0f;
+      // A zero scale zeroes everything, but NaN stays NaN (reference._float_scaled).
+      float v = p.eff > 0 ? x / p.eff : (x != x ? x : 0.0f);
       double q = quantize_value(static_cast<double>(v), n, rm, r, false, c.m.full_int_range);
       *y = static_cast<float>(q) * p.eff;
       if (c.io.codes) *code = encode_value(n.is_float ? q : nan_to_num(q), n);

@@ -1,0 +1,342 @@
+"""The Triton cast engine against the numpy reference, bit for bit (issue 5).
+
+Without a GPU the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set here
+before triton is imported) on small tensors; with one (``torch.cuda.is_available()``) the
+same tests run on CUDA tensors, plus larger ones. Values are compared as bits (NaN payloads
+included), codes and scales as integers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+GPU = torch.cuda.is_available()
+if not GPU:
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+import ml_dtypes  # noqa: E402
+
+import onnxq  # noqa: E402
+
+# Bind the lazy `onnxq.cast` function before importing onnxq.cast.* submodules: importing a
+# submodule first leaves `onnxq.cast` bound to the package (onnxq/__init__.py's lazy import).
+assert callable(onnxq.cast)
+
+from onnxq.cast import triton as tk  # noqa: E402
+from onnxq.cast.api import QTensor, cast, upcast  # noqa: E402
+from onnxq.cast.packing import pack_bits  # noqa: E402
+from onnxq.cast.torch_bridge import upcast_triton  # noqa: E402
+from onnxq.formats.datatype import datatype, datatypes  # noqa: E402
+
+DEV = "cuda" if GPU else "cpu"
+# numpy (reference and interpreter) warns on NaN/Inf arithmetic that the casts mean to do
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+NP_DT = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+SUPPORTED = [name for name, dt in datatypes().items() if dt.sspec is None or dt.sspec.zero is None]
+UNSUPPORTED = ["uint8_tensor", "uint8_channel", "uint4_block32", "cb41fi_e2m2fnuz_e8m0_t32"]
+SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
+ROUND_MODES = ["even", "away", "zero", "stochastic"]
+
+
+# -- helpers --------------------------------------------------------------------------------
+def sample(shape: tuple[int, ...], seed: int = 0, specials: bool = True) -> np.ndarray:
+    """Float32 data with a spread of tile magnitudes, ties, zeros, subnormals and NaN/Inf."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-20, 20, size=shape).astype(np.float32)
+    flat = x.reshape(-1)
+    n = flat.size
+    picks = rng.permutation(n)
+    k = max(1, n // 16)
+    flat[picks[:k]] = rng.integers(-64, 64, size=k).astype(np.float32) / 8  # grid points, ties
+    flat[picks[k : 2 * k]] = 0.0
+    flat[picks[2 * k : 3 * k]] = rng.standard_normal(k).astype(np.float32) * np.float32(1e-39)
+    if specials and n >= 40:
+        flat[picks[3 * k]] = np.nan
+        flat[picks[3 * k + 1]] = np.inf
+        flat[picks[3 * k + 2]] = -np.inf
+        flat[picks[3 * k + 3]] = -0.0
+        flat[picks[3 * k + 4]] = np.float32(3e38)
+    return x
+
+
+def to_torch(x: np.ndarray, dtype: str) -> torch.Tensor:
+    a = x.astype(NP_DT[dtype])
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(DEV)
+    return torch.from_numpy(a).to(DEV)
+
+
+def bits(a: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Integer view of a float array or tensor (what the comparisons use)."""
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu()
+        if a.dtype == torch.bfloat16:
+            return a.view(torch.int16).numpy()
+        if a.dtype == torch.float16:
+            return a.view(torch.int16).numpy()
+        if a.dtype == torch.float32:
+            return a.view(torch.int32).numpy()
+        return a.numpy().astype(np.int64)
+    if a.dtype == np.float32:
+        return a.view(np.int32)
+    if a.dtype in (np.float16, np.dtype(ml_dtypes.bfloat16)):
+        return a.view(np.int16)
+    return a.astype(np.int64)
+
+
+def assert_same(got: torch.Tensor | None, want: np.ndarray | None, what: str) -> None:
+    if want is None:
+        assert got is None, what
+        return
+    assert got is not None, f"{what}: missing"
+    g, w = bits(got), bits(np.asarray(want))
+    assert g.shape == w.shape, f"{what}: shape {g.shape}, want {w.shape}"
+    bad = np.nonzero(g.reshape(-1).astype(np.int64) != w.reshape(-1).astype(np.int64))[0]
+    assert bad.size == 0, (
+        f"{what}: {bad.size} of {w.size} differ, first at flat {bad[:5].tolist()}: "
+        f"got {g.reshape(-1)[bad[:5]].tolist()}, want {w.reshape(-1)[bad[:5]].tolist()}"
+    )
+
+
+def check(x: np.ndarray, dt: str, dtype: str = "float32", *, modes=("virtual", "actual"), **kw):
+    """Compare the Triton engine with the reference for one input, dtype and keyword set."""
+    xn = x.astype(NP_DT[dtype])
+    xt = to_torch(x, dtype)
+    for mode in modes:
+        want = cast(xn, dt, mode=mode, backend="reference", **kw)
+        got = cast(xt, dt, mode=mode, backend="triton", **kw)
+        label = f"{dt} {dtype} {mode} {kw}"
+        if mode == "virtual":
+            assert isinstance(got, torch.Tensor) and got.dtype == xt.dtype, label
+            assert_same(got, want, label + " values")
+            continue
+        assert isinstance(got, QTensor) and isinstance(want, QTensor)
+        for field in ("data", "scale", "zero", "tenscale", "meta", "mask"):
+            assert_same(getattr(got, field), getattr(want, field), f"{label} {field}")
+        for out in ("float32", dtype):
+            assert_same(
+                upcast_triton(got, TORCH_DT[out]),
+                upcast(want, NP_DT[out]),
+                f"{label} upcast to {out}",
+            )
+
+
+# -- on a GPU: big tensors first (the GPU check has a time budget) ----------------------------
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_large_tensors_on_the_gpu() -> None:
+    x = sample((1024, 4096), seed=29)
+    for name in ("mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4"):
+        check(x, name, "bfloat16", modes=("virtual", "compress"))
+        check(x, name, round_mode="stochastic", seed=9, modes=("virtual",))
+    check(sample((64, 1024, 8), seed=31), "mxfp4", axis=1)
+
+
+# -- presets, dtypes and modes ----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_every_preset_matches_the_reference(name: str, dtype: str) -> None:
+    shape = (4, 96) if not GPU else (64, 1000)
+    check(sample(shape, seed=len(name)), name, dtype, modes=("virtual", "actual", "compress"))
+
+
+@pytest.mark.parametrize("scale_mode", SCALE_MODES)
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp8e5", "mxfp6e3", "mxfp6e2", "mxfp4", "mxint8"])
+def test_every_scale_mode(name: str, scale_mode: str) -> None:
+    x = sample((8, 64) if not GPU else (256, 512), seed=3)
+    # tiles whose absmax sits on and around the mode thresholds
+    x[0, :32] = np.float32(448.0)
+    x[1, :32] = np.float32(464.0)
+    x[1, 32:] = np.float32(7.75)
+    x[2, :32] = np.float32(7.5)
+    x[2, 32:] = np.float32(6.0 * 1.0625)
+    x[3, :32] = np.float32(np.nextafter(np.float32(480.0), np.float32(0)))
+    check(x, name, scale_mode=scale_mode)
+
+
+@pytest.mark.parametrize("round_mode", ROUND_MODES)
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp4", "mxint8", "mx6", "nvfp4", "e5m2"])
+def test_every_round_mode(name: str, round_mode: str) -> None:
+    x = sample((6, 80) if not GPU else (300, 700), seed=5)
+    check(x, name, round_mode=round_mode, seed=12345)
+    check(x, name, "bfloat16", modes=("virtual",), round_mode=round_mode, seed=2**40 + 7)
+
+
+@pytest.mark.parametrize("nan_policy", ["element", "block"])
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp6e2", "mxint8", "mx9", "nvfp4", "int8_channel"])
+def test_nan_policies(name: str, nan_policy: str) -> None:
+    x = sample((5, 64), seed=7)
+    x[0, 3] = np.nan
+    x[1, 40] = -np.inf
+    x[2, :32] = np.nan  # a tile of NaN only
+    x[3, 5] = np.float32(np.uint32(0xFF800001).view(np.float32))  # a signalling NaN payload
+    for dtype in ("float32", "float16", "bfloat16"):
+        check(x, name, dtype, nan_policy=nan_policy)
+
+
+def test_full_int_range() -> None:
+    x = sample((4, 64), seed=9)
+    x[0, :4] = [-128.0, 127.0, -127.5, 1.0]
+    for name in ("mxint8", "bfp16", "int8_channel", "mx6"):
+        check(x, name, int_range="full")
+
+
+# -- geometry ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("shape", "axis"),
+    [((37,), 0), ((3, 37, 5), 1), ((3, 37, 5), 0), ((2, 3, 50), -1), ((1, 1), 0), ((33, 7), 0)],
+)
+@pytest.mark.parametrize("name", ["mxfp4", "mx6", "nvfp4", "int8_channel", "bfp16"])
+def test_odd_shapes_and_axes(shape: tuple[int, ...], axis: int, name: str) -> None:
+    check(sample(shape, seed=11), name, axis=axis, modes=("virtual", "actual", "compress"))
+
+
+def test_long_channel_tiles_take_two_passes() -> None:
+    x = sample((3, 1500), seed=13)
+    for name in ("int8_channel", "fp8e4_channel", "int8_e8m0_t0", "int8_tensor", "nvfp4"):
+        check(x, name)
+    check(x.T.copy(), "int4_channel", axis=0)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "e4m3fn",
+        "e5m2",
+        "e3m2fnuz",
+        "e2m1fnuz",
+        "float16",
+        "bfloat16",
+        "binary8p3",
+        "e4m3b8fnuz",
+        "e5m2b16fnuz",
+    ],
+)
+def test_unscaled_casts(code: str) -> None:
+    x = sample((3, 70), seed=17)
+    x[0, :6] = [65504.0, 65520.0, 1e-8, -1e-8, 57344.0, 61440.0]
+    for dtype in ("float32", "float16", "bfloat16"):
+        check(x, code, dtype)
+    check(x, code, round_mode="stochastic", seed=3)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "int4_e8m0_t16",
+        "e2m3fnuz_e8m0_t64",
+        "e4m3fn_bfloat16_t32",
+        "int8_float16_t32",
+        "e2m1fnuz_e4m3fn_float32_t32",
+        "e2m1fnuz_e8m0_t2",
+        "int8_e8m0_t16s4",
+        "e5m2_float32_t0",
+    ],
+)
+def test_other_codes(code: str) -> None:
+    check(sample((4, 70), seed=19), code, modes=("virtual", "actual", "compress"))
+    check(sample((5, 64, 3), seed=19), code, axis=1)
+
+
+def test_tiny_and_huge_tiles() -> None:
+    x = np.zeros((6, 64), np.float32)
+    x[0] = np.float32(1e-40) * np.arange(64, dtype=np.float32)  # subnormal tile
+    x[1] = np.float32(2.0**-140)
+    x[2] = np.float32(3.3e38)
+    x[3, ::2] = np.float32(-(2.0**-149))
+    x[4] = np.float32(1.5) * np.float32(2.0) ** np.arange(-32, 32, dtype=np.float32)
+    for name in ("mxfp8e4", "mxfp8e5", "mxfp4", "mxint8", "mx4", "nvfp4", "int8_channel"):
+        for scale_mode in ("floor", "ceil"):
+            check(x, name, scale_mode=scale_mode)
+    check(x, "mxfp8e5", "float16")
+
+
+def test_all_zero_input() -> None:
+    for name in ("mxfp4", "mx9", "nvfp4", "int8_tensor"):
+        check(np.zeros((2, 48), np.float32), name)
+        check(-np.zeros((2, 48), np.float32), name)
+
+
+def test_device_packing_equals_packing_py() -> None:
+    rng = np.random.default_rng(21)
+    for b in (1, 2, 3, 4, 5, 6, 7, 8, 16):
+        for count in (1, 7, 8, 9, 77):
+            codes = rng.integers(0, 1 << b, size=count).astype(np.uint8 if b <= 8 else np.uint16)
+            t = torch.from_numpy(codes).to(DEV)
+            packed = tk.pack_bits(t, b)
+            want = pack_bits(codes, b)
+            assert packed.cpu().numpy().tobytes() == want.tobytes(), (b, count)
+            back = tk.unpack_bits(packed, b, count)
+            assert np.array_equal(back.cpu().numpy().astype(np.int64), codes.astype(np.int64))
+
+
+# -- the torch side of the API -----------------------------------------------------------------
+def test_auto_and_reference_backends_on_torch_tensors() -> None:
+    x = sample((4, 64), seed=23)
+    xt = torch.from_numpy(x)  # a CPU tensor: auto = reference, returns torch
+    got = cast(xt, "mxfp4")
+    assert isinstance(got, torch.Tensor)
+    assert_same(got, cast(x, "mxfp4"), "auto on CPU")
+    q = cast(to_torch(x, "bfloat16"), "mx6", mode="compress")
+    assert isinstance(q.data, torch.Tensor) and q.data.dtype == torch.uint8
+    back = upcast(q, ml_dtypes.bfloat16)
+    assert back.dtype == torch.bfloat16
+    assert_same(back, cast(x.astype(ml_dtypes.bfloat16), "mx6"), "upcast of a torch QTensor")
+
+
+def test_unsupported_formats_raise_for_triton() -> None:
+    x = to_torch(sample((2, 64), seed=25), "float32")
+    for name in UNSUPPORTED:
+        with pytest.raises(NotImplementedError, match="Triton engine does not implement"):
+            cast(x, name, backend="triton")
+    with pytest.raises(NotImplementedError, match="2-D tiles"):
+        cast(x, "e4m3fn_e8m0_t2_t32", backend="triton")
+    with pytest.raises(NotImplementedError, match="sparsity"):
+        cast(x, "int8_e8m0_t16n2m4", backend="triton")
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        cast(torch.ones(4, 32, dtype=torch.float64, device=DEV), "mxfp4", backend="triton")
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        cast(torch.ones(4, 32, dtype=torch.int32, device=DEV), "mxfp4")
+    with pytest.raises(ValueError, match="empty"):
+        cast(torch.ones(0, 32, device=DEV), "mxfp4", backend="triton")
+    with pytest.raises(ValueError, match="out of range"):
+        cast(torch.ones(4, 32, device=DEV), "mxfp4", axis=2, backend="triton")
+    # a non-contiguous tensor is handled (copied), with the reference's flat indices
+    x = sample((64, 6), seed=27)
+    xt = torch.from_numpy(x).to(DEV).t()
+    want = cast(np.ascontiguousarray(x.T), "mxfp4", round_mode="stochastic", seed=1)
+    got = cast(xt, "mxfp4", round_mode="stochastic", seed=1, backend="triton")
+    assert_same(got, want, "non-contiguous")
+
+
+def test_cpu_tensor_with_triton_backend_needs_a_gpu_or_the_interpreter(monkeypatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs a CUDA tensor"):
+        cast(torch.ones(4, 32), "mxfp4", backend="triton")
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_auto_falls_back_with_one_warning_on_the_gpu() -> None:
+    x = to_torch(sample((4, 64), seed=33), "float32")
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        got = cast(x, "uint4_block32")
+    assert got.is_cuda
+    assert_same(got, cast(x.cpu().numpy(), "uint4_block32"), "fallback")
+
+
+def test_datatype_objects_are_accepted() -> None:
+    x = sample((2, 64), seed=35)
+    check(x, datatype("e4m3fn", "e8m0_t32"))
