@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -483,6 +484,208 @@ void tensor_elements(const Ctx& c, const TileParams& p, int64_t begin, int64_t e
 
 constexpr int64_t kChunk = 1 << 15;
 
+// -- fast row kernels (fast_impl.h) ----------------------------------------------------------
+// The per-format constants of the fast path and the parameters of one tile.
+struct FastFormat {
+  const Ctx* c = nullptr;
+  bool is_float = false, negzero = false, float_scale = false, nan_on_nan = false;
+  bool full_int_range = false, floor_mode = false;
+  int mbits = 0, emin = 0, rm = 0, sub = 0, tc = 0, policy = 0;
+  int top_field = 0;            // biased float32 exponent of the element maxfloat
+  uint32_t top_mant = 0;        // its float32 mantissa bits
+  int neg_field = 0;            // biased float32 exponent of maxfloat + 1 (full int range)
+  // float scales: the scale number's grid and the elements' fixed grid (s = 0)
+  int scale_kmin = 0, scale_is_float = 0;
+  uint32_t scale_top = 0;
+  int scale_rm = 0, scale_mbits = 0;
+  bool scale_negzero = false;
+  float maxfloat_f = 0.0f, ts = 0.0f;
+  bool has_ts = false;
+};
+
+struct FastTile {
+  bool nan_tile = false;
+  int kint = 0, kmin = 0;
+  uint32_t top_pos = 0, top_neg = 0, thr = 0;
+  float eff = 0.0f;
+};
+
+// The float32 bits of 2^field-127 * (1 + mant) scaled by 2^s, when that is a normal float32
+// with room for one more halving (subtile shifts); false otherwise.
+inline bool fast_top(int field, uint32_t mant, int s, int room, uint32_t* out) {
+  int e = field + s;
+  if (e - room < 1 || e > 254) return false;
+  *out = (static_cast<uint32_t>(e) << 23) | mant;
+  return true;
+}
+
+// The scale's number grid as a FastFormat/FastTile pair (cast_scale on float32 bits).
+inline uint32_t fast_scale_cast(const FastFormat& ff, uint32_t raw_bits);
+
+bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinite, FastTile* t) {
+  t->nan_tile = ff.policy == 1 ? nonfinite : (ff.nan_on_nan && nan);
+  float amax = from_fbits(amax_bits);
+  if (ff.float_scale) {
+    const Ctx& c = *ff.c;
+    float raw = amax / ff.maxfloat_f;
+    if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
+    float sc = from_fbits(fast_scale_cast(ff, fbits(raw)));
+    t->eff = ff.has_ts ? sc * ff.ts : sc;
+    (void)c;
+    t->kint = 0;
+    t->kmin = ff.emin - ff.mbits;
+    if (ff.is_float && t->kmin < -126 - ff.mbits) return false;
+    if (!fast_top(ff.top_field, ff.top_mant, 0, 0, &t->top_pos)) return false;
+    t->top_neg = t->top_pos;
+    if (ff.full_int_range && !ff.is_float && !fast_top(ff.neg_field, 0, 0, 0, &t->top_neg))
+      return false;
+    return true;
+  }
+  const Ctx& c = *ff.c;
+  int s = scale_exponent(amax, c.f.elem, c.f.scale, c.m.scale_mode);
+  int room = ff.sub ? 1 : 0;
+  t->kint = s;
+  t->kmin = ff.emin - ff.mbits + s;
+  if (s > 128 || t->kmin > 128) return false;
+  // Floats: subnormal x must fall in the element's subnormal range (fk_floor_log2).
+  if (ff.is_float && t->kmin < -126 - ff.mbits) return false;
+  if (!fast_top(ff.top_field, ff.top_mant, s, room, &t->top_pos)) return false;
+  t->top_neg = t->top_pos;
+  if (ff.full_int_range && !ff.is_float && !fast_top(ff.neg_field, 0, s, room, &t->top_neg))
+    return false;
+  if (ff.sub) {  // 2^floor(log2 amax) as float32 bits (0 for amax = 0)
+    int fl = floor_log2(static_cast<double>(amax));
+    t->thr = amax_bits == 0 ? 0u : fl >= -126 ? static_cast<uint32_t>(fl + 127) << 23
+                                             : 1u << (fl + 149);
+  }
+  return true;
+}
+
+namespace fast_base {
+#include "fast_impl.h"  // NOLINT(build/include)
+}  // namespace fast_base
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2")
+namespace fast_avx2 {
+#include "fast_impl.h"  // NOLINT(build/include)
+}  // namespace fast_avx2
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2")
+namespace fast_avx512 {
+#include "fast_impl.h"  // NOLINT(build/include)
+}  // namespace fast_avx512
+#pragma GCC pop_options
+#define ONNXQ_FAST_X86 1
+#endif
+
+inline uint32_t fast_scale_cast(const FastFormat& ff, uint32_t raw_bits) {
+  FastTile t;
+  t.kint = 0;
+  t.kmin = ff.scale_kmin;
+  t.top_pos = t.top_neg = ff.scale_top;
+  FastFormat sf;
+  sf.is_float = ff.scale_is_float != 0;
+  sf.mbits = ff.scale_mbits;
+  sf.rm = 0;
+  sf.negzero = ff.scale_negzero;
+  return fast_base::fk_elem(raw_bits, t, sf, 0);
+}
+
+using FastRows = void (*)(const FastFormat&, const float*, float*, int64_t, int64_t, int64_t,
+                          void (*)(void*, int64_t, int64_t), void*);
+
+// The widest instruction set this CPU has. ONNXQ_SIMD=base|avx2|avx512 caps it and
+// ONNXQ_SIMD=none turns the fast path off (for tests and comparisons).
+FastRows pick_fast_rows() {
+  const char* cap = std::getenv("ONNXQ_SIMD");
+  std::string want = cap ? cap : "";
+#ifdef ONNXQ_FAST_X86
+  __builtin_cpu_init();
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx512 && (want.empty() || want == "avx512")) return fast_avx512::fk_rows;
+  if (avx2 && (want.empty() || want == "avx512" || want == "avx2")) return fast_avx2::fk_rows;
+#endif
+  return fast_base::fk_rows;
+}
+
+// Sets up the fast path for this cast; false when it does not apply (the general path runs).
+bool fast_setup(const Ctx& c, FastFormat* ff) {
+  const Format& f = c.f;
+  const Geometry& g = c.g;
+  const Num& n = f.elem;
+  const char* simd = std::getenv("ONNXQ_SIMD");
+  if (simd && std::string(simd) == "none") return false;
+  if (g.kind != 1 || g.Post != 1 || c.io.x_type != kF32) return false;
+  if (!c.io.values || c.io.values_type != kF32 || c.io.codes) return false;
+  if (f.sparse_m || f.codebook() || c.stochastic || c.m.round_mode > kZero) return false;
+  if (c.path != kExp && c.path != kExpShift && c.path != kFloatScale) return false;
+  if (n.kind != kFloat && n.kind != kInt) return false;
+  if (g.Tc > 1024 || g.Tc < 1) return false;
+  if (c.path == kExpShift && (g.Sc < 1 || g.Tc % g.Sc)) return false;
+  ff->c = &c;
+  ff->is_float = n.is_float;
+  ff->negzero = n.has_negzero;
+  ff->float_scale = c.path == kFloatScale;
+  ff->nan_on_nan = !n.is_float || f.codebook() || f.has_zero;
+  ff->full_int_range = c.m.full_int_range && n.is_int;
+  ff->mbits = n.kind == kFloat ? n.mbits : 0;
+  ff->emin = n.kind == kFloat ? n.emin : 0;
+  if (n.kind == kFloat && (n.mbits > 23 || n.emin < -1000)) return false;
+  ff->rm = c.m.round_mode;
+  ff->sub = c.path == kExpShift ? static_cast<int>(g.Sc) : 0;
+  ff->tc = static_cast<int>(g.Tc);
+  ff->policy = c.m.nan_policy;
+  // maxfloat (and maxfloat + 1 for the full int range) as float32 fields.
+  float mf = static_cast<float>(n.maxfloat);
+  if (static_cast<double>(mf) != n.maxfloat || !(mf > 0) || !std::isfinite(mf)) return false;
+  uint32_t mb = fbits(mf);
+  if ((mb >> 23) == 0) return false;
+  ff->top_field = static_cast<int>(mb >> 23);
+  ff->top_mant = mb & 0x7FFFFFu;
+  if (ff->full_int_range) {
+    double lim = n.maxfloat + 1.0;
+    int ex = 0;
+    double m = std::frexp(lim, &ex);
+    if (m != 0.5) return false;  // 2^(N-1)
+    ff->neg_field = ex - 1 + 127;
+  }
+  if (ff->float_scale) {
+    const Num& s = f.scale;
+    if (s.kind != kFloat || s.mbits > 23 || s.emin < -1000) return false;
+    float sm = static_cast<float>(s.maxfloat);
+    if (static_cast<double>(sm) != s.maxfloat || !std::isfinite(sm) || (fbits(sm) >> 23) == 0)
+      return false;
+    ff->scale_top = fbits(sm);
+    ff->scale_kmin = s.emin - s.mbits;
+    if (ff->scale_kmin < -126 - s.mbits) return false;
+    ff->scale_is_float = 1;
+    ff->scale_mbits = s.mbits;
+    ff->scale_negzero = s.has_negzero;
+    ff->maxfloat_f = mf;
+    ff->has_ts = f.has_ts;
+    ff->ts = c.ts;
+    FastTile probe;
+    if (!fast_top(ff->top_field, ff->top_mant, 0, 0, &probe.top_pos)) return false;
+  }
+  return true;
+}
+
+struct SlowCtx {
+  const Ctx* c;
+  Scratch s;
+};
+
+void slow_tile(void* p, int64_t r, int64_t c0) {
+  auto* sc = static_cast<SlowCtx*>(p);
+  const Geometry& g = sc->c->g;
+  process_tile(*sc->c, r * g.nC + c0 / g.Tc, sc->s);
+}
+
 }  // namespace
 
 int64_t Geometry::grid(int64_t b, int64_t r, int64_t c, int64_t rows, int64_t cols) const {
@@ -661,6 +864,28 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
   if (f.has_ts) {  // NVFP4: tensor scale from the largest tile absmax (after pruning)
     int64_t tiles = g.tiles();
     std::vector<float> amaxes(static_cast<size_t>(tiles), 0.0f);
+    if (!f.sparse_m && io.x_type == kF32) {
+      // No pruning: the largest tile absmax is the largest finite magnitude of the tensor.
+      int64_t chunks = (g.size + kChunk - 1) / kChunk;
+      std::vector<uint32_t> parts(static_cast<size_t>(chunks), 0u);
+      const uint32_t* xb = static_cast<const uint32_t*>(io.x);
+      pf(chunks, [&](int64_t c0, int64_t c1) {
+        for (int64_t ch = c0; ch < c1; ++ch) {
+          uint32_t m = 0;
+          int64_t end = std::min(g.size, (ch + 1) * kChunk);
+          for (int64_t i = ch * kChunk; i < end; ++i) {
+            uint32_t b = xb[i] & 0x7FFFFFFFu;
+            uint32_t fin = b < 0x7F800000u ? b : 0u;
+            m = fin > m ? fin : m;
+          }
+          parts[static_cast<size_t>(ch)] = m;
+        }
+      });
+      uint32_t m = 0;
+      for (uint32_t v : parts) m = v > m ? v : m;
+      amaxes.assign(1, from_fbits(m));
+      tiles = 0;
+    }
     pf(tiles, [&](int64_t t0, int64_t t1) {
       Scratch s;
       for (int64_t t = t0; t < t1; ++t) {
@@ -697,6 +922,19 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
     if (io.zero && f.has_zero) store_code(io.zero, c.zero_w, 0, p.zero_code);
     pf(chunks, [&](int64_t c0, int64_t c1) {
       tensor_elements(c, p, c0 * kChunk, std::min(g.size, c1 * kChunk));
+    });
+    return "";
+  }
+  FastFormat ff;
+  if (fast_setup(c, &ff)) {  // rows of float32 tiles along the last axis
+    const FastRows rows_fn = pick_fast_rows();
+    const float* xf = static_cast<const float*>(io.x);
+    float* yf = static_cast<float*>(io.values);
+    int64_t rows = g.R, cols = g.C;
+    int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(cols, 1));
+    pf((rows + per - 1) / per, [&](int64_t b0, int64_t b1) {
+      SlowCtx sc{&c, Scratch()};
+      rows_fn(ff, xf, yf, b0 * per, std::min(rows, b1 * per), cols, slow_tile, &sc);
     });
     return "";
   }
