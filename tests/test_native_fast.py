@@ -1,0 +1,141 @@
+"""The native fast paths (float32 tiles along the last axis, bit arithmetic, SIMD) equal the
+reference bit for bit.
+
+The fast paths serve virtual casts (values only) of float32 tensors tiled along the last axis
+with an exponent scale (MXFP*, MXINT8, BFP, MX6/MX9) or a float scale (NVFP4) and a
+deterministic round mode. `ONNXQ_SIMD` picks the instruction set (none = the general path,
+base = plain x86-64, avx2, avx512) so every variant is checked on a machine that has them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import onnxq
+
+_ = onnxq.cast
+from onnxq.cast import native, reference  # noqa: E402
+from onnxq.formats.datatype import datatype  # noqa: E402
+from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason=f"native library not built: {native.missing_reason()}"
+)
+
+FAST = [
+    "bfp16", "bfp8", "int8_e8m0_t8", "mx4", "mx6", "mx9", "mxfp4", "mxfp4e2", "mxfp6",
+    "mxfp6e2", "mxfp6e3", "mxfp8", "mxfp8e4", "mxfp8e5", "mxint4", "mxint8", "nvfp4",
+    "e3m2_e8m0_t32", "e5m2_e8m0_t32", "int8_e8m0_t8s2", "int16_e8m0_t16", "int24_e8m0_t8",
+    "e4m3fn_e8m0_t64", "int8_e8m0_t64s4", "e2m1fnuz_e4m3fn_t16", "int4_e4m3fn_t16",
+    "e4m3fn_e5m2_t8", "int8_e8m0", "e4m3fn_e8m0_t2", "e5m2_e8m0_t2048",
+]  # fmt: skip
+SIMD = ["base", "avx2", "avx512"]
+SHAPES = [(6, 35), (3, 100), (2, 3, 33), (1,), (5, 8), (4, 1), (2, 130)]
+
+
+def _data(shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    if kind == "random":
+        x = rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))
+    elif kind == "ties":  # halfway points of many grids, next to powers of two fixing scales
+        x = (rng.integers(-64, 64, n) + 0.5) * np.exp2(rng.integers(-12, 4, n))
+        x[:: max(1, n // 7)] = np.exp2(rng.integers(-3, 6, x[:: max(1, n // 7)].size))
+    elif kind == "pow2":  # powers of two, the float just below and just above each
+        v = np.exp2(rng.integers(-149, 128, n).astype(np.float64)).astype(np.float32)
+        pick = rng.integers(0, 3, n)
+        down = np.nextafter(v, np.float32(0))
+        up = np.nextafter(v, np.float32(np.inf))
+        x = np.where(pick == 0, down, np.where(pick == 1, v, up)) * rng.choice([-1, 1], n)
+    elif kind == "subnormal":
+        x = rng.standard_normal(n) * 2.0 ** rng.integers(-149, -120, n)
+    elif kind == "special":
+        x = rng.standard_normal(n) * np.exp2(rng.integers(-140, 128, n))
+        specials = np.array(
+            [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 3.4028235e38, -3.4028235e38,
+             2.0**-149, -(2.0**-149), 2.0**-126, 1 - 2**-24, 448.0, 464.0, 6.0, 7.0, 0.25],
+        )  # fmt: skip
+        where = rng.integers(0, n, max(1, n // 3))
+        x[where] = rng.choice(specials, where.size)
+    elif kind == "huge":  # tiles whose scale saturates at the top of E8M0
+        x = rng.standard_normal(n) * 2.0**126
+    else:
+        x = np.zeros(n)
+    with np.errstate(all="ignore"):
+        return x.astype(np.float32).reshape(shape)
+
+
+def _check(x: np.ndarray, name: str, simd: str, monkeypatch: pytest.MonkeyPatch, **kw) -> None:
+    dt = datatype(name)
+    with np.errstate(all="ignore"):
+        want = reference.quantize(x, dt, **kw).values.astype(np.float32)
+    monkeypatch.setenv("ONNXQ_SIMD", simd)
+    got = native.quantize(x, dt, want_codes=False, **kw).values
+    w, g = want.view(np.uint32), got.view(np.uint32)
+    if not np.array_equal(w, g):
+        i = np.flatnonzero(w.reshape(-1) != g.reshape(-1))[:5]
+        xs = x.reshape(-1)[i]
+        pytest.fail(
+            f"{name} {simd} {kw}: {int((w != g).sum())} differ, e.g. x={xs.tolist()} "
+            f"want={want.reshape(-1)[i].tolist()} got={got.reshape(-1)[i].tolist()}"
+        )
+
+
+@pytest.mark.parametrize("simd", SIMD)
+@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize(
+    "kind", ["random", "ties", "pow2", "subnormal", "special", "huge", "zeros"]
+)
+def test_fast_virtual_equals_reference(
+    name: str, kind: str, simd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i, shape in enumerate(SHAPES):
+        x = _data(shape, kind, seed=100 + i)
+        for rm in (RoundMode.EVEN, RoundMode.AWAY, RoundMode.ZERO):
+            for policy in NanPolicy:
+                _check(x, name, simd, monkeypatch, axis=-1, round_mode=rm, nan_policy=policy)
+
+
+@pytest.mark.parametrize("simd", SIMD)
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp4", "mxint8", "mx6", "mx9", "nvfp4", "bfp16"])
+@pytest.mark.parametrize("sm", list(ScaleMode))
+def test_fast_scale_modes_and_full_int_range(
+    name: str, sm: ScaleMode, simd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for kind in ("random", "ties", "pow2", "special"):
+        x = _data((7, 67), kind, seed=7)
+        for full in (False, True):
+            for rm in (RoundMode.EVEN, RoundMode.AWAY, RoundMode.ZERO):
+                _check(
+                    x, name, simd, monkeypatch, axis=-1, scale_mode=sm, round_mode=rm,
+                    full_int_range=full,
+                )  # fmt: skip
+
+
+@pytest.mark.parametrize("simd", SIMD)
+def test_fast_large_tensor_threads(simd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _data((257, 1000), "special", seed=3)
+    for name in ("mxfp8e4", "mx6", "nvfp4", "bfp16"):
+        _check(x, name, simd, monkeypatch, axis=-1)
+        dt = datatype(name)
+        monkeypatch.setenv("ONNXQ_SIMD", simd)
+        one = native.quantize(x, dt, want_codes=False, nthreads=1).values
+        many = native.quantize(x, dt, want_codes=False, nthreads=3).values
+        assert np.array_equal(one.view(np.uint32), many.view(np.uint32))
+
+
+def test_every_element_of_a_binade_rounds_like_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """All float32 values in [1, 4) (two binades, 2^24 values) in tiles whose scale is fixed."""
+    mant = np.arange(1 << 23, dtype=np.uint32)
+    x = np.concatenate(
+        [(mant | (127 << 23)).view(np.float32), (mant | (128 << 23)).view(np.float32)]
+    )
+    x = x[: x.size // 31 * 31].reshape(-1, 31)
+    x = np.concatenate([x, np.full((x.shape[0], 1), 4.0, np.float32)], axis=1)  # amax 4
+    x[::2] *= -1
+    for name in ("mxfp4", "mxfp6e2", "mxfp8e4", "mxint8"):
+        for rm in (RoundMode.EVEN, RoundMode.AWAY, RoundMode.ZERO):
+            _check(x, name, "", monkeypatch, axis=-1, round_mode=rm)
