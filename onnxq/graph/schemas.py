@@ -1,0 +1,292 @@
+"""ONNX schemas of the onnxq ops (domain ``onnxq``, version 1; contract in docs/ops.md).
+
+`register_schemas` adds them to ONNX's schema registry, so ``onnx.checker.check_model`` and
+``onnx.shape_inference.infer_shapes`` accept models that use the ops. Their inference function
+derives every output's element type (and its shape, when the input shapes are known) from the
+``dtype``, ``axis``, ``shape`` and ``output_type`` attributes. onnxruntime cannot infer those
+types for custom ops (they depend on attributes), so `onnxq.runtime.session` writes them into
+the model with this inference before creating the session.
+
+`OPS` is the table of the ops, inputs and outputs; tests/test_custom_ops.py runs each op
+through the C++ library to check that the library registers the same ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import onnx
+from onnx import TensorProto
+from onnx.defs import OpSchema
+
+from onnxq.cast.layout import Tiling
+from onnxq.formats.codebook import Codebook
+from onnxq.formats.datatype import DataType, datatype
+
+__all__ = ["DOMAIN", "OPS", "VERSION", "OpSpec", "output_types", "register_schemas"]
+
+DOMAIN = "onnxq"
+VERSION = 1
+_FLOATS = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+_CODES = ("tensor(uint8)", "tensor(uint16)", "tensor(uint32)")
+_OUTPUT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One op: its inputs and outputs (a trailing ``?`` marks optional ones) and attributes."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: tuple[str, ...]
+
+
+OPS: dict[str, OpSpec] = {
+    "QuantizeMX": OpSpec(
+        "QuantizeMX",
+        ("X",),
+        ("Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?"),
+        ("dtype", "axis", "round_mode", "scale_mode", "nan_policy", "seed", "int_range"),
+    ),
+    "DequantizeMX": OpSpec(
+        "DequantizeMX",
+        ("Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?"),
+        ("Y",),
+        ("dtype", "axis", "shape", "output_type"),
+    ),
+    "CodebookLookup": OpSpec(
+        "CodebookLookup",
+        ("Q", "Meta", "Scale", "Table?"),
+        ("Y",),
+        ("dtype", "axis", "shape", "output_type"),
+    ),
+}
+
+_TYPES: dict[str, tuple[str, tuple[str, ...]]] = {  # type constraint of each input / output name
+    "X": ("T", _FLOATS),
+    "Y": ("T", _FLOATS),
+    "Q": ("B", ("tensor(uint8)",)),
+    "Meta": ("B", ("tensor(uint8)",)),
+    "Mask": ("B", ("tensor(uint8)",)),
+    "Scale": ("S", _CODES),
+    "Zero": ("Z", _CODES),
+    "TenScale": ("G", _CODES),
+    "Table": ("F", ("tensor(float)",)),
+}
+_ATTRS: dict[str, tuple[OpSchema.AttrType, Any, str]] = {
+    "dtype": (OpSchema.AttrType.STRING, None, "preset or data type code (onnxq.datatype)"),
+    "axis": (OpSchema.AttrType.INT, -1, "the axis 1-D tiles run along"),
+    "round_mode": (OpSchema.AttrType.STRING, "even", "even, away, zero or stochastic"),
+    "scale_mode": (OpSchema.AttrType.STRING, "floor", "floor, ceil, midmax, ... (ScaleMode)"),
+    "nan_policy": (OpSchema.AttrType.STRING, "element", "element or block"),
+    "seed": (OpSchema.AttrType.INT, 0, "stochastic rounding seed"),
+    "int_range": (OpSchema.AttrType.STRING, "symmetric", "symmetric or full"),
+    "shape": (OpSchema.AttrType.INTS, None, "the shape of X"),
+    "output_type": (OpSchema.AttrType.INT, 1, "1 float, 10 float16, 16 bfloat16"),
+}
+
+
+def _code_type(bits: int) -> int:
+    return (
+        TensorProto.UINT8
+        if bits <= 8
+        else TensorProto.UINT16
+        if bits <= 16
+        else (TensorProto.UINT32)
+    )
+
+
+def _packed(count: int, bits: int) -> int:
+    return (count * bits + 7) // 8
+
+
+def _tiling_shapes(
+    dt: DataType, shape: tuple[int, ...], axis: int
+) -> tuple[tuple[int, ...], int, int | None]:
+    """(tile grid shape, meta unit count, kept element count or None when data dependent)."""
+    tiling = Tiling.build(shape, axis, dt.sspec)
+    grid: tuple[int, ...] = (1,)
+    if tiling.kind != "tensor":
+        moved = tiling.moved_shape
+        rows_cols = (tiling.nR, tiling.nC) if tiling.kind == "2d" else (tiling.nC,)
+        moved_grid = (*moved[: len(moved) - len(rows_cols)], *rows_cols)
+        grid = (*moved_grid[:axis], moved_grid[-1], *moved_grid[axis:-1])
+    if tiling.Sc:
+        rows, cols = tiling.sub_counts
+        units = tiling.B * rows * cols
+    else:
+        units = 1 if tiling.kind == "tensor" else tiling.B * tiling.nR * tiling.nC
+    count = math.prod(shape)
+    kept: int | None = count
+    if dt.sspec is not None and dt.sspec.sparsity[1]:
+        kept = None  # pruned positions depend on the data
+    return grid, units, kept
+
+
+def output_types(
+    op_type: str, attrs: dict[str, Any], input_shape: tuple[int, ...] | None = None
+) -> list[tuple[int, tuple[int, ...] | None]]:
+    """Element type and shape (None when unknown) of each output of one node.
+
+    Args:
+        op_type: ``QuantizeMX``, ``DequantizeMX`` or ``CodebookLookup``.
+        attrs: the node's attributes as Python values (``dtype`` required).
+        input_shape: X's shape for QuantizeMX, when known.
+
+    Returns:
+        One ``(TensorProto element type, shape or None)`` per output in `OPS` order; a type of
+        0 marks an output the data type does not have.
+
+    Raises:
+        ValueError: unknown op, a bad dtype, axis, shape or output_type (message starts with
+            ``[op_type]``).
+    """
+    if op_type not in OPS:
+        raise ValueError(f"unknown onnxq op {op_type!r}; expected one of {sorted(OPS)}")
+    where = f"[{op_type}]"
+    code = attrs.get("dtype")
+    if not isinstance(code, str):
+        raise ValueError(f"{where} attribute 'dtype' (a preset or data type code) is required")
+    try:
+        dt = datatype(code)
+    except ValueError as err:
+        raise ValueError(f"{where} dtype {code!r}: {err}") from None
+    axis = int(attrs.get("axis", -1))
+    s = dt.sspec
+    if op_type == "QuantizeMX":
+        nspec = dt.nspec
+        meta_bits = nspec.meta_bits if isinstance(nspec, Codebook) else 1
+        has_meta = isinstance(nspec, Codebook) or (s is not None and s.subtile[1] > 0)
+        grid = units = None
+        q_shape: tuple[int, ...] | None = None
+        if input_shape is not None:
+            if not -len(input_shape) <= axis < len(input_shape):
+                raise ValueError(f"{where} axis {axis} is out of range for X of {input_shape}")
+            grid, units, kept = _tiling_shapes(dt, input_shape, axis % len(input_shape))
+            q_shape = None if kept is None else (_packed(kept, nspec.bits),)
+        count = None if input_shape is None else math.prod(input_shape)
+        return [
+            (TensorProto.UINT8, q_shape),
+            (_code_type(s.scale.bits), grid) if s is not None else (0, None),
+            (_code_type(s.zero.bits), grid) if s is not None and s.zero else (0, None),
+            (_code_type(s.tenscale.bits), (1,)) if s is not None and s.tenscale else (0, None),
+            (TensorProto.UINT8, None if units is None else (_packed(units, meta_bits),))
+            if has_meta
+            else (0, None),
+            (TensorProto.UINT8, None if count is None else (_packed(count, 1),))
+            if s is not None and s.sparsity[1]
+            else (0, None),
+        ]
+    shape = attrs.get("shape")
+    if not shape or any(int(d) < 1 for d in shape):
+        raise ValueError(f"{where} attribute 'shape' must hold X's positive dims, got {shape}")
+    out_type = int(attrs.get("output_type", TensorProto.FLOAT))
+    if out_type not in _OUTPUT_TYPES:
+        raise ValueError(
+            f"{where} attribute 'output_type' {out_type} must be 1 (float), 10 (float16) or "
+            f"16 (bfloat16)"
+        )
+    if op_type == "CodebookLookup" and not isinstance(dt.nspec, Codebook):
+        raise ValueError(f"{where} dtype {code!r} is not a codebook; use DequantizeMX")
+    return [(out_type, tuple(int(d) for d in shape))]
+
+
+def _attr_value(value: Any) -> Any:
+    if isinstance(value, onnx.AttributeProto):
+        if value.type == onnx.AttributeProto.STRING:
+            return value.s.decode()
+        if value.type == onnx.AttributeProto.INT:
+            return value.i
+        if value.type == onnx.AttributeProto.INTS:
+            return list(value.ints)
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
+    attrs: dict[str, Any] = {}
+    for name in OPS[op_type].attributes:
+        value = ctx.get_attribute(name)
+        if value is not None:
+            attrs[name] = _attr_value(value)
+    input_shape = None
+    if op_type == "QuantizeMX" and ctx.get_num_inputs() > 0:
+        x = ctx.get_input_type(0)
+        if x is not None and x.tensor_type.HasField("shape"):
+            dims = x.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims) and dims:
+                input_shape = tuple(d.dim_value for d in dims)
+    for i, (elem, shape) in enumerate(output_types(op_type, attrs, input_shape)):
+        if i >= ctx.get_num_outputs() or not elem or not ctx.has_output(i):
+            continue
+        t = onnx.TypeProto()
+        t.tensor_type.elem_type = elem
+        if shape is not None:
+            t.tensor_type.shape.SetInParent()
+            for d in shape:
+                t.tensor_type.shape.dim.add().dim_value = d
+        ctx.set_output_type(i, t)
+
+
+def _schema(spec: OpSpec) -> OpSchema:
+    def param(name: str) -> OpSchema.FormalParameter:
+        base = name.rstrip("?")
+        option = (
+            OpSchema.FormalParameterOption.Optional
+            if name.endswith("?")
+            else OpSchema.FormalParameterOption.Single
+        )
+        return OpSchema.FormalParameter(base, _TYPES[base][0], param_option=option)
+
+    used = {_TYPES[n.rstrip("?")] for n in (*spec.inputs, *spec.outputs)}
+    constraints = [(key, list(types), "") for key, types in sorted(used)]
+    attributes = []
+    for name in spec.attributes:
+        kind, default, doc = _ATTRS[name]
+        if default is None:
+            attributes.append(OpSchema.Attribute(name, kind, doc, required=True))
+        else:
+            attributes.append(OpSchema.Attribute(name, _default_attr(name, default), doc))
+    schema = OpSchema(
+        spec.name,
+        DOMAIN,
+        VERSION,
+        f"onnxq {spec.name} (docs/ops.md)",
+        inputs=[param(n) for n in spec.inputs],
+        outputs=[param(n) for n in spec.outputs],
+        type_constraints=constraints,
+        attributes=attributes,
+    )
+    schema.set_type_and_shape_inference_function(lambda ctx: _infer(spec.name, ctx))
+    return schema
+
+
+def _default_attr(name: str, value: Any) -> onnx.AttributeProto:
+    attr = onnx.AttributeProto()
+    attr.name = name
+    if isinstance(value, str):
+        attr.type = onnx.AttributeProto.STRING
+        attr.s = value.encode()
+    else:
+        attr.type = onnx.AttributeProto.INT
+        attr.i = int(value)
+    return attr
+
+
+_registered = False
+
+
+def register_schemas() -> None:
+    """Register the three schemas with ONNX (once per process; later calls do nothing)."""
+    global _registered
+    if _registered:
+        return
+    for spec in OPS.values():
+        try:
+            onnx.defs.get_schema(spec.name, VERSION, DOMAIN)
+        except onnx.defs.SchemaError:
+            onnx.defs.register_schema(_schema(spec))
+    _registered = True
