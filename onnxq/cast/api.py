@@ -73,15 +73,18 @@ def _as_datatype(dtype: DataType | str) -> DataType:
 
 
 def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
+    """True for a torch.Tensor; torch is imported only when the object comes from it."""
+    if not type(x).__module__.startswith("torch"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False  # not a real tensor: _check_input names its type
+    return isinstance(x, torch.Tensor)
 
 
 def _check_input(x: Any) -> np.ndarray:
     if not isinstance(x, np.ndarray):
-        if type(x).__module__.startswith("torch"):
-            raise NotImplementedError(
-                "torch tensors need the GPU engine (pip install onnxq[gpu]); pass x.numpy()"
-            )
         raise TypeError(
             f"cast expects a numpy array of float32, float16 or bfloat16, got {type(x).__name__}"
         )
