@@ -17,6 +17,7 @@ __all__ = [
     "decode_codes",
     "encode_values",
     "floor_log2",
+    "nan_code",
     "pow2",
     "quantize_values",
     "round_magnitude",
@@ -127,7 +128,12 @@ def quantize_values(
     return out
 
 
-def _nan_code(spec: NumberSpec) -> int:
+def nan_code(spec: NumberSpec) -> int:
+    """The code that decodes to NaN (positive sign where the format has a choice).
+
+    Raises:
+        ValueError: the format has no NaN code.
+    """
     sign = 1 << (spec.bits - 1)
     match spec.infnan:
         case InfNaN.IEEE:
@@ -172,7 +178,7 @@ def encode_values(q: np.ndarray, spec: NumberSpec) -> np.ndarray:
         inf_code = top | (np.signbit(q).astype(np.int64) << (spec.bits - 1))
         codes = np.where(np.isinf(q), inf_code, codes)
     if np.isnan(q).any():
-        codes = np.where(np.isnan(q), _nan_code(spec), codes)
+        codes = np.where(np.isnan(q), nan_code(spec), codes)
     return codes.astype(np.uint64)
 
 

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from onnxq.cast import reference
-from onnxq.cast.elements import _nan_code, _table
+from onnxq.cast.elements import _table, nan_code
 from onnxq.cast.layout import Tiling
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
@@ -86,7 +86,7 @@ class _ElemFmt:
 def _elem_fmt(spec: NumberSpec) -> _ElemFmt:
     if spec.is_float:
         maxm = int(spec.maxfloat / 2.0 ** (spec.emax - spec.mbits))
-        nan = _nan_code(spec)
+        nan = nan_code(spec)
         inf = 0
         if spec.has_inf:
             inf = (
@@ -867,7 +867,7 @@ def quantize(
             sf = p.sfmt
             assert sf is not None
             consts.update(
-                S_NAN=_nan_code(s.scale), EL_MAXF=float(np.float32(n.maxfloat)),
+                S_NAN=nan_code(s.scale), EL_MAXF=float(np.float32(n.maxfloat)),
                 S_MBITS=sf.mbits, S_EMIN=sf.emin, S_EMAX=sf.emax, S_MAXM=sf.maxm,
             )  # fmt: skip
             if p.tfmt is not None:

@@ -50,6 +50,7 @@ import onnx
 import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxq.cast.elements import nan_code
 from onnxq.cast.layout import Tiling
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType, datatype
@@ -702,17 +703,6 @@ def _signbit(body: _Body, v: str) -> str:
     return body.op("Or", negative, neg_zero)
 
 
-def _nan_code(spec: NumberSpec) -> int:
-    sign = 1 << (spec.bits - 1)
-    match spec.infnan:
-        case InfNaN.IEEE:
-            return (((1 << spec.ebits) - 1) << spec.mbits) | (1 << max(spec.mbits - 1, 0))
-        case InfNaN.FN:
-            return sign - 1
-        case _:
-            return sign
-
-
 def _magnitudes(spec: NumberSpec, full_range: bool, what: str) -> np.ndarray:
     """Non-negative finite values in code order; magnitude code = position (checked)."""
     if spec.is_int:
@@ -878,7 +868,7 @@ def quantize_mx_function(
         sign = body.op("Mul", body.cast(negative, TensorProto.INT64),
                        body.const(1 << (n.bits - 1), np.int64))  # fmt: skip
         codes = body.op("Add", idx, sign)
-        codes = body.where(body.op("IsNaN", v), body.const(_nan_code(n), np.int64), codes)
+        codes = body.where(body.op("IsNaN", v), body.const(nan_code(n), np.int64), codes)
 
     # NaN tiles: scale code all ones, element codes 0 (design.md item 5).
     scale_code = body.op("Add", stored, body.const(s.scale.bias, np.int64))
