@@ -32,6 +32,10 @@ else:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "quantize_model":  # lazy: the graph pass imports onnx only when asked for
+        from onnxq.graph.quantize import quantize_model
+
+        return quantize_model
     if name in ("QTensor", "cast", "upcast", "bfp"):
         raise ImportError(f"onnxq.{name} needs numpy: pip install numpy")
     raise AttributeError(f"module 'onnxq' has no attribute {name!r}")
@@ -51,6 +55,7 @@ __all__ = [
     "datatypes",
     "defaults",
     "number",
+    "quantize_model",
     "register",
     "scale",
     "upcast",

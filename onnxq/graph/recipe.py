@@ -1,0 +1,395 @@
+"""What to quantize and with which format: `Recipe` (the user's choice) and `QuantPlan`.
+
+A recipe is frozen data (style.md items 9-10): default weight and activation data types, the
+op types to quantize, per-op-type and per-node-name overrides, excluded nodes and modes. It
+loads from YAML, JSON, a mapping or another recipe, and validates every key and format when
+loaded; patterns are checked against a model by `Recipe.check_nodes`. The graph pass
+(`onnxq.graph.quantize`) first turns a recipe and a model into a `QuantPlan` (tensor ->
+data type, axis, reason) and then materialises it.
+
+Recipe schema (YAML; JSON is the same structure)::
+
+    weights: mxfp4              # default weight data type (preset or code); null = none
+    activations: mxfp8e4        # default activation data type; null = none
+    round_mode: even            # even, away, zero, stochastic
+    scale_mode: floor           # floor, ceil, midmax, option3, topbinade, rceil, even
+    op_types: [MatMul, Gemm]    # replaces the default target op types
+    add_op_types: [RNN]         # added to them
+    remove_op_types: [Gather]   # removed from them
+    exclude: ["head*"]          # node-name globs left in float
+    op_type_overrides:          # per op type; a null format keeps that part float
+      Conv: {weights: mxfp8e4, activations: null}
+    node_overrides:             # per node-name glob (later patterns win)
+      "layer0/*": {weights: mx6, weight_axis: 0, round_mode: away}
+
+Override keys: ``weights``, ``activations``, ``round_mode``, ``scale_mode``, ``weight_axis``,
+``activation_axis`` (an axis replaces the reduction axis the quantizer would choose).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from onnxq.formats.datatype import DataType, datatype
+from onnxq.formats.modes import RoundMode, ScaleMode
+
+__all__ = [
+    "DEFAULT_OP_TYPES",
+    "KEEP_FLOAT",
+    "SUPPORTED_OP_TYPES",
+    "ActivationEntry",
+    "Override",
+    "QuantPlan",
+    "Recipe",
+    "WeightEntry",
+    "load_recipe",
+]
+
+# Op types the quantizer knows the reduction axes of (onnxq.graph.quantize._ROLES).
+SUPPORTED_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN", "Gather")
+DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "Gather")
+# An override's format value that keeps the tensor in float (YAML/JSON null).
+KEEP_FLOAT = "float"
+
+_TOP_KEYS = (
+    "weights", "activations", "round_mode", "scale_mode", "op_types", "add_op_types",
+    "remove_op_types", "exclude", "op_type_overrides", "node_overrides",
+)  # fmt: skip
+_OVERRIDE_KEYS = (
+    "weights", "activations", "round_mode", "scale_mode", "weight_axis", "activation_axis",
+)  # fmt: skip
+
+
+def _format(value: Any, where: str) -> DataType | None:
+    """A data type from a preset/code string or a DataType; None stays None."""
+    if value is None or isinstance(value, DataType):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected a format name or code, got {value!r}")
+    try:
+        return datatype(value)
+    except ValueError as err:
+        raise ValueError(f"{where}: unknown format {value!r} ({err})") from None
+
+
+def _mode(kind: type[RoundMode] | type[ScaleMode], value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return str(kind.parse(value).value)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
+def _axis(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: expected an integer axis, got {value!r}")
+    return value
+
+
+def _check_keys(data: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(allowed)}"
+        )
+
+
+def _op_types(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ValueError(f"{where}: expected a list of op types, got {value!r}")
+    ops = tuple(str(v) for v in value)
+    for op in ops:
+        if op not in SUPPORTED_OP_TYPES:
+            raise ValueError(
+                f"{where}: op type {op!r} is not supported; expected one of "
+                f"{', '.join(SUPPORTED_OP_TYPES)}"
+            )
+    return ops
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Override:
+    """Choices for the nodes an op type or name pattern selects; None inherits.
+
+    ``weights``/``activations`` of `KEEP_FLOAT` keep that part of the node in float.
+    """
+
+    weights: DataType | str | None = None
+    activations: DataType | str | None = None
+    round_mode: str | None = None
+    scale_mode: str | None = None
+    weight_axis: int | None = None
+    activation_axis: int | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str) -> Override:
+        """Parse one override mapping (a null format becomes `KEEP_FLOAT`).
+
+        Raises:
+            ValueError: not a mapping, an unknown key, format or mode, naming ``where``.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where}: expected a mapping of {', '.join(_OVERRIDE_KEYS)}")
+        _check_keys(data, _OVERRIDE_KEYS, where)
+
+        def fmt(key: str) -> DataType | str | None:
+            if key not in data:
+                return None
+            if data[key] is None or data[key] == KEEP_FLOAT:
+                return KEEP_FLOAT
+            return _format(data[key], f"{where}.{key}")
+
+        return cls(
+            weights=fmt("weights"),
+            activations=fmt("activations"),
+            round_mode=_mode(RoundMode, data.get("round_mode"), f"{where}.round_mode"),
+            scale_mode=_mode(ScaleMode, data.get("scale_mode"), f"{where}.scale_mode"),
+            weight_axis=_axis(data.get("weight_axis"), f"{where}.weight_axis"),
+            activation_axis=_axis(data.get("activation_axis"), f"{where}.activation_axis"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The mapping `from_mapping` parses back (set fields only)."""
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None:
+                continue
+            out[field.name] = None if value == KEEP_FLOAT else str(value)
+            if isinstance(value, int):
+                out[field.name] = value
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """What the graph pass quantizes (see the module doc for the YAML schema).
+
+    Attributes:
+        weights: default weight data type; None quantizes no weights.
+        activations: default activation data type; None quantizes no activations.
+        round_mode: element rounding (`RoundMode` value).
+        scale_mode: scale selection (`ScaleMode` value).
+        op_types: the target op types.
+        exclude: node-name globs kept in float.
+        op_type_overrides: per op type choices.
+        node_overrides: per node-name glob choices, applied in order after op-type ones.
+    """
+
+    weights: DataType | None = None
+    activations: DataType | None = None
+    round_mode: str = "even"
+    scale_mode: str = "floor"
+    op_types: tuple[str, ...] = DEFAULT_OP_TYPES
+    exclude: tuple[str, ...] = ()
+    op_type_overrides: tuple[tuple[str, Override], ...] = ()
+    node_overrides: tuple[tuple[str, Override], ...] = ()
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "recipe") -> Recipe:
+        """Parse and validate a recipe mapping.
+
+        Raises:
+            ValueError: an unknown key, format, mode or op type, naming it.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+        _check_keys(data, _TOP_KEYS, where)
+        ops = list(_op_types(data.get("op_types", DEFAULT_OP_TYPES), f"{where}.op_types"))
+        for op in _op_types(data.get("add_op_types", ()), f"{where}.add_op_types"):
+            if op not in ops:
+                ops.append(op)
+        removed = _op_types(data.get("remove_op_types", ()), f"{where}.remove_op_types")
+        ops = [op for op in ops if op not in removed]
+        exclude = data.get("exclude", ())
+        if isinstance(exclude, str) or not isinstance(exclude, Iterable):
+            raise ValueError(f"{where}.exclude: expected a list of node-name patterns")
+
+        def overrides(key: str, ops_only: bool) -> tuple[tuple[str, Override], ...]:
+            table = data.get(key) or {}
+            if not isinstance(table, Mapping):
+                raise ValueError(f"{where}.{key}: expected a mapping of name -> override")
+            if ops_only:
+                _op_types(list(table), f"{where}.{key}")
+            return tuple(
+                (str(k), Override.from_mapping(v, f"{where}.{key}[{k!r}]"))
+                for k, v in table.items()
+            )
+
+        return cls(
+            weights=_format(data.get("weights"), f"{where}.weights"),
+            activations=_format(data.get("activations"), f"{where}.activations"),
+            round_mode=_mode(RoundMode, data.get("round_mode", "even"), f"{where}.round_mode")
+            or "even",
+            scale_mode=_mode(ScaleMode, data.get("scale_mode", "floor"), f"{where}.scale_mode")
+            or "floor",
+            op_types=tuple(ops),
+            exclude=tuple(str(p) for p in exclude),
+            op_type_overrides=overrides("op_type_overrides", True),
+            node_overrides=overrides("node_overrides", False),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping that `from_mapping` parses back to an equal recipe."""
+        return {
+            "weights": None if self.weights is None else self.weights.name,
+            "activations": None if self.activations is None else self.activations.name,
+            "round_mode": self.round_mode,
+            "scale_mode": self.scale_mode,
+            "op_types": list(self.op_types),
+            "exclude": list(self.exclude),
+            "op_type_overrides": {k: v.to_dict() for k, v in self.op_type_overrides},
+            "node_overrides": {k: v.to_dict() for k, v in self.node_overrides},
+        }
+
+    def to_json(self) -> str:
+        """The recipe as compact JSON (recorded in the quantized model's metadata)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def check_nodes(self, names: Iterable[str]) -> None:
+        """Check that every exclude and node-override pattern matches a node of the model.
+
+        Raises:
+            ValueError: a pattern matches no node (a plain name: the node does not exist).
+        """
+        all_names = [n for n in names if n]
+        for key, patterns in (
+            ("exclude", self.exclude),
+            ("node_overrides", tuple(p for p, _ in self.node_overrides)),
+        ):
+            for pattern in patterns:
+                if any(fnmatch.fnmatchcase(n, pattern) for n in all_names):
+                    continue
+                if any(ch in pattern for ch in "*?["):
+                    raise ValueError(f"recipe {key} pattern {pattern!r} matches no node")
+                raise ValueError(f"recipe {key}: node {pattern!r} does not exist in the model")
+
+    def resolve(self, op_type: str, node_name: str) -> Override | None:
+        """The effective choices for one node, or None when it is not a target.
+
+        Returns:
+            An `Override` with every field decided: formats (None = keep float), modes and
+            axes (None = the op's reduction axis).
+        """
+        if op_type not in self.op_types:
+            return None
+        if node_name and any(fnmatch.fnmatchcase(node_name, p) for p in self.exclude):
+            return None
+        chosen: dict[str, Any] = {
+            "weights": self.weights,
+            "activations": self.activations,
+            "round_mode": self.round_mode,
+            "scale_mode": self.scale_mode,
+            "weight_axis": None,
+            "activation_axis": None,
+        }
+        layers = [o for k, o in self.op_type_overrides if k == op_type]
+        layers += [
+            o for p, o in self.node_overrides if node_name and fnmatch.fnmatchcase(node_name, p)
+        ]
+        for layer in layers:
+            for field in dataclasses.fields(layer):
+                value = getattr(layer, field.name)
+                if value is not None:
+                    chosen[field.name] = value
+        for key in ("weights", "activations"):
+            if chosen[key] == KEEP_FLOAT:
+                chosen[key] = None
+        return Override(**chosen)
+
+
+def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any] | Recipe) -> Recipe:
+    """Load a recipe from a YAML or JSON file, a mapping or a `Recipe`.
+
+    Raises:
+        ValueError: a missing or unreadable file, bad YAML/JSON, or an invalid recipe (the
+            message names the file and the key).
+        TypeError: ``source`` has another type.
+    """
+    if isinstance(source, Recipe):
+        return source
+    if isinstance(source, Mapping):
+        return Recipe.from_mapping(source)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            f"recipe must be a path, a mapping or a Recipe, not {type(source).__name__}"
+        )
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"recipe file {str(path)!r} does not exist or is not a file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as err:  # yaml.YAMLError / json.JSONDecodeError
+        raise ValueError(f"recipe file {str(path)!r} is not valid YAML/JSON: {err}") from None
+    return Recipe.from_mapping(data if data is not None else {}, where=f"recipe {path.name}")
+
+
+# -- the plan ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightEntry:
+    """One weight to quantize once, however many nodes use it.
+
+    Attributes:
+        tensor: the initializer or Constant output name.
+        dtype: its data type.
+        axis: the axis tiles run along (the consumers' reduction axis, mapped back through
+            Transpose).
+        round_mode: element rounding.
+        scale_mode: scale selection.
+        consumers: names (or op types) of the target nodes that read it.
+        reason: why this format and axis (for reports and metadata).
+    """
+
+    tensor: str
+    dtype: DataType
+    axis: int
+    round_mode: str
+    scale_mode: str
+    consumers: tuple[str, ...]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ActivationEntry:
+    """One activation tensor that gets one QuantizeMX -> DequantizeMX pair.
+
+    Attributes:
+        tensor: the tensor name.
+        dtype: its data type.
+        axis: the consuming ops' reduction axis of it.
+        round_mode: element rounding.
+        scale_mode: scale selection.
+        consumers: the target nodes that read it (all are rewired to the dequantized tensor).
+        reason: why this format and axis.
+    """
+
+    tensor: str
+    dtype: DataType
+    axis: int
+    round_mode: str
+    scale_mode: str
+    consumers: tuple[str, ...]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantPlan:
+    """Everything the graph pass will change: weights first, then activations."""
+
+    weights: tuple[WeightEntry, ...] = ()
+    activations: tuple[ActivationEntry, ...] = ()
