@@ -142,7 +142,8 @@ int32_t onnxq_pack_bits(const void* codes, int32_t width, int64_t count, int32_t
   if (!codes || !out || bits < 1 || bits > 64 || count < 0 ||
       (width != 1 && width != 2 && width != 4 && width != 8))
     return fail(err, errlen, "[onnxq_pack_bits] bad arguments");
-  int64_t k = onnxq::pack_bits(codes, width, count, bits, mask, out);
+  onnxq::ParallelFor pf = onnxq::default_parallel_for(0);
+  int64_t k = onnxq::pack_bits(codes, width, count, bits, mask, out, &pf);
   if (packed_count) *packed_count = k;
   return 0;
 }
@@ -164,7 +165,8 @@ int32_t onnxq_unpack_bits(const uint8_t* stream, int64_t stream_bytes, int32_t b
                                  std::to_string(stream_bytes) + " bytes; " +
                                  std::to_string(kept) + " codes of " + std::to_string(bits) +
                                  " bits need " + std::to_string(need));
-  onnxq::unpack_bits(stream, bits, count, mask, codes, width);
+  onnxq::ParallelFor pf = onnxq::default_parallel_for(0);
+  onnxq::unpack_bits(stream, bits, count, mask, codes, width, &pf);
   return 0;
 }
 

@@ -393,7 +393,8 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
       io.mask = mask.data();
     }
   }
-  e = quantize(f, k.modes, x.shape, axis, io, session_parallel_for(ctx));
+  ParallelFor pf = session_parallel_for(ctx);
+  e = quantize(f, k.modes, x.shape, axis, io, pf);
   if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
 
   int64_t kept = x.count;
@@ -401,7 +402,7 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   const std::string why = "dtype '" + k.parsed.code + "'";
   void* q = output(ctx, 0, "Q", {packed_nbytes(kept, bits)}, kU8, why);
   if (!q) throw OpError("output Q is missing");
-  pack_bits(codes.data(), code_w, x.count, bits, io.mask, static_cast<uint8_t*>(q));
+  pack_bits(codes.data(), code_w, x.count, bits, io.mask, static_cast<uint8_t*>(q), &pf);
   std::vector<int64_t> grid = grid_shape(g, x.shape, axis, g.nR, g.nC);
   auto field = [&](size_t index, const char* name, bool has, const std::vector<int64_t>& shape,
                    int fbits, const std::vector<uint8_t>& data) {
@@ -488,11 +489,9 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
     throw OpError("input Q has " + std::to_string(q.count) + " bytes; " + what + " needs " +
                   std::to_string(packed_nbytes(kept, bits)) + " (" + std::to_string(kept) +
                   " codes of " + std::to_string(bits) + " bits)");
-  std::vector<uint8_t> codes = buffer<uint8_t>(g.size * code_w);
-  unpack_bits(static_cast<const uint8_t*>(q.data), bits, g.size, f.sparse_m ? mask.data() : nullptr,
-              codes.data(), code_w);
+  (void)code_w;
   DequantizeIO io;
-  io.codes = codes.data();
+  io.packed = static_cast<const uint8_t*>(q.data);  // unpacked by dequantize where it needs to
   io.mask = f.sparse_m ? mask.data() : nullptr;
   std::vector<uint8_t> meta;
   if (f.scaled) {
@@ -513,13 +512,14 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
     if (f.has_meta()) {
       int64_t nmeta = g.meta_count();
       int mbits = f.meta_bits();
-      meta = buffer<uint8_t>(nmeta);
       if (mbits) {
         In m = need(s.meta, "Meta", true);
         check_field(m, "Meta", kU8, packed_nbytes(nmeta, mbits));
-        unpack_bits(static_cast<const uint8_t*>(m.data), mbits, nmeta, nullptr, meta.data(), 1);
+        io.meta_packed = static_cast<const uint8_t*>(m.data);
+      } else {
+        meta = buffer<uint8_t>(nmeta);  // no meta bits: every mapping index is 0
+        io.meta = meta.data();
       }
-      io.meta = meta.data();
     }
   }
   void* y = output(ctx, 0, "Y", shape, k.out_type,

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -945,12 +946,262 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
   return "";
 }
 
+namespace {
+
+// -- fast dequantize -------------------------------------------------------------------------
+// Exponent-scaled (E8M0 & co., MX9/MX6/MX4 shift bits) and float-scaled (NVFP4) data types with
+// float or int elements of at most 8 bits, 1-D tiles along any axis, 1-byte scale codes, no
+// zero point, mask or codebook. Per element: one lookup in a 2^bits-entry table of the element
+// values and one multiply by the tile's factor from a 256-entry table of the scale codes, read
+// straight from the packed stream. The arithmetic is the general path's: for exponent scales the
+// float64 product q * 2^s (times 0.5 in a shifted subtile), rounded once to float32; for float
+// scales the float32 product q * eff.
+struct FastDq {
+  const uint8_t* src = nullptr;  // codes: one byte each, or the packed stream
+  int bits = 8;
+  uint32_t cmask = 0xFF;
+  uint64_t nbytes = 0;  // of the packed stream
+  const uint8_t* scale = nullptr;
+  const uint8_t* meta = nullptr;       // one byte per subtile, or
+  const uint8_t* meta_bits = nullptr;  // one bit per subtile (packed)
+  int64_t A = 1, Post = 1, nC = 1, Tc = 1, Sc = 0, sub_cols = 0;
+  double tq_d[256];
+  float tq_f[256];
+  double fac_d[256];
+  float fac_f[256];
+  void* y = nullptr;
+};
+
+// READER: 0 one byte per code, 1 packed nibbles, 2 packed codes of any width <= 8.
+template <int READER>
+__attribute__((always_inline)) inline uint32_t dq_code(const FastDq& d, int64_t o) {
+  if (READER == 0) return d.src[o] & d.cmask;
+  if (READER == 1) return (d.src[o >> 1] >> ((o & 1) << 2)) & 0xFu;
+  uint64_t bp = static_cast<uint64_t>(o) * static_cast<uint64_t>(d.bits);
+  uint64_t byte = bp >> 3;
+  unsigned off = static_cast<unsigned>(bp & 7);
+  uint32_t v = d.src[byte];
+  uint32_t hi = byte + 1 < d.nbytes ? d.src[byte + 1] : 0u;  // the stream's last byte
+  v |= hi << 8;
+  return (v >> off) & d.cmask;
+}
+
+__attribute__((always_inline)) inline uint32_t dq_meta(const FastDq& d, int64_t i) {
+  if (d.meta) return d.meta[i] & 1u;
+  return (d.meta_bits[i >> 3] >> (i & 7)) & 1u;
+}
+
+// The output bits of y (store_y: every NaN canonical).
+template <int OT>
+__attribute__((always_inline)) inline uint32_t dq_bits(float y) {
+  uint32_t b = fbits(y);
+  b = (b & 0x7FFFFFFFu) > 0x7F800000u ? kQuietNaN : b;
+  if (OT == kF32) return b;
+  if (OT == kF16) return float_to_half(from_fbits(b));
+  return float_to_bf16(from_fbits(b));
+}
+
+template <int OT>
+__attribute__((always_inline)) inline void dq_put(const FastDq& d, int64_t o, uint32_t b) {
+  if (OT == kF32) {
+    static_cast<uint32_t*>(d.y)[o] = b;
+  } else {
+    static_cast<uint16_t*>(d.y)[o] = static_cast<uint16_t>(b);
+  }
+}
+
+template <int OT>
+__attribute__((always_inline)) inline void dq_store(const FastDq& d, int64_t o, float y) {
+  dq_put<OT>(d, o, dq_bits<OT>(y));
+}
+
+constexpr double kShiftMul[2] = {1.0, 0.5};  // (q * 2^s) * 0.5 in a shifted subtile; * 1.0 exact
+
+template <bool EXP>
+__attribute__((always_inline)) inline float dq_value(const FastDq& d, uint32_t code, uint32_t sc,
+                                                     uint32_t shifted) {
+  if (EXP) return static_cast<float>(d.tq_d[code] * d.fac_d[sc] * kShiftMul[shifted]);
+  return d.tq_f[code] * d.fac_f[sc];
+}
+
+// Tiles [t0, t1) of a tensor tiled along its last axis (Post == 1): tile t is row t / nC.
+template <int READER, bool EXP, bool SHIFT, int OT>
+void dq_tiles_last(const FastDq& d, int64_t t0, int64_t t1) {
+  const int64_t C = d.A, nC = d.nC, Tc = d.Tc, Sc = d.Sc;
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t r = t / nC, c0 = (t % nC) * Tc;
+    int64_t valid = std::min<int64_t>(Tc, C - c0);
+    int64_t o0 = r * C + c0;
+    uint32_t sc = d.scale[t];
+    if (SHIFT) {
+      int64_t mi = r * d.sub_cols + c0 / Sc;
+      for (int64_t s0 = 0; s0 < valid; s0 += Sc, ++mi) {
+        uint32_t sh = dq_meta(d, mi);
+        int64_t s1 = std::min<int64_t>(valid, s0 + Sc);
+        for (int64_t j = s0; j < s1; ++j)
+          dq_store<OT>(d, o0 + j, dq_value<EXP>(d, dq_code<READER>(d, o0 + j), sc, sh));
+      }
+    } else if ((int64_t(2) << d.bits) <= valid) {
+      // Small codes in a long tile: the tile's 2^bits output values, then lookups.
+      uint32_t tab[256];
+      int nc = 1 << d.bits;
+      for (int c = 0; c < nc; ++c) tab[c] = dq_bits<OT>(dq_value<EXP>(d, c, sc, 0));
+      for (int64_t j = 0; j < valid; ++j) dq_put<OT>(d, o0 + j, tab[dq_code<READER>(d, o0 + j)]);
+    } else if (EXP) {
+      double f = d.fac_d[sc];
+      for (int64_t j = 0; j < valid; ++j)
+        dq_store<OT>(d, o0 + j, static_cast<float>(d.tq_d[dq_code<READER>(d, o0 + j)] * f));
+    } else {
+      float f = d.fac_f[sc];
+      for (int64_t j = 0; j < valid; ++j)
+        dq_store<OT>(d, o0 + j, d.tq_f[dq_code<READER>(d, o0 + j)] * f);
+    }
+  }
+}
+
+// Lines [l0, l1) of a tensor tiled along an inner axis (Post > 1): line (outer, a) holds the
+// Post contiguous elements at axis position a; their scales (and shift bits) are contiguous too.
+template <int READER, bool EXP, bool SHIFT, int OT>
+void dq_lines(const FastDq& d, int64_t l0, int64_t l1) {
+  const int64_t A = d.A, Post = d.Post;
+  for (int64_t l = l0; l < l1; ++l) {
+    int64_t outer = l / A, a = l % A;
+    int64_t o0 = l * Post;
+    const uint8_t* scs = d.scale + (outer * d.nC + a / d.Tc) * Post;
+    int64_t mb = SHIFT ? (outer * d.sub_cols + a / d.Sc) * Post : 0;
+    for (int64_t p = 0; p < Post; ++p) {
+      uint32_t sh = SHIFT ? dq_meta(d, mb + p) : 0u;
+      dq_store<OT>(d, o0 + p, dq_value<EXP>(d, dq_code<READER>(d, o0 + p), scs[p], sh));
+    }
+  }
+}
+
+using DqFn = void (*)(const FastDq&, int64_t, int64_t);
+
+template <int READER, bool EXP, bool SHIFT>
+DqFn dq_pick3(bool last, int ot) {
+  switch (ot) {
+    case kF16: return last ? dq_tiles_last<READER, EXP, SHIFT, kF16> : dq_lines<READER, EXP, SHIFT, kF16>;
+    case kBF16: return last ? dq_tiles_last<READER, EXP, SHIFT, kBF16> : dq_lines<READER, EXP, SHIFT, kBF16>;
+    default: return last ? dq_tiles_last<READER, EXP, SHIFT, kF32> : dq_lines<READER, EXP, SHIFT, kF32>;
+  }
+}
+
+template <int READER>
+DqFn dq_pick2(bool exp, bool shift, bool last, int ot) {
+  if (!exp) return dq_pick3<READER, false, false>(last, ot);
+  return shift ? dq_pick3<READER, true, true>(last, ot) : dq_pick3<READER, true, false>(last, ot);
+}
+
+// True when the fast path ran (the output is written); false: nothing done.
+bool fast_dequantize(const Format& f, const Geometry& g, const DequantizeIO& io,
+                     const ParallelFor& pf) {
+  const char* simd = std::getenv("ONNXQ_SIMD");
+  if (simd && std::string(simd) == "none") return false;
+  const Num& n = f.elem;
+  if (!f.scaled || f.codebook() || f.sparse_m || f.has_zero || io.mask) return false;
+  if (g.kind != 1 || g.size == 0) return false;
+  if (n.kind != kFloat && n.kind != kInt) return false;
+  if (n.bits > 8 || f.scale.bits > 8) return false;
+  bool exp = f.scale.kind == kExponent;
+  if (!exp && f.scale.kind != kFloat) return false;
+  bool shift = g.Sc > 0;
+  if (shift && (!exp || g.Sr != 1)) return false;
+  if (!io.scale || (f.has_ts && !io.tenscale)) return false;
+  if (shift && !io.meta && !io.meta_packed) return false;
+  if (!io.codes && !io.packed) return false;
+  auto d = std::make_unique<FastDq>();
+  d->bits = n.bits;
+  d->cmask = (1u << n.bits) - 1u;
+  int reader = 0;
+  if (io.codes) {
+    d->src = static_cast<const uint8_t*>(io.codes);  // code_width(<= 8 bits) == 1
+  } else {
+    d->src = io.packed;
+    d->nbytes = static_cast<uint64_t>(packed_nbytes(g.size, n.bits));
+    reader = n.bits == 8 ? 0 : n.bits == 4 ? 1 : 2;
+  }
+  d->scale = static_cast<const uint8_t*>(io.scale);
+  d->meta = io.meta;
+  d->meta_bits = io.meta ? nullptr : io.meta_packed;
+  if (shift && !d->meta && f.meta_bits() != 1) return false;
+  d->A = g.A;
+  d->Post = g.Post;
+  d->nC = g.nC;
+  d->Tc = g.Tc;
+  d->Sc = g.Sc;
+  d->sub_cols = g.sub_cols();
+  for (uint32_t c = 0; c < 256; ++c) {
+    double v = c <= d->cmask ? n.decode(c) : 0.0;
+    d->tq_d[c] = v;
+    d->tq_f[c] = static_cast<float>(v);
+  }
+  float ts = 0.0f;
+  if (f.has_ts)
+    ts = static_cast<float>(f.ts.decode(load_code(io.tenscale, code_width(f.ts.bits), 0)));
+  uint64_t scale_nan = (1ull << f.scale.ebits) - 1;
+  for (uint32_t c = 0; c < 256; ++c) {
+    if (exp) {
+      // The general path: 2^s with s = code - bias - int_frac_bits, NaN for the all-ones code.
+      int sexp = static_cast<int>(c) - f.scale.bias - int_frac_bits(n);
+      bool in_range = sexp >= -1023 && sexp <= 1023;
+      d->fac_d[c] = c == scale_nan ? static_cast<double>(NAN) : in_range ? pow2(sexp) : 0.0;
+      if (c < scale_nan && !in_range) return false;
+      d->fac_f[c] = 0.0f;
+    } else {
+      float sc = c < (1u << f.scale.bits) ? static_cast<float>(f.scale.decode(c)) : 0.0f;
+      float eff = f.has_ts ? sc * ts : sc;
+      d->fac_f[c] = std::isnan(sc) ? from_fbits(kQuietNaN) : eff;
+      d->fac_d[c] = 0.0;
+    }
+  }
+  d->y = io.values;
+  bool last = g.Post == 1;
+  DqFn fn = reader == 0   ? dq_pick2<0>(exp, shift, last, io.values_type)
+            : reader == 1 ? dq_pick2<1>(exp, shift, last, io.values_type)
+                          : dq_pick2<2>(exp, shift, last, io.values_type);
+  const FastDq& dr = *d;
+  if (last) {
+    // Tiles, in chunks of about 16K elements.
+    int64_t tiles = g.R * g.nC;
+    int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(g.Tc, 1));
+    pf((tiles + per - 1) / per, [&](int64_t b0, int64_t b1) {
+      fn(dr, b0 * per, std::min(tiles, b1 * per));
+    });
+  } else {
+    int64_t lines = g.size / g.Post;
+    int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(g.Post, 1));
+    pf((lines + per - 1) / per, [&](int64_t b0, int64_t b1) {
+      fn(dr, b0 * per, std::min(lines, b1 * per));
+    });
+  }
+  return true;
+}
+
+}  // namespace
+
 std::string dequantize(const Format& f, const std::vector<int64_t>& shape, int axis,
-                       const DequantizeIO& io, const ParallelFor& pf) {
+                       const DequantizeIO& io_in, const ParallelFor& pf) {
   Geometry g;
   std::string e = make_geometry(f, shape, axis, &g);
   if (!e.empty()) return e;
   int code_w = code_width(f.code_bits());
+  if (fast_dequantize(f, g, io_in, pf)) return "";
+  // The general path reads unpacked codes and meta.
+  DequantizeIO io = io_in;
+  std::vector<uint8_t> codes_buf, meta_buf;
+  if (!io.codes) {
+    if (!io.packed) return "dequantizing needs the codes";
+    codes_buf.resize(static_cast<size_t>(g.size * code_w));
+    unpack_bits(io.packed, f.code_bits(), g.size, io.mask, codes_buf.data(), code_w, &pf);
+    io.codes = codes_buf.data();
+  }
+  if (!io.meta && io.meta_packed && f.scaled && f.has_meta()) {
+    int64_t nmeta = g.meta_count();
+    meta_buf.resize(static_cast<size_t>(nmeta));
+    unpack_bits(io.meta_packed, f.meta_bits(), nmeta, nullptr, meta_buf.data(), 1, &pf);
+    io.meta = meta_buf.data();
+  }
   const Num& n = f.elem;
   // Decode table for narrow codes (decode_codes uses one for <= 16 bits).
   std::vector<double> table;
@@ -1097,46 +1348,150 @@ std::string dequantize(const Format& f, const std::vector<int64_t>& shape, int a
   return "";
 }
 
-int64_t pack_bits(const void* codes, int width, int64_t count, int bits, const uint8_t* mask,
-                  uint8_t* out) {
-  int64_t nbytes_max = packed_nbytes(count, bits);
-  std::memset(out, 0, static_cast<size_t>(nbytes_max));
-  int64_t k = 0;
-  uint64_t bitpos = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    if (mask && !mask[i]) continue;
-    uint64_t v = load_code(codes, width, i);
-    for (int done = 0; done < bits;) {
-      uint64_t byte = bitpos >> 3;
-      int off = static_cast<int>(bitpos & 7);
-      int take = std::min(8 - off, bits - done);
-      out[byte] |= static_cast<uint8_t>(((v >> done) & ((1u << take) - 1)) << off);
-      done += take;
-      bitpos += static_cast<uint64_t>(take);
-    }
-    k++;
+namespace {
+
+// Codes [i0, i1) (i0 a multiple of 8: the stream is byte aligned there) into the stream.
+void pack_range(const void* codes, int width, int64_t i0, int64_t i1, int bits, uint8_t* out) {
+  uint8_t* o = out + (i0 * bits) / 8;
+  if (width == 1 && bits == 8) {
+    std::memcpy(o, static_cast<const uint8_t*>(codes) + i0, static_cast<size_t>(i1 - i0));
+    return;
   }
-  return k;
+  if (width == 1 && bits == 4) {
+    const uint8_t* c = static_cast<const uint8_t*>(codes) + i0;
+    int64_t n = i1 - i0, k = 0;
+    for (; k + 1 < n; k += 2) o[k >> 1] = static_cast<uint8_t>((c[k] & 0xF) | ((c[k + 1] & 0xF) << 4));
+    if (k < n) o[k >> 1] = static_cast<uint8_t>(c[k] & 0xF);
+    return;
+  }
+  uint64_t m = bits >= 64 ? ~0ull : (1ull << bits) - 1;
+  uint64_t acc = 0;  // pending bits, LSB first
+  int nacc = 0;
+  for (int64_t i = i0; i < i1; ++i) {
+    uint64_t v = load_code(codes, width, i) & m;
+    int take = bits;
+    while (take > 0) {
+      int room = 64 - nacc;
+      int t = take < room ? take : room;
+      uint64_t part = t >= 64 ? v : v & ((1ull << t) - 1);
+      acc |= nacc < 64 ? part << nacc : 0;
+      nacc += t;
+      v = t >= 64 ? 0 : v >> t;
+      take -= t;
+      while (nacc >= 8) {
+        *o++ = static_cast<uint8_t>(acc);
+        acc >>= 8;
+        nacc -= 8;
+      }
+    }
+  }
+  if (nacc > 0) *o = static_cast<uint8_t>(acc);
+}
+
+// Codes [i0, i1) (i0 a multiple of 8) from the stream.
+void unpack_range(const uint8_t* stream, int bits, int64_t i0, int64_t i1, void* codes,
+                  int width) {
+  const uint8_t* s = stream + (i0 * bits) / 8;
+  if (width == 1 && bits == 8) {
+    std::memcpy(static_cast<uint8_t*>(codes) + i0, s, static_cast<size_t>(i1 - i0));
+    return;
+  }
+  if (width == 1 && (bits == 4 || bits == 1 || bits == 2)) {
+    uint8_t* c = static_cast<uint8_t*>(codes) + i0;
+    int per = 8 / bits;
+    uint8_t m = static_cast<uint8_t>((1u << bits) - 1);
+    for (int64_t k = 0; k < i1 - i0; ++k)
+      c[k] = static_cast<uint8_t>((s[k / per] >> ((k % per) * bits)) & m);
+    return;
+  }
+  uint64_t acc = 0;
+  int nacc = 0;
+  for (int64_t i = i0; i < i1; ++i) {
+    uint64_t v = 0;
+    int done = 0;
+    while (done < bits) {
+      if (nacc == 0) {
+        acc = *s++;
+        nacc = 8;
+      }
+      int t = bits - done < nacc ? bits - done : nacc;
+      v |= (acc & ((1ull << t) - 1)) << done;
+      acc >>= t;
+      nacc -= t;
+      done += t;
+    }
+    store_code(codes, width, i, v);
+  }
+}
+
+constexpr int64_t kPackChunk = int64_t(1) << 16;  // codes per parallel chunk (a multiple of 8)
+
+}  // namespace
+
+int64_t pack_bits(const void* codes, int width, int64_t count, int bits, const uint8_t* mask,
+                  uint8_t* out, const ParallelFor* pf) {
+  if (mask) {
+    int64_t nbytes_max = packed_nbytes(count, bits);
+    std::memset(out, 0, static_cast<size_t>(nbytes_max));
+    int64_t k = 0;
+    uint64_t bitpos = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      if (!mask[i]) continue;
+      uint64_t v = load_code(codes, width, i);
+      for (int done = 0; done < bits;) {
+        uint64_t byte = bitpos >> 3;
+        int off = static_cast<int>(bitpos & 7);
+        int take = std::min(8 - off, bits - done);
+        out[byte] |= static_cast<uint8_t>(((v >> done) & ((1u << take) - 1)) << off);
+        done += take;
+        bitpos += static_cast<uint64_t>(take);
+      }
+      k++;
+    }
+    return k;
+  }
+  int64_t chunks = (count + kPackChunk - 1) / kPackChunk;
+  auto body = [&](int64_t c0, int64_t c1) {
+    pack_range(codes, width, c0 * kPackChunk, std::min(count, c1 * kPackChunk), bits, out);
+  };
+  if (pf && chunks > 1) {
+    (*pf)(chunks, body);
+  } else {
+    body(0, chunks);
+  }
+  return count;
 }
 
 void unpack_bits(const uint8_t* stream, int bits, int64_t count, const uint8_t* mask,
-                 void* codes, int width) {
-  uint64_t bitpos = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    if (mask && !mask[i]) {
-      store_code(codes, width, i, 0);
-      continue;
+                 void* codes, int width, const ParallelFor* pf) {
+  if (mask) {
+    uint64_t bitpos = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      if (!mask[i]) {
+        store_code(codes, width, i, 0);
+        continue;
+      }
+      uint64_t v = 0;
+      for (int done = 0; done < bits;) {
+        uint64_t byte = bitpos >> 3;
+        int off = static_cast<int>(bitpos & 7);
+        int take = std::min(8 - off, bits - done);
+        v |= static_cast<uint64_t>((stream[byte] >> off) & ((1u << take) - 1)) << done;
+        done += take;
+        bitpos += static_cast<uint64_t>(take);
+      }
+      store_code(codes, width, i, v);
     }
-    uint64_t v = 0;
-    for (int done = 0; done < bits;) {
-      uint64_t byte = bitpos >> 3;
-      int off = static_cast<int>(bitpos & 7);
-      int take = std::min(8 - off, bits - done);
-      v |= static_cast<uint64_t>((stream[byte] >> off) & ((1u << take) - 1)) << done;
-      done += take;
-      bitpos += static_cast<uint64_t>(take);
-    }
-    store_code(codes, width, i, v);
+    return;
+  }
+  int64_t chunks = (count + kPackChunk - 1) / kPackChunk;
+  auto body = [&](int64_t c0, int64_t c1) {
+    unpack_range(stream, bits, c0 * kPackChunk, std::min(count, c1 * kPackChunk), codes, width);
+  };
+  if (pf && chunks > 1) {
+    (*pf)(chunks, body);
+  } else {
+    body(0, chunks);
   }
 }
 

@@ -82,7 +82,9 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
                      const QuantizeIO& io, const ParallelFor& pf);
 
 struct DequantizeIO {
-  const void* codes = nullptr;
+  const void* codes = nullptr;     // code_width(code_bits) bytes per element, or:
+  const uint8_t* packed = nullptr;  // the codes as packing.py's LSB-first stream (codes null)
+  const uint8_t* meta_packed = nullptr;  // meta packed with meta_bits each (meta null)
   const void* scale = nullptr;
   const void* zero = nullptr;
   const void* tenscale = nullptr;
@@ -96,10 +98,11 @@ std::string dequantize(const Format& f, const std::vector<int64_t>& shape, int a
                        const DequantizeIO& io, const ParallelFor& pf);
 
 // packing.py: LSB-first bit streams. Returns the number of codes packed.
+// pf: split into byte-aligned chunks run in parallel (when there is no mask).
 int64_t pack_bits(const void* codes, int width, int64_t count, int bits, const uint8_t* mask,
-                  uint8_t* out);
+                  uint8_t* out, const ParallelFor* pf = nullptr);
 void unpack_bits(const uint8_t* stream, int bits, int64_t count, const uint8_t* mask,
-                 void* codes, int width);
+                 void* codes, int width, const ParallelFor* pf = nullptr);
 inline int64_t packed_nbytes(int64_t count, int bits) { return (count * bits + 7) / 8; }
 
 inline uint64_t load_code(const void* p, int width, int64_t i) {
