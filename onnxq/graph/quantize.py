@@ -15,10 +15,14 @@ tile axis and the reason - and `quantize_model` materialises it:
   shapes (DequantizeMX's ``shape`` attribute), so an activation with a symbolic dim is left in
   float and listed in the ``onnxq_skipped`` metadata.
 
+``target="standard"`` writes no onnxq node: each packed weight becomes plain ai.onnx nodes
+(``DequantizeLinear`` with ``block_size``, or ``Gather`` on a value table times the tile
+scales; `onnxq.graph.lower`) with the same bits as the onnxq target's DequantizeMX.
+
 Calibration: ``QuantizeMX`` computes every scale (tensor and channel float scales included)
 from the data at each call, so ``target="onnxq"`` has nothing to calibrate; a static,
 calibrated scale belongs to ``target="standard"`` (DequantizeLinear with constant scales),
-which is not implemented yet.
+whose activation path is not implemented yet (it raises NotImplementedError).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import onnxq
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.graph.functions import build_function
+from onnxq.graph.lower import lower_weight
 from onnxq.graph.recipe import ActivationEntry, QuantPlan, Recipe, WeightEntry, load_recipe
 from onnxq.graph.schemas import DOMAIN, output_types, register_schemas
 
@@ -447,7 +452,7 @@ def _rename_inside(graph: onnx.GraphProto, old: str, new: str) -> None:
 def _materialise_weight(
     model: onnx.ModelProto, entry: _WeightPlan, storage: str, names: _Names,
     main_defined: set[str], dq_nodes: list[onnx.NodeProto],
-    removals: dict[int, tuple[_Scope, set[str]]],
+    removals: dict[int, tuple[_Scope, set[str]]], target: str = "onnxq",
 ) -> None:  # fmt: skip
     """Quantize one weight; structural removals wait in ``removals`` (keeps references valid)."""
     src = entry.source
@@ -463,15 +468,23 @@ def _materialise_weight(
         target_name = names.fresh(f"{entry.tensor}__w")
         _rename_inside(src.scope.graph, entry.tensor, target_name)
     renamed = dataclasses.replace(entry, tensor=target_name)
-    inits, node = _weight_nodes(renamed, array, names, tensor.data_type)
+    if target == "standard":  # plain ai.onnx nodes (lower.py)
+        inits, nodes = lower_weight(
+            target_name, array, entry.dtype, entry.axis, round_mode=entry.round_mode,
+            scale_mode=entry.scale_mode, output_type=tensor.data_type, fresh=names.fresh,
+        )  # fmt: skip
+    else:
+        inits, node = _weight_nodes(renamed, array, names, tensor.data_type)
+        nodes = [node]
     del array
     for field in ("raw_data", "float_data", "int32_data"):  # free the float payload now
         tensor.ClearField(field)
     removals.setdefault(id(src.scope), (src.scope, set()))[1].add(entry.tensor)
     model.graph.initializer.extend(inits)
     main_defined.add(target_name)
-    dq_nodes.append(node)
-    _declare(model.graph, node, None)
+    dq_nodes.extend(nodes)
+    if target != "standard":
+        _declare(model.graph, nodes[0], None)
 
 
 def _remove(scope: _Scope, names: set[str]) -> None:
@@ -639,8 +652,8 @@ def quantize_model(
         recipe: a YAML/JSON path, a mapping or a `Recipe` (onnxq.graph.recipe).
         weight_storage: ``packed`` (compressed codes + DequantizeMX) or ``fake`` (dequantized
             float values in place).
-        target: ``onnxq`` (custom ops with function fallbacks); ``standard`` is not
-            implemented yet.
+        target: ``onnxq`` (custom ops with function fallbacks) or ``standard`` (weights as
+            plain DequantizeLinear / Gather nodes, no custom op; weights only).
         calibration: a directory of ``.npz`` inputs or an iterable of input dicts; unused by
             ``target="onnxq"`` (QuantizeMX computes scales per call), so it only warns.
         calibration_method: ``minmax`` or ``percentile``.
@@ -655,16 +668,12 @@ def quantize_model(
     Raises:
         ValueError: nothing to quantize, a bad recipe, format, storage, path or percentile,
             output equal to the input without ``overwrite``, or a model the pass cannot read.
-        NotImplementedError: ``target="standard"``.
+        NotImplementedError: ``target="standard"`` with activations, or with a weight format
+            it cannot store exactly.
     """
     if weight_storage not in ("packed", "fake"):
         raise ValueError(f"weight_storage {weight_storage!r}: expected 'packed' or 'fake'")
-    if target == "standard":
-        raise NotImplementedError(
-            "target='standard' (plain DequantizeLinear/Gather) is not implemented yet; "
-            "use target='onnxq'"
-        )
-    if target != "onnxq":
+    if target not in ("onnxq", "standard"):
         raise ValueError(f"target {target!r}: expected 'onnxq' or 'standard'")
     _calibration_check(calibration, calibration_method, percentile, target)
     if recipe is None and weights is None and activations is None:
@@ -693,6 +702,12 @@ def quantize_model(
     with _stripped(m):
         types = _tensor_types(onnx.shape_inference.infer_shapes(m))
     the_plan = plan(m, chosen, types)
+    if target == "standard" and the_plan.activations:
+        raise NotImplementedError(
+            f"target='standard' lowers weights only: {len(the_plan.activations)} activation "
+            "tensor(s) are planned, and their scales are computed per call, which standard "
+            "QuantizeLinear/DequantizeLinear cannot do; drop activations or use target='onnxq'"
+        )
     names = _Names(m)
     main_defined = {*(t.name for t in m.graph.initializer), *(i.name for i in m.graph.input),
                     *(o for n in m.graph.node for o in n.output)}  # fmt: skip
@@ -712,7 +727,8 @@ def quantize_model(
     removals: dict[int, tuple[_Scope, set[str]]] = {}
     for entry in the_plan.weights:  # one at a time: each float payload is freed when done
         assert isinstance(entry, _WeightPlan)
-        _materialise_weight(m, entry, weight_storage, names, main_defined, dq_nodes, removals)
+        _materialise_weight(m, entry, weight_storage, names, main_defined, dq_nodes, removals,
+                            target)  # fmt: skip
         done += 1
         if progress is not None:
             progress(done, total, entry.tensor)
@@ -729,6 +745,10 @@ def quantize_model(
         m.graph.node.extend([*dq_nodes, *rest])
     static = {k: v[1] for k, v in types.items() if v[1] is not None}
     missing = _embed(m, static)
+    if target == "standard":  # no onnxq node: drop the domain import
+        keep = [o for o in m.opset_import if o.domain != DOMAIN]
+        del m.opset_import[:]
+        m.opset_import.extend(keep)
     meta = {
         "onnxq_version": onnxq.__version__,
         "onnxq_recipe": chosen.to_json(),
