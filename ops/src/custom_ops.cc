@@ -366,24 +366,38 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   std::string e = make_geometry(f, x.shape, axis, &g);
   if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
   int bits = f.code_bits(), code_w = code_width(bits);
-  std::vector<uint8_t> codes = buffer<uint8_t>(x.count * code_w);
-  std::vector<uint8_t> scale, zero, ts, meta, mask;
+  std::vector<uint8_t> codes, scale, zero, ts, meta, mask;
   int64_t nscale = g.scale_count(), nmeta = f.has_meta() ? g.meta_count() : 0;
+  const std::string why = "dtype '" + k.parsed.code + "'";
+  std::vector<int64_t> grid = grid_shape(g, x.shape, axis, g.nR, g.nC);
   QuantizeIO io;
   io.x = x.data;
   io.x_type = float_kind(x.type);
-  io.codes = codes.data();
+  // Without a mask every output's size is known: the kernels write Q (packed), Scale, Zero and
+  // TenScale in place.
+  bool direct = !f.sparse_m;
+  void* q = nullptr;
+  if (direct) {
+    q = output(ctx, 0, "Q", {packed_nbytes(x.count, bits)}, kU8, why);
+    if (!q) throw OpError("output Q is missing");
+    io.packed = static_cast<uint8_t*>(q);
+  } else {
+    codes = buffer<uint8_t>(x.count * code_w);
+    io.codes = codes.data();
+  }
+  auto field_out = [&](size_t index, const char* name, const std::vector<int64_t>& shape,
+                       int fbits, std::vector<uint8_t>* buf, int64_t count) -> void* {
+    if (direct) {
+      void* out = output(ctx, index, name, shape, code_type(fbits), why);
+      if (out) return out;
+    }
+    *buf = buffer<uint8_t>(count * code_width(fbits));
+    return buf->data();
+  };
   if (f.scaled) {
-    scale = buffer<uint8_t>(nscale * code_width(f.scale.bits));
-    io.scale = scale.data();
-    if (f.has_zero) {
-      zero = buffer<uint8_t>(nscale * code_width(f.zero.bits));
-      io.zero = zero.data();
-    }
-    if (f.has_ts) {
-      ts = buffer<uint8_t>(code_width(f.ts.bits));
-      io.tenscale = ts.data();
-    }
+    io.scale = field_out(1, "Scale", grid, f.scale.bits, &scale, nscale);
+    if (f.has_zero) io.zero = field_out(2, "Zero", grid, f.zero.bits, &zero, nscale);
+    if (f.has_ts) io.tenscale = field_out(3, "TenScale", {1}, f.ts.bits, &ts, 1);
     if (nmeta) {
       meta = buffer<uint8_t>(nmeta);
       io.meta = meta.data();
@@ -397,19 +411,20 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   e = quantize(f, k.modes, x.shape, axis, io, pf);
   if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
 
-  int64_t kept = x.count;
-  if (io.mask) kept = std::count_if(mask.begin(), mask.end(), [](uint8_t m) { return m != 0; });
-  const std::string why = "dtype '" + k.parsed.code + "'";
-  void* q = output(ctx, 0, "Q", {packed_nbytes(kept, bits)}, kU8, why);
-  if (!q) throw OpError("output Q is missing");
-  pack_bits(codes.data(), code_w, x.count, bits, io.mask, static_cast<uint8_t*>(q), &pf);
-  std::vector<int64_t> grid = grid_shape(g, x.shape, axis, g.nR, g.nC);
+  if (!direct) {
+    int64_t kept = x.count;
+    if (io.mask) kept = std::count_if(mask.begin(), mask.end(), [](uint8_t m) { return m != 0; });
+    q = output(ctx, 0, "Q", {packed_nbytes(kept, bits)}, kU8, why);
+    if (!q) throw OpError("output Q is missing");
+    pack_bits(codes.data(), code_w, x.count, bits, io.mask, static_cast<uint8_t*>(q), &pf);
+  }
   auto field = [&](size_t index, const char* name, bool has, const std::vector<int64_t>& shape,
                    int fbits, const std::vector<uint8_t>& data) {
     if (!has) {
       output(ctx, index, name, {0}, 0, why);  // a zero-size tensor when the node names it
       return;
     }
+    if (direct && data.empty()) return;  // written in place
     void* out = output(ctx, index, name, shape, code_type(fbits), why);
     if (out && !data.empty()) std::memcpy(out, data.data(), data.size());
   };
@@ -418,7 +433,8 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   field(3, "TenScale", f.has_ts, {1}, f.has_ts ? f.ts.bits : 8, ts);
   int mbits = f.meta_bits();
   void* m = output(ctx, 4, "Meta", {nmeta ? packed_nbytes(nmeta, mbits) : 0}, kU8, why);
-  if (m && nmeta && mbits) pack_bits(meta.data(), 1, nmeta, mbits, nullptr, static_cast<uint8_t*>(m));
+  if (m && nmeta && mbits)
+    pack_bits(meta.data(), 1, nmeta, mbits, nullptr, static_cast<uint8_t*>(m), &pf);
   void* mk = output(ctx, 5, "Mask", {io.mask ? packed_nbytes(x.count, 1) : 0}, kU8, why);
   if (mk && io.mask) pack_bits(mask.data(), 1, x.count, 1, nullptr, static_cast<uint8_t*>(mk));
 }

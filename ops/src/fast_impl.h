@@ -136,10 +136,124 @@ static inline void fk_stats(const uint32_t* xb, int n, uint32_t* amax, bool* nan
   *nonfinite = anynf != 0;
 }
 
+// -- codes (elements.encode_values on the rounded float32 bits) --------------------------------
+// y: the rounded value's bits as fk_elem_t returns them (sign, magnitude on the grid of 2^k, the
+// canonical NaN); s: the element grid's exponent scale (the tile's minus its subtile shift), so
+// the element value is |y| * 2^-s. Float elements: a normal element value 2^E (1 + m) has field
+// E + bias and the top mbits of y's mantissa; a subnormal one is y's significand shifted to
+// units of 2^(emin - mbits + s). fast_tile keeps emin + s >= -126, so an element normal is a
+// float32 normal.
+__attribute__((always_inline)) static inline uint32_t fk_code_float(uint32_t y, int s, int mbits,
+                                                                    int emin, int bias, int bits,
+                                                                    uint32_t nan_code) {
+  uint32_t r = y & 0x7FFFFFFFu;
+  uint32_t sign = y >> 31;
+  int er = static_cast<int>(r >> 23);
+  int ee = er ? er : 1;
+  int E = ee - 127 - s;
+  uint32_t mfull = (r & 0x7FFFFFu) | (er ? 0x800000u : 0u);
+  uint32_t normal = (static_cast<uint32_t>(E + bias) << mbits) |
+                    ((r >> (23 - mbits)) & ((1u << mbits) - 1u));
+  int sh = 23 - mbits + emin - E;
+  sh = sh < 0 ? 0 : sh > 31 ? 31 : sh;
+  uint32_t sub = mfull >> sh;
+  uint32_t mag = (er != 0) & (E >= emin) ? normal : sub;  // a float32 subnormal: element subnormal
+  mag = r == 0 ? 0u : mag;
+  uint32_t code = mag | (sign << (bits - 1));
+  return r > 0x7F800000u ? nan_code : code;
+}
+
+// Int elements: |y| / 2^k, negated in two's complement, masked to `bits` (a NaN reads 0).
+__attribute__((always_inline)) static inline uint32_t fk_code_int(uint32_t y, int k, int bits) {
+  uint32_t r = y & 0x7FFFFFFFu;
+  uint32_t sign = y >> 31;
+  int er = static_cast<int>(r >> 23);
+  int ee = er ? er : 1;
+  uint32_t mfull = (r & 0x7FFFFFu) | (er ? 0x800000u : 0u);
+  int sh = k + 150 - ee;
+  sh = sh < 0 ? 0 : sh > 31 ? 31 : sh;
+  uint32_t u = mfull >> sh;
+  uint32_t v = sign ? 0u - u : u;
+  v &= (1u << bits) - 1u;
+  return r > 0x7F800000u ? 0u : v;
+}
+
+// Codes of n rounded values yb with grid exponent s - shift[j] (shift may be null).
+template <bool FL>
+static inline void fk_codes_t(const uint32_t* yb, const uint32_t* shift, int n, int s,
+                              const FastFormat& ff, uint8_t* out) {
+  const int mbits = ff.mbits, emin = ff.emin, bias = ff.ebias, bits = ff.code_bits;
+  const uint32_t nc = ff.nan_code;
+  if (shift) {
+    for (int j = 0; j < n; ++j) {
+      int sj = s - static_cast<int>(shift[j]);
+      out[j] = static_cast<uint8_t>(FL ? fk_code_float(yb[j], sj, mbits, emin, bias, bits, nc)
+                                       : fk_code_int(yb[j], sj, bits));
+    }
+  } else {
+    for (int j = 0; j < n; ++j)
+      out[j] = static_cast<uint8_t>(FL ? fk_code_float(yb[j], s, mbits, emin, bias, bits, nc)
+                                       : fk_code_int(yb[j], s, bits));
+  }
+}
+
+static inline void fk_codes(const uint32_t* yb, const uint32_t* shift, int n, int s,
+                            const FastFormat& ff, uint8_t* out) {
+  if (ff.is_float) {
+    fk_codes_t<true>(yb, shift, n, s, ff, out);
+  } else {
+    fk_codes_t<false>(yb, shift, n, s, ff, out);
+  }
+}
+
+// n codes of `bits` each into the LSB-first stream at byte `out` (byte aligned; a last partial
+// byte is written whole, its high bits zero, as pack_bits does).
+static inline void fk_pack(const uint8_t* c, int n, int bits, uint8_t* out) {
+  if (bits == 8) {
+    __builtin_memcpy(out, c, static_cast<size_t>(n));
+    return;
+  }
+  if (bits == 4) {
+    int k = 0;
+    for (; k + 1 < n; k += 2)
+      out[k >> 1] = static_cast<uint8_t>((c[k] & 0xFu) | ((c[k + 1] & 0xFu) << 4));
+    if (k < n) out[k >> 1] = static_cast<uint8_t>(c[k] & 0xFu);
+    return;
+  }
+  uint32_t m = (1u << bits) - 1u;
+  uint64_t acc = 0;
+  int nacc = 0;
+  for (int j = 0; j < n; ++j) {
+    acc |= static_cast<uint64_t>(c[j] & m) << nacc;
+    nacc += bits;
+    while (nacc >= 8) {
+      *out++ = static_cast<uint8_t>(acc);
+      acc >>= 8;
+      nacc -= 8;
+    }
+  }
+  if (nacc > 0) *out = static_cast<uint8_t>(acc);
+}
+
+// Where one tile's results go: element r * C + c0 on, tile r * nC + c0 / Tc.
+struct FkDst {
+  float* y;          // values, or null
+  uint8_t* codes;    // codes (one byte each), or null
+  uint8_t* packed;   // the packed stream (codes null), or null
+  int64_t o;         // the tile's first element
+  uint8_t* scale;    // this tile's scale code, or null
+  uint8_t* meta;     // this tile's first subtile's shift bit (one byte each), or null
+};
+
+static inline void fk_put_codes(const FastFormat& ff, const FkDst& d, const uint8_t* cb, int n) {
+  if (d.codes) __builtin_memcpy(d.codes + d.o, cb, static_cast<size_t>(n));
+  if (d.packed) fk_pack(cb, n, ff.code_bits, d.packed + (d.o * ff.code_bits) / 8);
+}
+
 // Exponent-scaled tile of n (== TC when TC > 0) elements; returns false (nothing written) when
 // the tile needs the general path.
-template <int TC>
-static inline bool fk_exp_tile(const FastFormat& ff, const float* x, float* y, int n) {
+template <int TC, bool CODES>
+static inline bool fk_exp_tile(const FastFormat& ff, const float* x, const FkDst& d, int n) {
   if (TC > 0) n = TC;
   uint32_t xb[TC > 0 ? TC : 1024];
   __builtin_memcpy(xb, x, static_cast<size_t>(n) * 4);
@@ -149,11 +263,11 @@ static inline bool fk_exp_tile(const FastFormat& ff, const float* x, float* y, i
   FastTile t;
   if (!fast_tile(ff, amax, nan, nonfinite, &t)) return false;
   uint32_t yb[TC > 0 ? TC : 1024];
-  if (t.nan_tile) {
-    for (int j = 0; j < n; ++j) yb[j] = 0x7FC00000u;
-  } else if (ff.sub) {
+  uint8_t cb[TC > 0 ? TC : 1024];
+  uint32_t below[TC > 0 ? TC : 1024];
+  bool sub = ff.sub && (!t.nan_tile || (CODES && d.meta));
+  if (sub) {
     // MX6/MX9: a subtile whose magnitudes all lie below 2^floor(log2 amax) takes one more bit.
-    uint32_t below[TC > 0 ? TC : 1024];
     for (int j = 0; j < n; ++j) {
       uint32_t b = xb[j] & 0x7FFFFFFFu;
       uint32_t fin = b < 0x7F800000u ? b : 0u;
@@ -166,19 +280,32 @@ static inline bool fk_exp_tile(const FastFormat& ff, const float* x, float* y, i
       uint32_t all = 1;
       for (int j = j0; j < j0 + S; ++j) all &= below[j];
       for (int j = j0; j < j0 + S && j < n; ++j) below[j] = all;
+      if (CODES && d.meta) d.meta[j0 / S] = static_cast<uint8_t>(all);
     }
+  }
+  if (t.nan_tile) {
+    for (int j = 0; j < n; ++j) yb[j] = 0x7FC00000u;
+    if (CODES) __builtin_memset(cb, 0, static_cast<size_t>(n));
+  } else if (sub) {
     fk_loop<TC>(xb, yb, below, n, t, ff);
+    if (CODES) fk_codes(yb, below, n, t.kint, ff, cb);
   } else {
     fk_loop<TC>(xb, yb, nullptr, n, t, ff);
+    if (CODES) fk_codes(yb, nullptr, n, t.kint, ff, cb);
   }
-  __builtin_memcpy(y, yb, static_cast<size_t>(n) * 4);
+  if (d.y) __builtin_memcpy(d.y + d.o, yb, static_cast<size_t>(n) * 4);
+  if (CODES) {
+    fk_put_codes(ff, d, cb, n);
+    if (d.scale) *d.scale = static_cast<uint8_t>(t.nan_tile ? ff.scale_nan_code
+                                                            : t.kint + ff.scale_code_add);
+  }
   return true;
 }
 
 // Float-scaled tile (NVFP4 and friends): v = x / eff in float32, rounded on the element grid,
 // times eff in float32 - the reference's operations, in its order.
-template <int TC>
-static inline bool fk_float_tile(const FastFormat& ff, const float* x, float* y, int n) {
+template <int TC, bool CODES>
+static inline bool fk_float_tile(const FastFormat& ff, const float* x, const FkDst& d, int n) {
   if (TC > 0) n = TC;
   uint32_t xb[TC > 0 ? TC : 1024];
   __builtin_memcpy(xb, x, static_cast<size_t>(n) * 4);
@@ -187,10 +314,23 @@ static inline bool fk_float_tile(const FastFormat& ff, const float* x, float* y,
   fk_stats(xb, n, &amax, &nan, &nonfinite);
   FastTile t;
   if (!fast_tile(ff, amax, nan, nonfinite, &t)) return false;
+  if (CODES && d.scale) {
+    *d.scale = static_cast<uint8_t>(
+        t.nan_tile ? ff.scale_nan_code
+                   : fk_code_float(fbits(t.sc), 0, ff.scale_mbits, ff.scale_emin,
+                                   ff.scale_bias, ff.scale_bits, ff.scale_nan_code));
+  }
   if (t.nan_tile) {
-    for (int j = 0; j < n; ++j) {
-      uint32_t q = 0x7FC00000u;
-      __builtin_memcpy(y + j, &q, 4);
+    if (d.y) {
+      for (int j = 0; j < n; ++j) {
+        uint32_t q = 0x7FC00000u;
+        __builtin_memcpy(d.y + d.o + j, &q, 4);
+      }
+    }
+    if (CODES) {
+      uint8_t cb[TC > 0 ? TC : 1024];
+      __builtin_memset(cb, 0, static_cast<size_t>(n));
+      fk_put_codes(ff, d, cb, n);
     }
     return true;
   }
@@ -201,46 +341,79 @@ static inline bool fk_float_tile(const FastFormat& ff, const float* x, float* y,
   uint32_t vb[TC > 0 ? TC : 1024];
   __builtin_memcpy(vb, v, static_cast<size_t>(n) * 4);
   fk_loop<TC>(vb, vb, nullptr, n, t, ff);
-  __builtin_memcpy(v, vb, static_cast<size_t>(n) * 4);
-  for (int j = 0; j < n; ++j) {
-    float yy = v[j] * eff;
-    y[j] = yy != yy ? __builtin_nanf("") : yy;
+  if (CODES) {
+    uint8_t cb[TC > 0 ? TC : 1024];
+    fk_codes(vb, nullptr, n, 0, ff, cb);
+    fk_put_codes(ff, d, cb, n);
+  }
+  if (d.y) {
+    __builtin_memcpy(v, vb, static_cast<size_t>(n) * 4);
+    float* y = d.y + d.o;
+    for (int j = 0; j < n; ++j) {
+      float yy = v[j] * eff;
+      y[j] = yy != yy ? __builtin_nanf("") : yy;
+    }
   }
   return true;
 }
 
-template <int TC>
-static inline bool fk_tile(const FastFormat& ff, const float* x, float* y, int n) {
-  return ff.float_scale ? fk_float_tile<TC>(ff, x, y, n) : fk_exp_tile<TC>(ff, x, y, n);
+template <int TC, bool CODES>
+static inline bool fk_tile(const FastFormat& ff, const float* x, const FkDst& d, int n) {
+  return ff.float_scale ? fk_float_tile<TC, CODES>(ff, x, d, n)
+                        : fk_exp_tile<TC, CODES>(ff, x, d, n);
 }
 
 // Rows [r0, r1) of a (rows, C) float32 tensor, tiles of ff.tc along each row. Tiles the fast
 // path refuses are handed to `slow(row, c0)`.
-template <int TC>
-static void fk_rows_t(const FastFormat& ff, const float* x, float* y, int64_t r0, int64_t r1,
-                      int64_t C, void (*slow)(void*, int64_t, int64_t), void* slow_ctx) {
+template <int TC, bool CODES>
+static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, int64_t r0,
+                      int64_t r1, int64_t C, void (*slow)(void*, int64_t, int64_t),
+                      void* slow_ctx) {
   int tc = TC > 0 ? TC : ff.tc;
+  const int64_t nC = out.nC, sub_cols = out.sub_cols;
+  const int S = ff.sub;
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * C;
-    float* yr = y + r * C;
     int64_t c0 = 0;
+    FkDst d{out.y, out.codes, out.packed, r * C, nullptr, nullptr};
     for (; c0 + tc <= C; c0 += tc) {
-      if (!fk_tile<TC>(ff, xr + c0, yr + c0, tc)) slow(slow_ctx, r, c0);
+      d.o = r * C + c0;
+      if (CODES) {
+        d.scale = out.scale ? out.scale + r * nC + c0 / tc : nullptr;
+        d.meta = out.meta && S ? out.meta + r * sub_cols + c0 / S : nullptr;
+      }
+      if (!fk_tile<TC, CODES>(ff, xr + c0, d, tc)) slow(slow_ctx, r, c0);
     }
     if (c0 < C) {
       int n = static_cast<int>(C - c0);
+      d.o = r * C + c0;
+      if (CODES) {
+        d.scale = out.scale ? out.scale + r * nC + c0 / tc : nullptr;
+        d.meta = out.meta && S ? out.meta + r * sub_cols + c0 / S : nullptr;
+      }
       // The tail tile: zero padding does not change the statistics, so it is a shorter tile.
-      if (!fk_tile<0>(ff, xr + c0, yr + c0, n)) slow(slow_ctx, r, c0);
+      if (!fk_tile<0, CODES>(ff, xr + c0, d, n)) slow(slow_ctx, r, c0);
     }
   }
 }
 
-static void fk_rows(const FastFormat& ff, const float* x, float* y, int64_t r0, int64_t r1,
-                    int64_t C, void (*slow)(void*, int64_t, int64_t), void* slow_ctx) {
+template <bool CODES>
+static void fk_rows_c(const FastFormat& ff, const float* x, const FastOut& out, int64_t r0,
+                      int64_t r1, int64_t C, void (*slow)(void*, int64_t, int64_t),
+                      void* slow_ctx) {
   switch (ff.tc) {
-    case 8: fk_rows_t<8>(ff, x, y, r0, r1, C, slow, slow_ctx); break;
-    case 16: fk_rows_t<16>(ff, x, y, r0, r1, C, slow, slow_ctx); break;
-    case 32: fk_rows_t<32>(ff, x, y, r0, r1, C, slow, slow_ctx); break;
-    default: fk_rows_t<0>(ff, x, y, r0, r1, C, slow, slow_ctx); break;
+    case 8: fk_rows_t<8, CODES>(ff, x, out, r0, r1, C, slow, slow_ctx); break;
+    case 16: fk_rows_t<16, CODES>(ff, x, out, r0, r1, C, slow, slow_ctx); break;
+    case 32: fk_rows_t<32, CODES>(ff, x, out, r0, r1, C, slow, slow_ctx); break;
+    default: fk_rows_t<0, CODES>(ff, x, out, r0, r1, C, slow, slow_ctx); break;
+  }
+}
+
+static void fk_rows(const FastFormat& ff, const float* x, const FastOut& out, int64_t r0,
+                    int64_t r1, int64_t C, void (*slow)(void*, int64_t, int64_t), void* slow_ctx) {
+  if (out.codes || out.packed || out.scale || out.meta) {
+    fk_rows_c<true>(ff, x, out, r0, r1, C, slow, slow_ctx);
+  } else {
+    fk_rows_c<false>(ff, x, out, r0, r1, C, slow, slow_ctx);
   }
 }

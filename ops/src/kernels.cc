@@ -103,6 +103,7 @@ struct Ctx {
   int code_w, scale_w, zero_w;
   float ts = 0.0f;  // tensor scale (NVFP4)
   float nan_f;
+  int64_t codes_base = 0;  // io.codes holds the codes from this element on
 };
 
 // reference._int_frac_bits: an int element of N bits is fixed point with N - 2 fraction bits.
@@ -367,7 +368,7 @@ void process_tile(const Ctx& c, int64_t t, Scratch& s) {
     if (o < 0) return;
     if (f.sparse_m && !s.keep[k]) y = 0.0f;  // pruned positions read as zero
     if (io.values) store_y(io.values, io.values_type, o, y);
-    if (io.codes) store_code(io.codes, c.code_w, o, code);
+    if (io.codes) store_code(io.codes, c.code_w, o - c.codes_base, code);
   };
   auto rand_at = [&](int64_t k) -> uint32_t {
     return c.stochastic && s.idx[k] >= 0 ? stochastic_bits(c.key, static_cast<uint64_t>(s.idx[k]))
@@ -502,13 +503,29 @@ struct FastFormat {
   bool scale_negzero = false;
   float maxfloat_f = 0.0f, ts = 0.0f;
   bool has_ts = false;
+  // codes: the element's exponent bias, code width and NaN code; the scale's code of the tile
+  // exponent s (s + scale_code_add) or its float number (scale_*), and its NaN code
+  int ebias = 0, code_bits = 8;
+  uint32_t nan_code = 0;
+  int scale_code_add = 0, scale_emin = 0, scale_bias = 0, scale_bits = 8;
+  uint32_t scale_nan_code = 0;
 };
 
 struct FastTile {
   bool nan_tile = false;
   int kint = 0, kmin = 0;
   uint32_t top_pos = 0, top_neg = 0, thr = 0;
-  float eff = 0.0f;
+  float eff = 0.0f, sc = 0.0f;
+};
+
+// The outputs of the fast row kernels (tensors tiled along their last axis, Post == 1).
+struct FastOut {
+  float* y = nullptr;          // values (float32), or null
+  uint8_t* codes = nullptr;    // codes, one byte per element, or null
+  uint8_t* packed = nullptr;   // or the packing.py stream (every tile starts on a byte)
+  uint8_t* scale = nullptr;    // scale codes, one byte per tile (row * nC + tile), or null
+  uint8_t* meta = nullptr;     // MX shift bits, one byte per subtile (row * sub_cols + s)
+  int64_t nC = 0, sub_cols = 0;
 };
 
 // The float32 bits of 2^field-127 * (1 + mant) scaled by 2^s, when that is a normal float32
@@ -531,6 +548,7 @@ bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinit
     float raw = amax / ff.maxfloat_f;
     if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
     float sc = from_fbits(fast_scale_cast(ff, fbits(raw)));
+    t->sc = sc;
     t->eff = ff.has_ts ? sc * ff.ts : sc;
     (void)c;
     t->kint = 0;
@@ -595,8 +613,8 @@ inline uint32_t fast_scale_cast(const FastFormat& ff, uint32_t raw_bits) {
   return fast_base::fk_elem(raw_bits, t, sf, 0);
 }
 
-using FastRows = void (*)(const FastFormat&, const float*, float*, int64_t, int64_t, int64_t,
-                          void (*)(void*, int64_t, int64_t), void*);
+using FastRows = void (*)(const FastFormat&, const float*, const FastOut&, int64_t, int64_t,
+                          int64_t, void (*)(void*, int64_t, int64_t), void*);
 
 // The widest instruction set this CPU has. ONNXQ_SIMD=base|avx2|avx512 caps it and
 // ONNXQ_SIMD=none turns the fast path off (for tests and comparisons).
@@ -622,7 +640,10 @@ bool fast_setup(const Ctx& c, FastFormat* ff) {
   const char* simd = std::getenv("ONNXQ_SIMD");
   if (simd && std::string(simd) == "none") return false;
   if (g.kind != 1 || g.Post != 1 || c.io.x_type != kF32) return false;
-  if (!c.io.values || c.io.values_type != kF32 || c.io.codes) return false;
+  bool codes = c.io.codes || c.io.packed;
+  if (c.io.values ? c.io.values_type != kF32 : !codes) return false;
+  if (codes && (f.code_bits() > 8 || c.io.mask || (c.io.zero && f.has_zero))) return false;
+  if (codes && f.scaled && f.scale.bits > 8) return false;
   if (f.sparse_m || f.codebook() || c.stochastic || c.m.round_mode > kZero) return false;
   if (c.path != kExp && c.path != kExpShift && c.path != kFloatScale) return false;
   if (n.kind != kFloat && n.kind != kInt) return false;
@@ -673,18 +694,56 @@ bool fast_setup(const Ctx& c, FastFormat* ff) {
     FastTile probe;
     if (!fast_top(ff->top_field, ff->top_mant, 0, 0, &probe.top_pos)) return false;
   }
+  ff->code_bits = n.bits;
+  ff->ebias = n.bias;
+  ff->nan_code = static_cast<uint32_t>(n.nan_code);
+  if (codes) {
+    // The bit formulas of fk_code_float: normals from 2^emin, codes of one byte.
+    if (n.kind == kFloat && (n.smallest_normal != std::ldexp(1.0, n.emin) || n.bits > 8))
+      return false;
+    const Num& s = f.scale;
+    ff->scale_bits = s.bits;
+    ff->scale_bias = s.bias;
+    ff->scale_emin = s.emin;
+    if (ff->float_scale) {
+      if (s.smallest_normal != std::ldexp(1.0, s.emin)) return false;
+      ff->scale_nan_code = static_cast<uint32_t>(encode_value(NAN, s));
+    } else {
+      ff->scale_nan_code = static_cast<uint32_t>((1ull << s.ebits) - 1);
+      ff->scale_code_add = int_frac_bits(n) + s.bias;
+    }
+  }
   return true;
 }
+
+void pack_range(const void* codes, int width, int64_t i0, int64_t i1, int bits, uint8_t* out);
 
 struct SlowCtx {
   const Ctx* c;
   Scratch s;
+  uint8_t* packed = nullptr;  // the fast path writes packed codes: the tile's go there
 };
 
 void slow_tile(void* p, int64_t r, int64_t c0) {
   auto* sc = static_cast<SlowCtx*>(p);
   const Geometry& g = sc->c->g;
-  process_tile(*sc->c, r * g.nC + c0 / g.Tc, sc->s);
+  int64_t t = r * g.nC + c0 / g.Tc;
+  if (!sc->packed) {
+    process_tile(*sc->c, t, sc->s);
+    return;
+  }
+  // The tile's codes into a buffer of its own, then packed into the stream.
+  int bits = sc->c->f.code_bits();
+  int64_t n = std::min<int64_t>(g.Tc, g.C - c0);
+  std::vector<uint8_t> buf(static_cast<size_t>(n));
+  QuantizeIO io = sc->c->io;
+  io.codes = buf.data();
+  io.packed = nullptr;
+  Ctx c = *sc->c;
+  Ctx local{c.f, c.m, c.g, io, c.path, c.key, c.stochastic, c.code_w, c.scale_w, c.zero_w,
+            c.ts, c.nan_f, r * g.C + c0};
+  process_tile(local, t, sc->s);
+  pack_range(buf.data(), 1, 0, n, bits, sc->packed + ((r * g.C + c0) * bits) / 8);
 }
 
 }  // namespace
@@ -827,12 +886,57 @@ std::string make_geometry(const Format& f, const std::vector<int64_t>& shape, in
   return "";
 }
 
+namespace {
+
+Path pick_path(const Format& f, const Geometry& g) {
+  if (f.scale.kind == kExponent) return f.codebook() ? kExpBook : g.Sc ? kExpShift : kExp;
+  if (f.has_zero) return f.zero.kind == kFloat ? kZeroFloat : kZeroInt;
+  return kFloatScale;
+}
+
+// Whether the fast row kernels write this cast's packed codes straight into io.packed: every
+// tile starts on a byte of the stream.
+bool fast_packs(const Format& f, const Modes& m, const Geometry& g, const QuantizeIO& io) {
+  if (!f.scaled || g.kind != 1 || io.mask || f.sparse_m) return false;
+  int bits = f.code_bits();
+  if ((g.C * bits) % 8 || (g.Tc * bits) % 8) return false;
+  Ctx c{f, m, g, io, pick_path(f, g), 0, m.round_mode == kStochastic, 1, 1, 1, 0.0f, 0.0f};
+  FastFormat ff;
+  return fast_setup(c, &ff);
+}
+
+std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
+                          const QuantizeIO& io, const ParallelFor& pf);
+
+}  // namespace
+
 std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>& shape, int axis,
                      const QuantizeIO& io, const ParallelFor& pf) {
   Geometry g;
   std::string e = make_geometry(f, shape, axis, &g);
   if (!e.empty()) return e;
   if (g.size == 0) return "cannot cast an empty tensor";
+  if (io.packed && !io.codes) {
+    if (io.mask) return "packed codes need no mask";
+    if (!fast_packs(f, m, g, io)) {  // codes one per element, then packed
+      int code_w = code_width(f.code_bits());
+      std::unique_ptr<uint8_t[]> buf(new uint8_t[static_cast<size_t>(g.size * code_w)]);
+      QuantizeIO io2 = io;
+      io2.codes = buf.get();
+      io2.packed = nullptr;
+      e = quantize_impl(f, m, g, io2, pf);
+      if (!e.empty()) return e;
+      pack_bits(buf.get(), code_w, g.size, f.code_bits(), nullptr, io.packed, &pf);
+      return "";
+    }
+  }
+  return quantize_impl(f, m, g, io, pf);
+}
+
+namespace {
+
+std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
+                          const QuantizeIO& io, const ParallelFor& pf) {
   if (f.codebook() && m.round_mode == kStochastic)
     return "codebooks round to the nearest table entry; stochastic is not supported";
   uint32_t key = seed_key(m.seed);
@@ -852,14 +956,7 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
     });
     return "";
   }
-  Path path;
-  if (f.scale.kind == kExponent) {
-    path = f.codebook() ? kExpBook : g.Sc ? kExpShift : kExp;
-  } else if (f.has_zero) {
-    path = f.zero.kind == kFloat ? kZeroFloat : kZeroInt;
-  } else {
-    path = kFloatScale;
-  }
+  Path path = pick_path(f, g);
   Ctx c{f, m, g, io, path, key, stochastic, code_w, code_width(f.scale.bits),
         f.has_zero ? code_width(f.zero.bits) : 1, 0.0f, nan_f};
   if (f.has_ts) {  // NVFP4: tensor scale from the largest tile absmax (after pruning)
@@ -930,12 +1027,21 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
   if (fast_setup(c, &ff)) {  // rows of float32 tiles along the last axis
     const FastRows rows_fn = pick_fast_rows();
     const float* xf = static_cast<const float*>(io.x);
-    float* yf = static_cast<float*>(io.values);
+    FastOut out;
+    out.y = static_cast<float*>(io.values);
+    out.codes = static_cast<uint8_t*>(io.codes);
+    out.packed = io.codes ? nullptr : io.packed;
+    if (io.codes || io.packed) {
+      out.scale = static_cast<uint8_t*>(io.scale);
+      out.meta = ff.sub ? io.meta : nullptr;
+    }
+    out.nC = g.nC;
+    out.sub_cols = g.sub_cols();
     int64_t rows = g.R, cols = g.C;
     int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(cols, 1));
     pf((rows + per - 1) / per, [&](int64_t b0, int64_t b1) {
-      SlowCtx sc{&c, Scratch()};
-      rows_fn(ff, xf, yf, b0 * per, std::min(rows, b1 * per), cols, slow_tile, &sc);
+      SlowCtx sc{&c, Scratch(), out.packed};
+      rows_fn(ff, xf, out, b0 * per, std::min(rows, b1 * per), cols, slow_tile, &sc);
     });
     return "";
   }
@@ -945,6 +1051,8 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
   });
   return "";
 }
+
+}  // namespace
 
 namespace {
 
@@ -1362,6 +1470,23 @@ void pack_range(const void* codes, int width, int64_t i0, int64_t i1, int bits, 
     int64_t n = i1 - i0, k = 0;
     for (; k + 1 < n; k += 2) o[k >> 1] = static_cast<uint8_t>((c[k] & 0xF) | ((c[k + 1] & 0xF) << 4));
     if (k < n) o[k >> 1] = static_cast<uint8_t>(c[k] & 0xF);
+    return;
+  }
+  if (width == 1 && (bits == 1 || bits == 2)) {
+    const uint8_t* c = static_cast<const uint8_t*>(codes) + i0;
+    int per = 8 / bits;
+    uint32_t cm = (1u << bits) - 1u;
+    int64_t n = i1 - i0, k = 0;
+    for (; k + per <= n; k += per) {
+      uint32_t v = 0;
+      for (int j = 0; j < per; ++j) v |= (c[k + j] & cm) << (j * bits);
+      o[k / per] = static_cast<uint8_t>(v);
+    }
+    if (k < n) {
+      uint32_t v = 0;
+      for (int j = 0; k + j < n; ++j) v |= (c[k + j] & cm) << (j * bits);
+      o[k / per] = static_cast<uint8_t>(v);
+    }
     return;
   }
   uint64_t m = bits >= 64 ? ~0ull : (1ull << bits) - 1;

@@ -70,7 +70,8 @@ struct QuantizeIO {
   int x_type = kF32;
   void* values = nullptr;
   int values_type = kF32;
-  void* codes = nullptr;     // code_width(code_bits) bytes per element
+  void* codes = nullptr;     // code_width(code_bits) bytes per element, or:
+  uint8_t* packed = nullptr; // the codes as packing.py's stream (codes and mask null)
   void* scale = nullptr;     // code_width(scale.bits) per tile
   void* zero = nullptr;
   void* tenscale = nullptr;
