@@ -56,6 +56,12 @@ _PASS_THROUGH = ("Transpose", "Cast", "Identity")
 _OPSET = 21  # the function fallbacks are written in ai.onnx opset 21
 _TWO_GB = 2**31 - 1
 _STRIP_BYTES = 1 << 20  # initializers above this leave the model during shape inference
+_EXTERNAL_BYTES = _TWO_GB // 2  # payloads from this size are saved with external data
+_EXTERNAL_MIN = 1024  # with external data, tensors from this size go to the data file
+_INLINE_BYTES = 1 << 16  # external tensors up to this size are loaded with the graph
+_PARK_BYTES = 1 << 16  # while rewriting, new payloads above this wait on disk (_Spill)
+_CHUNK = 64 << 20  # copy external payloads this much at a time
+_SPILL = "<onnxq spill>"  # the location of a payload parked in the _Spill
 _Q_OUT = ("q", "scale", "zero", "tenscale", "meta", "mask")
 
 AxisFn = Callable[[int], int]
@@ -320,61 +326,325 @@ def _restore(model: onnx.ModelProto, stash: Mapping[str, bytes]) -> None:
             t.raw_data = stash[t.name]
 
 
-def _load(model: str | os.PathLike[str] | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+def _load(
+    model: str | os.PathLike[str] | onnx.ModelProto, output: Path | None = None
+) -> tuple[onnx.ModelProto, _Spill | None]:
+    """The model to rewrite, and the spill that keeps its payloads on disk (None: in memory).
+
+    With an ``output`` the external data of a model path is not loaded: tensors over
+    ``_INLINE_BYTES`` keep their references (made absolute) and are read one at a time when
+    quantized or copied into the output, so memory stays bounded. Without one the returned
+    model must hold everything, so external data is loaded as before.
+    """
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        return copy, None
+        spill = None if output is None else _Spill(output.parent)
+        if spill is not None:
+            spill.had_external = any(_is_external(t) for t in _all_tensors(copy))
+        return copy, spill
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
     path = Path(model)
     if not path.is_file():
         raise ValueError(f"model {str(path)!r} does not exist or is not a file")
     try:
-        return onnx.load(path, load_external_data=True), path
+        if output is None:
+            return onnx.load(path, load_external_data=True), None
+        loaded = onnx.load(path, load_external_data=False)
+        spill = _Spill(output.parent)
+        _resolve_external(loaded, path.parent.resolve(), spill)
+        return loaded, spill
     except Exception as err:
         raise ValueError(f"model {str(path)!r} is not a readable ONNX model: {err}") from None
 
 
+class _Spill:
+    """Payloads parked on disk while the model is rewritten (one weight in memory at a time).
+
+    An anonymous temporary file (no name left behind, even if the process dies) in the output
+    folder; tensors parked there refer to it by the location ``_SPILL``.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.file: Any = None
+        self.had_external = False  # the input had external data: the output keeps it
+
+    def _handle(self) -> Any:
+        if self.file is None:
+            where = self.folder if str(self.folder) and self.folder.is_dir() else None
+            self.file = tempfile.TemporaryFile(dir=where)
+        return self.file
+
+    def put(self, tensor: TensorProto, data: np.ndarray | bytes) -> None:
+        """Write ``data`` (the tensor's little-endian raw bytes) and point ``tensor`` at it."""
+        f = self._handle()
+        f.seek(0, os.SEEK_END)
+        view = memoryview(data).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
+        offset = _aligned(f.tell(), view.nbytes)
+        f.seek(offset)
+        f.write(view)
+        _point(tensor, _SPILL, offset, view.nbytes)
+
+    def park(self, tensor: TensorProto) -> None:
+        """Move a large raw_data payload out of ``tensor`` into the spill."""
+        if tensor.data_location != TensorProto.EXTERNAL and tensor.HasField("raw_data"):
+            data = tensor.raw_data
+            if len(data) > _PARK_BYTES:
+                self.put(tensor, data)
+
+    def set_values(self, tensor: TensorProto, values: np.ndarray) -> None:
+        """Replace ``tensor``'s values (same name) by ``values``, parked on disk."""
+        values = np.ascontiguousarray(values)
+        if values.dtype.byteorder == ">" or values.dtype not in _RAW_DTYPES:
+            tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+            self.park(tensor)
+            return
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(values.dtype)
+        del tensor.dims[:]
+        tensor.dims.extend(values.shape)
+        self.put(tensor, values)
+
+    def read(self, offset: int, length: int) -> np.ndarray:
+        f = self._handle()
+        f.flush()
+        out = np.empty(length, np.uint8)
+        f.seek(offset)
+        if f.readinto(memoryview(out)) != length:
+            raise ValueError("the spill file is shorter than expected")
+        return out
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+_RAW_DTYPES = tuple(
+    np.dtype(d)
+    for d in ("float32", "float16", "float64", "uint8", "int8", "uint16", "int16", "uint32",
+              "int32", "int64")
+)  # fmt: skip
+
+
+def _aligned(position: int, size: int | None) -> int:
+    """Large payloads start on a page (onnxruntime can map them), small ones on 64 bytes."""
+    step = 4096 if size is None or size >= _STRIP_BYTES else 64
+    return position + (-position % step)
+
+
+def _all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    """Every TensorProto that can hold a payload.
+
+    Initializers and tensor attributes, those of subgraphs and functions included.
+    """
+
+    def in_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[TensorProto]:
+        for node in nodes:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                if attr.HasField("g"):
+                    yield from in_graph(attr.g)
+                for sub in attr.graphs:
+                    yield from in_graph(sub)
+
+    def in_graph(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+        yield from graph.initializer
+        yield from in_nodes(graph.node)
+
+    yield from in_graph(model.graph)
+    for fn in model.functions:
+        yield from in_nodes(fn.node)
+
+
+def _is_external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+def _external_info(tensor: TensorProto) -> tuple[str, int, int | None]:
+    info = {e.key: e.value for e in tensor.external_data}
+    if "location" not in info:
+        raise ValueError(f"tensor {tensor.name!r} has external data without a location")
+    length = int(info["length"]) if info.get("length") else None
+    return info["location"], int(info.get("offset") or 0), length
+
+
+def _point(tensor: TensorProto, location: str, offset: int, length: int) -> None:
+    for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+                  "uint64_data", "external_data"):  # fmt: skip
+        tensor.ClearField(field)
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        tensor.external_data.add(key=key, value=value)
+
+
+def _resolve_external(model: onnx.ModelProto, base: Path, spill: _Spill) -> None:
+    """Check every external reference against its file and make its location absolute.
+
+    Tensors are read later, one at a time; small ones are loaded now (shape inference may
+    read them).
+    """
+    sizes: dict[Path, int] = {}
+    for tensor in _all_tensors(model):
+        if not _is_external(tensor):
+            continue
+        spill.had_external = True
+        location, offset, length = _external_info(tensor)
+        file = (base / location).resolve()
+        if file not in sizes:
+            if not file.is_file():
+                raise ValueError(f"external data file {location!r} of tensor {tensor.name!r} "
+                                 f"is missing beside the model")  # fmt: skip
+            sizes[file] = file.stat().st_size
+        if length is None:
+            length = sizes[file] - offset
+        if offset < 0 or length < 0 or offset + length > sizes[file]:
+            raise ValueError(f"external data file {location!r} is too short for tensor "
+                             f"{tensor.name!r} (truncated?)")  # fmt: skip
+        if length <= _INLINE_BYTES:
+            with open(file, "rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+            tensor.ClearField("external_data")
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.raw_data = data
+        else:
+            _point(tensor, str(file), offset, length)
+
+
+def _external_bytes(tensor: TensorProto, spill: _Spill | None) -> np.ndarray:
+    """One external tensor's bytes (uint8), read from the spill or its data file."""
+    location, offset, length = _external_info(tensor)
+    if location == _SPILL:
+        if spill is None or length is None:
+            raise ValueError(f"tensor {tensor.name!r} refers to a spill that is gone")
+        return spill.read(offset, length)
+    path = Path(location)
+    if length is None:
+        length = path.stat().st_size - offset
+    out = np.fromfile(path, dtype=np.uint8, count=length, offset=offset)
+    if out.size != length:
+        raise ValueError(f"external data file {location!r} is too short for {tensor.name!r}")
+    return out
+
+
+def _array(tensor: TensorProto, spill: _Spill | None) -> np.ndarray:
+    """A tensor's values; an external payload is read now, this tensor only."""
+    if not _is_external(tensor):
+        return numpy_helper.to_array(tensor)
+    data = _external_bytes(tensor, spill)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    if dtype in _RAW_DTYPES:
+        return data.view(dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(tensor.dims)
+    inline = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type)
+    inline.raw_data = data.tobytes()
+    del data
+    return numpy_helper.to_array(inline)
+
+
 def _payload(model: onnx.ModelProto) -> int:
-    """Bytes of tensor payload held in the main graph (decides external-data saving)."""
-    return sum(len(t.raw_data) for t in model.graph.initializer)
+    """Bytes of tensor payload, held or external (decides external-data saving)."""
+    total = 0
+    for t in _all_tensors(model):
+        if _is_external(t):
+            length = _external_info(t)[2]
+            total += length if length is not None else 0
+        else:
+            total += len(t.raw_data)
+    return total
 
 
-def _save(model: onnx.ModelProto, output: Path) -> None:
-    """Write to a temporary file beside ``output`` and rename it (never half-written)."""
+def _copy_payload(tensor: TensorProto, spill: _Spill | None, out: Any) -> None:
+    """Append ``tensor``'s external payload to ``out`` in chunks (never all in memory)."""
+    location, offset, length = _external_info(tensor)
+    if location == _SPILL:
+        assert spill is not None and spill.file is not None and length is not None
+        spill.file.flush()
+        src, close = spill.file, False
+    else:
+        src, close = open(location, "rb"), True
+        if length is None:
+            length = os.fstat(src.fileno()).st_size - offset
+    try:
+        src.seek(offset)
+        left = length
+        while left:
+            chunk = src.read(min(left, _CHUNK))
+            if not chunk:
+                raise ValueError(f"external data of {tensor.name!r} ends early")
+            out.write(chunk)
+            left -= len(chunk)
+    finally:
+        if close:
+            src.close()
+    return None
+
+
+def _save(model: onnx.ModelProto, output: Path, spill: _Spill | None = None) -> None:
+    """Check the model, write temporary files beside ``output``, rename them (never half-written).
+
+    External data (``{output.name}.data``) when the input had it or the payload reaches
+    ``_EXTERNAL_BYTES``; it is written tensor by tensor, copying parked and input payloads in
+    chunks. Otherwise one file, parked payloads read back first.
+    """
     folder = output.parent if str(output.parent) else Path(".")
     if not folder.is_dir():
         raise ValueError(f"output folder {str(folder)!r} does not exist")
-    big = _payload(model) >= _TWO_GB // 2
+    external = (spill is not None and spill.had_external) or _payload(model) >= _EXTERNAL_BYTES
+    if not external:
+        for t in _all_tensors(model):  # bring parked payloads back: one self-contained file
+            if _is_external(t):
+                data = _external_bytes(t, spill).tobytes()
+                t.ClearField("external_data")
+                t.data_location = TensorProto.DEFAULT
+                t.raw_data = data
+        onnx.checker.check_model(model, full_check=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=folder)
     os.close(fd)
     data_tmp = None
     try:
-        if big:
+        if external:
             location = f"{output.name}.data"
-            data_tmp = f".{location}.tmp"
-            with contextlib.suppress(FileNotFoundError):
-                (folder / data_tmp).unlink()
-            onnx.save_model(
-                model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                location=data_tmp, size_threshold=1024,
-            )  # fmt: skip
-            for t in (*model.graph.initializer,):  # point the references at the final name
+            fd, data_tmp = tempfile.mkstemp(prefix=f".{location}.", suffix=".tmp", dir=folder)
+            refs: list[TensorProto] = []
+            with os.fdopen(fd, "wb") as out:
+                for t in _all_tensors(model):
+                    data = b"" if _is_external(t) else t.raw_data
+                    if not _is_external(t) and len(data) < _EXTERNAL_MIN:
+                        continue
+                    size = _external_info(t)[2] if _is_external(t) else len(data)
+                    start = _aligned(out.tell(), size)
+                    out.seek(start)
+                    if _is_external(t):
+                        _copy_payload(t, spill, out)
+                    else:
+                        out.write(data)
+                    del data
+                    _point(t, os.path.basename(data_tmp), start, out.tell() - start)
+                    refs.append(t)
+            onnx.save_model(model, tmp)
+            onnx.checker.check_model(tmp, full_check=True)
+            for t in refs:  # point the references at the final name
                 for entry in t.external_data:
                     if entry.key == "location":
                         entry.value = location
             onnx.save_model(model, tmp)
-            os.replace(folder / data_tmp, folder / location)
+            os.replace(data_tmp, folder / location)
         else:
             onnx.save_model(model, tmp)
         os.replace(tmp, output)
     except BaseException:
-        for leftover in (tmp, None if data_tmp is None else folder / data_tmp):
+        for leftover in (tmp, data_tmp):
             if leftover is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(leftover)
         raise
+    finally:
+        if spill is not None:
+            spill.close()
 
 
 # -- materialisation --------------------------------------------------------------------------
@@ -453,15 +723,20 @@ def _materialise_weight(
     model: onnx.ModelProto, entry: _WeightPlan, storage: str, names: _Names,
     main_defined: set[str], dq_nodes: list[onnx.NodeProto],
     removals: dict[int, tuple[_Scope, set[str]]], target: str = "onnxq",
+    spill: _Spill | None = None,
 ) -> None:  # fmt: skip
     """Quantize one weight; structural removals wait in ``removals`` (keeps references valid)."""
     src = entry.source
     tensor = src.tensor
-    array = numpy_helper.to_array(tensor)
+    array = _array(tensor, spill)
     if storage == "fake":
         fake = onnxq.cast(array, entry.dtype, axis=entry.axis, round_mode=entry.round_mode,
                           scale_mode=entry.scale_mode)  # fmt: skip
-        tensor.CopyFrom(numpy_helper.from_array(np.asarray(fake), tensor.name))
+        del array
+        if spill is not None:
+            spill.set_values(tensor, np.asarray(fake))
+        else:
+            tensor.CopyFrom(numpy_helper.from_array(np.asarray(fake), tensor.name))
         return
     target_name = entry.tensor
     if src.scope.parent is not None and target_name in main_defined:  # would shadow: rename
@@ -480,6 +755,9 @@ def _materialise_weight(
     for field in ("raw_data", "float_data", "int32_data"):  # free the float payload now
         tensor.ClearField(field)
     removals.setdefault(id(src.scope), (src.scope, set()))[1].add(entry.tensor)
+    if spill is not None:  # the codes wait on disk too
+        for init in inits:
+            spill.park(init)
     model.graph.initializer.extend(inits)
     main_defined.add(target_name)
     dq_nodes.extend(nodes)
@@ -645,7 +923,9 @@ def quantize_model(
     """Quantize a float ONNX model to onnxq formats (see the module doc).
 
     Args:
-        model: a model path (external data is loaded) or an ``onnx.ModelProto`` (not modified).
+        model: a model path or an ``onnx.ModelProto`` (not modified). With an ``output``,
+            external data is read one tensor at a time (memory stays near the largest
+            tensor's size); without one it is all loaded, since the result holds it.
         output: where to write the result (temporary file + rename); None writes nothing.
         weights: default weight format (overrides the recipe's).
         activations: default activation format (overrides the recipe's).
@@ -662,8 +942,9 @@ def quantize_model(
         overwrite: allow ``output`` to be the input path.
 
     Returns:
-        The quantized model. When it is written with external data (over 2 GB), its tensors
-        refer to the data file beside ``output``.
+        The quantized model. When it is written with external data (the input had external
+        data, or the payload reaches 1 GB), its tensors refer to the data file
+        ``{output name}.data`` beside ``output``.
 
     Raises:
         ValueError: nothing to quantize, a bad recipe, format, storage, path or percentile,
@@ -697,7 +978,7 @@ def quantize_model(
                 "(overwrite=True) to replace it"
             )
     register_schemas()
-    m, _ = _load(model)
+    m, spill = _load(model, out_path)
     m = _opset(m)
     with _stripped(m):
         types = _tensor_types(onnx.shape_inference.infer_shapes(m))
@@ -728,7 +1009,7 @@ def quantize_model(
     for entry in the_plan.weights:  # one at a time: each float payload is freed when done
         assert isinstance(entry, _WeightPlan)
         _materialise_weight(m, entry, weight_storage, names, main_defined, dq_nodes, removals,
-                            target)  # fmt: skip
+                            target, spill)  # fmt: skip
         done += 1
         if progress is not None:
             progress(done, total, entry.tensor)
@@ -765,10 +1046,8 @@ def quantize_model(
     if any(f.overload for f in m.functions):
         ir = max(ir, 10)  # NodeProto/FunctionProto.overload
     m.ir_version = ir
-    if _payload(m) < _TWO_GB // 2:
-        onnx.checker.check_model(m, full_check=True)
     if out_path is not None:
-        _save(m, out_path)
-        if _payload(m) >= _TWO_GB // 2:
-            onnx.checker.check_model(str(out_path), full_check=True)
+        _save(m, out_path, spill)  # checks the model before anything is renamed into place
+    elif _payload(m) < _EXTERNAL_BYTES:
+        onnx.checker.check_model(m, full_check=True)
     return m
