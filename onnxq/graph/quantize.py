@@ -19,10 +19,15 @@ tile axis and the reason - and `quantize_model` materialises it:
 (``DequantizeLinear`` with ``block_size``, or ``Gather`` on a value table times the tile
 scales; `onnxq.graph.lower`) with the same bits as the onnxq target's DequantizeMX.
 
-Calibration: ``QuantizeMX`` computes every scale (tensor and channel float scales included)
-from the data at each call, so ``target="onnxq"`` has nothing to calibrate; a static,
-calibrated scale belongs to ``target="standard"`` (DequantizeLinear with constant scales),
-whose activation path is not implemented yet (it raises NotImplementedError).
+Calibration (`onnxq.graph.calibrate`): without it ``QuantizeMX`` computes every activation
+scale from the data at each call. With ``calibration`` (a directory of ``.npz`` inputs or an
+iterable of input dicts), activations whose data type has one float scale per tensor
+(int8_tensor, uint8_tensor, fp8e4_tensor, fp8e5_tensor, ...) are observed by running the float
+model in onnxruntime (``minmax`` or ``percentile`` ranges) and get a static ``QuantizeLinear ->
+DequantizeLinear`` pair with the calibrated scale (and zero point) instead, for both targets;
+the ranges go to the ``onnxq_calibration`` metadata. Channel-scaled activations refuse
+calibration (NotImplementedError); exponent and block scales (MX, BFP, NVFP4...) stay per call,
+with a warning. ``target="standard"`` quantizes activations only through calibration.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxq
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
+from onnxq.graph import calibrate
 from onnxq.graph.functions import build_function
 from onnxq.graph.lower import lower_weight
 from onnxq.graph.recipe import ActivationEntry, QuantPlan, Recipe, WeightEntry, load_recipe
@@ -889,7 +895,7 @@ def _opset(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _calibration_check(calibration: Any, method: str, percentile: float, target: str) -> None:
+def _calibration_check(calibration: Any, method: str, percentile: float) -> None:
     if method not in ("minmax", "percentile"):
         raise ValueError(f"calibration_method {method!r}: expected 'minmax' or 'percentile'")
     if not 0.0 < percentile <= 100.0:
@@ -898,11 +904,167 @@ def _calibration_check(calibration: Any, method: str, percentile: float, target:
         return
     if isinstance(calibration, (str, os.PathLike)) and not Path(calibration).is_dir():
         raise ValueError(f"calibration {str(calibration)!r} is not a directory of .npz files")
-    if target == "onnxq":
-        warnings.warn(
-            "calibration is not used with target='onnxq': QuantizeMX computes its scales from "
-            "the data at every call", UserWarning, stacklevel=3,
+
+
+@contextlib.contextmanager
+def _observable(
+    model: onnx.ModelProto, outputs: Mapping[str, int]
+) -> Iterator[tuple[bytes, str | None, bool]]:
+    """The model serialized with ``outputs`` (name -> element type) added to its graph outputs.
+
+    Yields ``(bytes, folder of its external data or None, has onnxq nodes)``. External
+    locations (made absolute by `_load`) are written relative to their common folder, which
+    onnxruntime is told about; ``model`` is restored afterwards.
+    """
+    g = model.graph
+    n_out = len(g.output)
+    have = {o.name for o in g.output}
+    g.output.extend(helper.make_tensor_value_info(name, elem, None)
+                    for name, elem in outputs.items() if name not in have)  # fmt: skip
+    moved: list[tuple[onnx.StringStringEntryProto, str]] = []
+    folder = None
+    custom = any(n.domain == DOMAIN for sc in _scopes(g) for n in sc.graph.node)
+    opsets = list(model.opset_import)
+    if not custom:  # the onnxq domain import that _opset added: no node uses it
+        del model.opset_import[:]
+        model.opset_import.extend(o for o in opsets if o.domain != DOMAIN)
+    try:
+        entries = [e for t in _all_tensors(model) if _is_external(t)
+                   for e in t.external_data if e.key == "location"]  # fmt: skip
+        if any(e.value == _SPILL for e in entries):
+            raise ValueError("calibration runs before any tensor is spilled")
+        absolute = [e for e in entries if os.path.isabs(e.value)]
+        if absolute:
+            folder = os.path.commonpath([os.path.dirname(e.value) for e in absolute])
+            for e in absolute:
+                moved.append((e, e.value))
+                e.value = os.path.relpath(e.value, folder)
+        try:
+            data = model.SerializeToString()
+        except Exception as err:  # the 2 GB protobuf limit
+            raise ValueError(
+                f"calibration: the float model cannot be serialized for onnxruntime ({err}); "
+                "save it with external data and pass its path with an output path"
+            ) from None
+        yield data, folder, custom
+    finally:
+        for entry, value in moved:
+            entry.value = value
+        del g.output[n_out:]
+        del model.opset_import[:]
+        model.opset_import.extend(opsets)
+
+
+def _calibrate(
+    model: onnx.ModelProto, acts: list[_ActivationPlan], calibration: Any, method: str,
+    percentile: float,
+) -> tuple[dict[str, calibrate.StaticScale], dict[str, Any]]:  # fmt: skip
+    """Observe ``acts`` on the calibration samples; their static scales and the metadata."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    inputs = {i.name: i.type.tensor_type.elem_type for i in g.input if i.name not in inits}
+    samples = calibrate.calibration_inputs(calibration, inputs)
+    wanted = {a.tensor: a.elem_type for a in acts if a.tensor not in inputs}
+    count = 0
+
+    def counted(done: int) -> None:
+        nonlocal count
+        count = done
+
+    with _observable(model, wanted) as (data, folder, custom):
+        observers = calibrate.observe(
+            data, [a.tensor for a in acts], samples, histogram=method == "percentile",
+            external_folder=folder, custom_ops=custom, progress=counted,
         )  # fmt: skip
+    scales: dict[str, calibrate.StaticScale] = {}
+    record: dict[str, Any] = {}
+    for act in acts:
+        obs = observers[act.tensor]
+        lo, hi, amax = obs.limits(method, percentile)
+        scales[act.tensor] = calibrate.static_scale(act.dtype, lo, hi, amax)
+        record[act.tensor] = {
+            "dtype": act.dtype.name, "min": float(lo), "max": float(hi), "amax": float(amax),
+            "observed_amax": float(obs.amax), **scales[act.tensor].as_dict(),
+        }  # fmt: skip
+    meta: dict[str, Any] = {"method": method}
+    if method == "percentile":
+        meta["percentile"] = percentile
+    meta.update(samples=count, tensors=record)
+    return scales, meta
+
+
+def _materialise_calibrated(
+    entry: _ActivationPlan, params: calibrate.StaticScale, names: _Names,
+    inserts: dict[int, tuple[_Scope, dict[str, list[onnx.NodeProto]]]],
+    new_inits: list[TensorProto],
+) -> None:  # fmt: skip
+    """Rewire the consumers and queue the static QuantizeLinear -> DequantizeLinear pair."""
+    owner, kind = _lookup(entry.scope, entry.tensor)
+    owner = owner or entry.scope
+    base = entry.tensor
+    out = names.fresh(f"{base}__dqx")
+    inits, nodes = calibrate.qdq_nodes(base, out, params, entry.elem_type, names.fresh)
+    for node, index in entry.slots:
+        node.input[index] = out
+    new_inits.extend(inits)
+    table = inserts.setdefault(id(owner), (owner, {}))[1]
+    table.setdefault(base if kind == "node" else "", []).extend(nodes)
+
+
+def _activation_modes(
+    acts: list[_ActivationPlan], calibration: Any, target: str
+) -> list[_ActivationPlan]:
+    """Check the planned activations against calibration and target; those to calibrate."""
+    kinds = {a.tensor: calibrate.calibrated_kind(a.dtype, a.round_mode) for a in acts}
+    chosen = [a for a in acts if kinds[a.tensor] == "tensor"]
+    if calibration is not None:
+        for a in acts:
+            kind = kinds[a.tensor]
+            if kind == "channel":
+                raise NotImplementedError(
+                    f"activation {a.tensor!r}: {a.dtype.name} has a float scale per row along "
+                    f"axis {a.axis}, which changes with every input and cannot be calibrated; "
+                    "use a tensor-scaled format (int8_tensor, fp8e4_tensor, ...) or drop "
+                    "calibration"
+                )
+            if kind.startswith("unsupported"):
+                raise NotImplementedError(
+                    f"activation {a.tensor!r}: {a.dtype.name} cannot be calibrated into a "
+                    f"static QuantizeLinear/DequantizeLinear pair ({kind.split(': ', 1)[1]})"
+                )
+            if kind == "tensor" and a.scope.parent is not None:
+                raise NotImplementedError(
+                    f"activation {a.tensor!r} is inside an If/Loop/Scan subgraph, which "
+                    "calibration cannot observe; exclude its node or drop calibration"
+                )
+        dynamic = sorted({a.dtype.name for a in acts if kinds[a.tensor] == "dynamic"})
+        if not acts:
+            warnings.warn("calibration is not used: no activation is quantized (pass an "
+                          "activation format)", UserWarning, stacklevel=3)  # fmt: skip
+        elif dynamic:
+            warnings.warn(
+                f"calibration is not used for activation format(s) {', '.join(dynamic)}: "
+                "their exponent or block scales are computed from the data at every call "
+                "(QuantizeMX); only formats with one float scale per tensor are calibrated",
+                UserWarning, stacklevel=3,
+            )  # fmt: skip
+    if target == "standard":
+        for a in acts:
+            if kinds[a.tensor] == "tensor" and calibration is None:
+                raise NotImplementedError(
+                    f"target='standard' needs calibration for activation {a.tensor!r} "
+                    f"({a.dtype.name}): pass calibration (--calibration DIR of .npz inputs) "
+                    "so its scale becomes a constant of QuantizeLinear/DequantizeLinear"
+                )
+            if kinds[a.tensor] != "tensor":
+                raise NotImplementedError(
+                    f"target='standard' lowers weights only, and activations only with "
+                    f"calibrated tensor scales: activation {a.tensor!r} ({a.dtype.name}) has "
+                    "scales computed per call, which standard QuantizeLinear/DequantizeLinear "
+                    "cannot do; use a tensor-scaled format with calibration, drop activations "
+                    "or use target='onnxq'"
+                )
+    return chosen if calibration is not None else []
 
 
 def quantize_model(
@@ -933,10 +1095,14 @@ def quantize_model(
         weight_storage: ``packed`` (compressed codes + DequantizeMX) or ``fake`` (dequantized
             float values in place).
         target: ``onnxq`` (custom ops with function fallbacks) or ``standard`` (weights as
-            plain DequantizeLinear / Gather nodes, no custom op; weights only).
-        calibration: a directory of ``.npz`` inputs or an iterable of input dicts; unused by
-            ``target="onnxq"`` (QuantizeMX computes scales per call), so it only warns.
-        calibration_method: ``minmax`` or ``percentile``.
+            plain DequantizeLinear / Gather nodes, no custom op; activations only through
+            calibration).
+        calibration: a directory of ``.npz`` inputs (keys: input names) or an iterable of
+            input dicts. Activations with one float scale per tensor get a static
+            QuantizeLinear/DequantizeLinear pair with the calibrated scale (both targets);
+            exponent and block scales stay per call (a warning says so).
+        calibration_method: ``minmax`` (max |x|, and min/max for zero points) or
+            ``percentile`` (that percentile of |x|).
         percentile: the percentile of ``percentile`` calibration, in (0, 100].
         progress: called as ``progress(done, total, tensor_name)`` after each tensor.
         overwrite: allow ``output`` to be the input path.
@@ -948,15 +1114,17 @@ def quantize_model(
 
     Raises:
         ValueError: nothing to quantize, a bad recipe, format, storage, path or percentile,
-            output equal to the input without ``overwrite``, or a model the pass cannot read.
-        NotImplementedError: ``target="standard"`` with activations, or with a weight format
-            it cannot store exactly.
+            output equal to the input without ``overwrite``, a model the pass cannot read,
+            or bad calibration samples (no .npz file, wrong input names).
+        NotImplementedError: ``target="standard"`` with activations that are not calibrated
+            tensor-scaled formats, or with a weight format it cannot store exactly;
+            calibration of channel-scaled or subgraph activations.
     """
     if weight_storage not in ("packed", "fake"):
         raise ValueError(f"weight_storage {weight_storage!r}: expected 'packed' or 'fake'")
     if target not in ("onnxq", "standard"):
         raise ValueError(f"target {target!r}: expected 'onnxq' or 'standard'")
-    _calibration_check(calibration, calibration_method, percentile, target)
+    _calibration_check(calibration, calibration_method, percentile)
     if recipe is None and weights is None and activations is None:
         raise ValueError(
             "nothing to quantize: pass a weight format (--weights mxfp4) or a recipe (--recipe)"
@@ -983,12 +1151,13 @@ def quantize_model(
     with _stripped(m):
         types = _tensor_types(onnx.shape_inference.infer_shapes(m))
     the_plan = plan(m, chosen, types)
-    if target == "standard" and the_plan.activations:
-        raise NotImplementedError(
-            f"target='standard' lowers weights only: {len(the_plan.activations)} activation "
-            "tensor(s) are planned, and their scales are computed per call, which standard "
-            "QuantizeLinear/DequantizeLinear cannot do; drop activations or use target='onnxq'"
-        )
+    planned = [a for a in the_plan.activations if isinstance(a, _ActivationPlan)]
+    to_calibrate = _activation_modes(planned, calibration, target)
+    statics: dict[str, calibrate.StaticScale] = {}
+    calibration_meta: dict[str, Any] | None = None
+    if to_calibrate:
+        statics, calibration_meta = _calibrate(m, to_calibrate, calibration,
+                                               calibration_method, percentile)  # fmt: skip
     names = _Names(m)
     main_defined = {*(t.name for t in m.graph.initializer), *(i.name for i in m.graph.input),
                     *(o for n in m.graph.node for o in n.output)}  # fmt: skip
@@ -997,13 +1166,18 @@ def quantize_model(
     # to a node or tensor has been used.
     skipped: list[dict[str, str]] = []
     inserts: dict[int, tuple[_Scope, dict[str, list[onnx.NodeProto]]]] = {}
+    static_inits: list[TensorProto] = []
     done = 0
     for act in the_plan.activations:
         assert isinstance(act, _ActivationPlan)
-        _materialise_activation(act, act.shape, names, inserts, skipped)
+        if act.tensor in statics:
+            _materialise_calibrated(act, statics[act.tensor], names, inserts, static_inits)
+        else:
+            _materialise_activation(act, act.shape, names, inserts, skipped)
         done += 1
         if progress is not None:
             progress(done, total, act.tensor)
+    m.graph.initializer.extend(static_inits)
     dq_nodes: list[onnx.NodeProto] = []
     removals: dict[int, tuple[_Scope, set[str]]] = {}
     for entry in the_plan.weights:  # one at a time: each float payload is freed when done
@@ -1041,6 +1215,8 @@ def quantize_model(
         meta["onnxq_no_fallback"] = json.dumps(missing)
     if skipped:
         meta["onnxq_skipped"] = json.dumps(skipped)
+    if calibration_meta is not None:
+        meta["onnxq_calibration"] = json.dumps(calibration_meta)
     _set_metadata(m, meta)
     ir = helper.find_min_ir_version_for(list(m.opset_import), ignore_unknown=True)
     if any(f.overload for f in m.functions):
