@@ -1,4 +1,4 @@
-"""The ``onnxq`` command: quantize, run, compare and inspect ONNX models, list formats.
+"""The ``onnxq`` command: quantize, run, compare, inspect and export ONNX models, list formats.
 
 ``main(argv)`` parses the arguments, runs one subcommand and returns the exit status, so tests
 call it in-process; the console script ``onnxq`` and ``python -m onnxq`` wrap it.
@@ -408,7 +408,61 @@ def _quantizer() -> Callable[..., onnx.ModelProto]:
     return fn
 
 
+def _list_presets() -> int:
+    from onnxq.graph.recipe import deployment_presets, deployment_recipe
+
+    blocks = []
+    for name, path in deployment_presets().items():
+        comment = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("#"):
+                break
+            comment.append(line.lstrip("# ").rstrip())
+        summary = " ".join(comment).split(". ")[0].removeprefix(f"{name}: ")
+        body = json.dumps(deployment_recipe(name).to_dict(), sort_keys=True)
+        blocks.append(f"{name}: {summary}\n  file: {path}\n  recipe: {body}")
+    print("\n".join(blocks))
+    print(
+        "\nUse one with `onnxq quantize MODEL -o OUT --preset NAME` (`--block-size N` resizes "
+        "BFP16 blocks), or copy its file, edit it and pass it with --recipe."
+    )
+    return 0
+
+
+def _preset_recipe(args: argparse.Namespace) -> Any:
+    """The Recipe of ``--preset`` (with ``--block-size``), or None without ``--preset``."""
+    if args.preset is None:
+        if args.block_size is not None:
+            raise UsageError("--block-size needs --preset", "e.g. --preset bfp16-deploy")
+        return None
+    clash = [o for o, v in (("--weights", args.weights), ("--activations", args.activations),
+                            ("--recipe", args.recipe)) if v]  # fmt: skip
+    if clash:
+        raise UsageError(
+            f"--preset cannot be combined with {clash[0]}",
+            "copy the preset's file (`onnxq quantize --list-presets`), edit it and pass "
+            "it with --recipe",
+        )
+    from onnxq.graph.recipe import deployment_recipe
+
+    try:
+        return deployment_recipe(args.preset, args.block_size)
+    except ValueError as err:
+        raise UsageError(str(err), "run `onnxq quantize --list-presets`") from None
+
+
 def _cmd_quantize(args: argparse.Namespace) -> int:
+    if args.list_presets:
+        return _list_presets()
+    if args.model is None:
+        raise UsageError(
+            "quantize: the following arguments are required: MODEL", "see `onnxq quantize --help`"
+        )
+    if args.output is None:
+        raise UsageError(
+            "quantize: the following arguments are required: -o/--output",
+            "see `onnxq quantize --help`",
+        )
     src, model = _load_model(args.model)
     out = _output_path(args.output, "-o/--output")
     if _same_file(src, out) and not args.overwrite:
@@ -418,9 +472,14 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         )
     weights = _format_arg(args.weights, "--weights")
     activations = _format_arg(args.activations, "--activations")
-    recipe = str(_existing_file(args.recipe, "--recipe")) if args.recipe else None
+    recipe: Any = str(_existing_file(args.recipe, "--recipe")) if args.recipe else None
+    preset = _preset_recipe(args)
+    if preset is not None:
+        recipe = preset
     if weights is None and activations is None and recipe is None:
-        raise UsageError("nothing to quantize", "pass --weights FMT, --activations FMT or --recipe")
+        raise UsageError(
+            "nothing to quantize", "pass --weights FMT, --activations FMT, --recipe or --preset"
+        )
     calibration = None
     if args.calibration:
         if not Path(args.calibration).is_dir():
@@ -465,9 +524,16 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     for warning in caught:  # one line each, after the work, instead of Python's two
         print(f"{_PROG}: warning: {_one_line(warning.message)}", file=sys.stderr)
     after = _file_bytes(out, onnx.load(str(out), load_external_data=False))
+    label = None if args.preset else args.recipe
+    block = f" block {args.block_size}" if args.block_size else ""
     formats = ", ".join(
         f"{what} {fmt}"
-        for what, fmt in (("weights", weights), ("activations", activations), ("recipe", recipe))
+        for what, fmt in (
+            ("weights", weights),
+            ("activations", activations),
+            ("recipe", label),
+            ("preset", f"{args.preset}{block}" if args.preset else None),
+        )
         if fmt
     )
     print(
@@ -811,6 +877,37 @@ def _quantized_row(
     return [], numel, out_bits, [node.output[0], "activation", fmt, shape_text, bits, "-"]
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from onnxq import export as exporter
+
+    src, _ = _load_model(args.model)
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o/--output {args.output!r} is a file", "give a folder")
+    if not out.parent.is_dir():
+        raise UsageError(
+            f"the parent folder {str(out.parent)!r} of -o/--output does not exist",
+            "create it first or choose another path",
+        )
+    try:
+        manifest = exporter.export(str(src), out, overwrite=args.overwrite)
+    except exporter.ExportError as err:
+        raise UsageError(str(err)) from None
+    except OSError as err:
+        raise UsageError(
+            f"cannot write {args.output!r} ({err.strerror or err})",
+            "choose a writable folder with free space",
+        ) from None
+    tensors = manifest["tensors"]
+    layouts = sorted({t["layout"] for t in tensors})
+    total = sum(b["length"] for t in tensors for b in t["blobs"].values())
+    print(
+        f"{src.name} -> {out}: {len(tensors)} weights, {_human(total)} in "
+        f"{manifest['data_file']} ({', '.join(layouts)}); manifest.json"
+    )
+    return 0
+
+
 def _cmd_formats(args: argparse.Namespace) -> int:
     rows = [[name, dt.code, f"{dt.bits_per_value:g}"] for name, dt in onnxq.datatypes().items()]
     print(_table(["preset", "code", "bits/value"], rows))
@@ -884,11 +981,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Quantize MODEL and write the result to OUT. The input model "
         "is never modified.",
     )
-    q.add_argument("model", metavar="MODEL", help="the float .onnx model")
+    q.add_argument("model", nargs="?", metavar="MODEL", help="the float .onnx model")
     q.add_argument(
         "-o",
         "--output",
-        required=True,
         metavar="OUT",
         help="where to write the quantized model (written to a temporary file and "
         "renamed, so a failure leaves nothing)",
@@ -949,6 +1045,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow OUT to be the input model itself (replaced only on success)",
     )
+    q.add_argument(
+        "--preset",
+        metavar="NAME",
+        help="a named deployment recipe shipped with onnxq: bfp16-deploy, mx6-deploy, "
+        "mx9-deploy, mxfp8-deploy (`--list-presets` shows each recipe); not combined with "
+        "--weights/--activations/--recipe",
+    )
+    q.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help="with a BFP16 --preset: N values per shared exponent instead of 16 "
+        "(int8_e8m0_tN; 8 is the variant other BFP16 tools use)",
+    )
+    q.add_argument(
+        "--list-presets",
+        action="store_true",
+        help="list the deployment presets with their recipes and files, and exit",
+    )
     q.set_defaults(handler=_cmd_quantize)
 
     r = sub.add_parser(
@@ -998,6 +1113,25 @@ def build_parser() -> argparse.ArgumentParser:
         "value (scales included).",
     )
     f.set_defaults(handler=_cmd_formats)
+
+    e = sub.add_parser(
+        "export",
+        help="write a quantized model's weights in their hardware layouts",
+        description="Write every quantized weight of MODEL (DequantizeMX nodes of a packed "
+        "model) in the layout hardware reads - BFP int8 [exponents..., mantissas...], MX9/6/4 "
+        "16-value records, OCP MX element codes plus E8M0 scales - into DIR/weights.bin, "
+        "with DIR/manifest.json (name, shape, tile axis, format, layout, byte offset, length "
+        "and sha256 of each blob). docs/layouts.md describes the layouts bit by bit.",
+    )
+    e.add_argument("model", metavar="MODEL", help="the quantized .onnx model (packed storage)")
+    e.add_argument("-o", "--output", required=True, metavar="DIR", help="the output folder")
+    e.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into DIR even when it is not empty (replaces manifest.json and "
+        "weights.bin; other files stay)",
+    )
+    e.set_defaults(handler=_cmd_export)
     return parser
 
 

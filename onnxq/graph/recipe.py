@@ -48,6 +48,8 @@ __all__ = [
     "QuantPlan",
     "Recipe",
     "WeightEntry",
+    "deployment_presets",
+    "deployment_recipe",
     "load_recipe",
 ]
 
@@ -337,6 +339,93 @@ def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any] | Recipe) -> 
     except Exception as err:  # yaml.YAMLError / json.JSONDecodeError
         raise ValueError(f"recipe file {str(path)!r} is not valid YAML/JSON: {err}") from None
     return Recipe.from_mapping(data if data is not None else {}, where=f"recipe {path.name}")
+
+
+# -- deployment presets ----------------------------------------------------------------------
+_BFP16_CODE = "int8_e8m0_t16"
+
+
+def deployment_presets() -> dict[str, Path]:
+    """The named deployment recipes shipped with onnxq, by name, with their YAML files.
+
+    The files live in the package's ``recipes`` folder (``bfp16-deploy``, ``mx6-deploy``,
+    ``mx9-deploy``, ``mxfp8-deploy``); copy one, edit it and load it with `load_recipe`.
+
+    Returns:
+        Preset name -> path of its YAML file, sorted by name.
+    """
+    folder = Path(__file__).resolve().parent.parent / "recipes"
+    return {f.stem: f for f in sorted(folder.glob("*.yaml"))}
+
+
+def _with_block(value: Any, block_size: int) -> Any:
+    if isinstance(value, DataType) and value.code == _BFP16_CODE:
+        return datatype(f"int8_e8m0_t{block_size}")
+    return value
+
+
+def deployment_recipe(name: str, block_size: int | None = None) -> Recipe:
+    """Load a named deployment recipe, optionally with another BFP16 block size.
+
+    Args:
+        name: a preset of `deployment_presets` (``bfp16-deploy``, ``mx6-deploy``, ...).
+        block_size: replaces the block of every BFP16 format in the recipe
+            (``int8_e8m0_t16`` -> ``int8_e8m0_t<block_size>``; 8 is the variant other BFP16
+            tools use); a power of two from 2 to 1024.
+
+    Returns:
+        The validated `Recipe`.
+
+    Raises:
+        ValueError: an unknown preset, a bad block size, or a block size for a preset that
+            has no BFP16 format.
+    """
+    presets = deployment_presets()
+    if name not in presets:
+        raise ValueError(
+            f"unknown deployment preset {name!r}; expected one of {', '.join(presets)}"
+        )
+    recipe = load_recipe(presets[name])
+    if block_size is None:
+        return recipe
+    if (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, int)
+        or not 2 <= block_size <= 1024
+        or block_size & (block_size - 1)
+    ):
+        raise ValueError(
+            f"block size {block_size!r}: expected a power of two from 2 to 1024 (e.g. 8, 16, 32)"
+        )
+    overrides = [o for _, o in recipe.op_type_overrides + recipe.node_overrides]
+    formats = [recipe.weights, recipe.activations]
+    formats += [f for o in overrides for f in (o.weights, o.activations)]
+    if not any(isinstance(f, DataType) and f.code == _BFP16_CODE for f in formats):
+        raise ValueError(
+            f"block size {block_size}: preset {name!r} has no BFP16 format to resize "
+            "(only the bfp16 presets take a block size)"
+        )
+
+    def resized(table: tuple[tuple[str, Override], ...]) -> tuple[tuple[str, Override], ...]:
+        return tuple(
+            (
+                key,
+                dataclasses.replace(
+                    o,
+                    weights=_with_block(o.weights, block_size),
+                    activations=_with_block(o.activations, block_size),
+                ),
+            )
+            for key, o in table
+        )
+
+    return dataclasses.replace(
+        recipe,
+        weights=_with_block(recipe.weights, block_size),
+        activations=_with_block(recipe.activations, block_size),
+        op_type_overrides=resized(recipe.op_type_overrides),
+        node_overrides=resized(recipe.node_overrides),
+    )
 
 
 # -- the plan ---------------------------------------------------------------------------------

@@ -1,0 +1,671 @@
+"""Quantized weights in the layouts hardware reads: `export` a packed model, `load` it back.
+
+`export(model, out_dir)` writes every weight that a ``DequantizeMX`` node of a packed model
+dequantizes from stored codes (``onnxq quantize --storage packed``) into ``out_dir/weights.bin``
+and describes it in ``out_dir/manifest.json``. Blocks always run along the weight's tile axis:
+the axis is moved last, the tensor is seen as ``rows x row_length`` (C order), and every row
+is cut into ``blocks_per_row`` blocks; blocks are stored row by row. A ragged last block of a
+row is padded with zero codes (``padded: true`` in the manifest). The layouts
+(``docs/layouts.md`` has them bit by bit, with a worked example):
+
+- ``bfp-int8`` (BFP16 ``int8_e8m0_t16``, its block-8 variant, BFP8 ``int4_e8m0_t32``: int
+  elements with an E8M0 scale and no subtile, except MXINT8): the BFP document's int8 layout
+  ``[exponents..., mantissas...]`` of `onnxq.bfp`, one int8 shared exponent per block
+  (``E8M0 code - 126``) then one sign-extended int8 mantissa per value; value =
+  ``mantissa * 2^(shared_exp - (bits - 1))``.
+- ``mx-record`` (MX9/MX6/MX4): one record per 16-value block, packed least-significant bit
+  first: the 8-bit E8M0 code, 8 one-bit pair shifts, 16 sign-magnitude elements of ``m + 1``
+  bits (m = 7, 4, 2): 18, 12 and 8 bytes per block.
+- ``ocp-mx`` (MXFP8 E4M3/E5M2, MXFP6 E2M3/E3M2, MXFP4 E2M1, MXINT8): element codes packed
+  as the OCP MX specification describes (8-bit one per byte, FP6 four per 3 bytes LSB first,
+  FP4 two per byte low nibble first) in one blob, and one E8M0 scale byte per block in
+  another.
+
+The manifest records each tensor's name, shape, tile axis, format, layout, geometry and, per
+blob, its byte offset and length in ``weights.bin`` (64-byte aligned) and sha256, plus the
+onnxq version that wrote it. `load(out_dir)` checks the hashes and the version and decodes
+every tensor back to its codes, a `QTensor` (``onnxq.upcast`` gives the model's dequantized
+weight bit for bit) and float32 values computed from the layout alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxq.cast.api import QTensor
+from onnxq.cast.packing import code_dtype, pack_bits, unpack_bits
+from onnxq.formats.datatype import DataType, datatype, datatypes
+from onnxq.formats.modes import CastMode
+
+__all__ = [
+    "DATA_FILE",
+    "MANIFEST",
+    "MANIFEST_VERSION",
+    "ExportError",
+    "LoadError",
+    "decode_mx_records",
+    "export",
+    "layout_of",
+    "load",
+    "quantized_weights",
+]
+
+MANIFEST = "manifest.json"
+DATA_FILE = "weights.bin"
+MANIFEST_VERSION = 1
+_ALIGN = 64
+_OCP_FLOATS = {  # onnxq code -> OCP element name
+    "e4m3fn": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "e2m3fnuz": "fp6_e2m3",
+    "e3m2fnuz": "fp6_e3m2",
+    "e2m1fnuz": "fp4_e2m1",
+}
+_MX_BITS = (8, 5, 3)  # MX9, MX6, MX4 element widths (m + 1)
+
+
+class ExportError(ValueError):
+    """The model cannot be exported (no quantized weights, no hardware layout, folder in use)."""
+
+
+class LoadError(ValueError):
+    """An export folder cannot be read (missing or corrupted file, newer onnxq version)."""
+
+
+# -- finding the quantized weights -----------------------------------------------------------
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _graphs(sub)
+
+
+def _stored(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    found: dict[str, onnx.TensorProto] = {}
+    for graph in _graphs(model.graph):
+        for tensor in graph.initializer:
+            found[tensor.name] = tensor
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                        found[node.output[0]] = attr.t
+    return found
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
+
+
+def _find(model: onnx.ModelProto) -> tuple[dict[str, QTensor], list[tuple[str, str]]]:
+    """DequantizeMX weights as compress-mode QTensors, and other stored quantized tensors."""
+    stored = _stored(model)
+    found: dict[str, QTensor] = {}
+    others: list[tuple[str, str]] = []
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            if node.domain != "onnxq" or not node.input or node.input[0] not in stored:
+                continue
+            attrs = _attrs(node)
+            if node.op_type == "CodebookLookup":
+                others.append((node.output[0], str(attrs.get("dtype", "?"))))
+                continue
+            if node.op_type != "DequantizeMX":
+                continue
+            arrays: list[np.ndarray | None] = []
+            for i in range(6):
+                name = node.input[i] if i < len(node.input) else ""
+                if name and name not in stored:  # computed, not stored: not a weight
+                    break
+                arrays.append(numpy_helper.to_array(stored[name]) if name else None)
+            else:
+                dt = datatype(str(attrs["dtype"]))
+                shape = tuple(int(d) for d in attrs["shape"])
+                q_arr, scale, zero, tenscale, meta, mask = arrays
+                assert q_arr is not None
+                found[node.output[0]] = QTensor(
+                    data=q_arr.reshape(-1),
+                    dtype=dt,
+                    shape=shape,
+                    axis=int(attrs.get("axis", -1)) % len(shape),
+                    mode=CastMode.COMPRESS,
+                    scale=scale,
+                    zero=zero,
+                    tenscale=tenscale,
+                    meta=None if meta is None else meta.reshape(-1),
+                    mask=None if mask is None else mask.reshape(-1),
+                )
+    return found, others
+
+
+def quantized_weights(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[str, QTensor]:
+    """The weights a packed model stores quantized, as compress-mode QTensors.
+
+    Every ``DequantizeMX`` node whose inputs are initializers (or Constants) gives one entry,
+    named after the node's output (the float weight it replaces); ``onnxq.upcast`` of it is
+    what the node computes.
+
+    Args:
+        model: a ModelProto (external data loaded) or the path of an .onnx file.
+
+    Returns:
+        Weight name -> QTensor (mode ``compress``, the node's dtype, axis and shape).
+    """
+    return _find(_as_model(model))[0]
+
+
+def _as_model(model: onnx.ModelProto | str | os.PathLike[str]) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    return onnx.load(str(model))
+
+
+def _format_name(dt: DataType) -> str:
+    names = sorted((len(n), n) for n, d in datatypes().items() if d.code == dt.code)
+    return names[0][1] if names else dt.code
+
+
+def layout_of(dt: DataType | str) -> str:
+    """The hardware layout of a data type: ``bfp-int8``, ``mx-record`` or ``ocp-mx``.
+
+    Args:
+        dt: a DataType, preset name or data type code.
+
+    Returns:
+        The layout name.
+
+    Raises:
+        ExportError: the data type has no hardware layout (codebooks, NVFP4, float or
+            channel scales, zero points, 2-D tiles, N:M sparsity), naming why.
+    """
+    dt = datatype(dt) if isinstance(dt, str) else dt
+    n, s = dt.nspec, dt.sspec
+    name = _format_name(dt)
+
+    def refuse(why: str) -> ExportError:
+        return ExportError(f"format {name} ({dt.code}) has no hardware layout: {why}")
+
+    if n.is_codebook:
+        raise refuse("codebook formats are not exported")
+    if s is None or not s.scale.is_exponent or s.scale.bits != 8 or s.scale.bias != 127:
+        raise refuse("only E8M0-scaled block formats (BFP, MX9/6/4, OCP MX) are exported")
+    if s.zero is not None or s.tenscale is not None:
+        raise refuse("zero points and tensor scales are not part of any layout")
+    if len(s.tiles) != 1 or s.tiles[0].size <= 0 or s.tiles[0].sparse_m:
+        raise refuse("only 1-D blocks of a fixed size without N:M sparsity are exported")
+    tile = s.tiles[0]
+    if tile.subtile:
+        if n.is_int and n.signed and n.bits in _MX_BITS and tile.size == 16 and tile.subtile == 2:
+            return "mx-record"
+        raise refuse("subtiles exist only in MX9/MX6/MX4 (int8/5/3, block 16, pairs)")
+    if n.is_int and n.signed and n.bits == 8 and tile.size == 32:
+        return "ocp-mx"  # MXINT8
+    if n.is_int and n.signed and 2 <= n.bits <= 8:
+        return "bfp-int8"
+    if str(n) in _OCP_FLOATS:
+        return "ocp-mx"
+    raise refuse("its elements are neither ints nor OCP MX floats")
+
+
+# -- geometry --------------------------------------------------------------------------------
+def _rows(a: np.ndarray, axis: int) -> np.ndarray:
+    """``a`` with ``axis`` moved last, as a 2-D ``rows x length`` array."""
+    moved = np.moveaxis(a, axis, -1)
+    return moved.reshape(-1, moved.shape[-1])
+
+
+def _unrows(rows: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
+    moved = [d for i, d in enumerate(shape) if i != axis] + [rows.shape[-1]]
+    return np.moveaxis(rows.reshape(moved), -1, axis)
+
+
+def _signed(codes: np.ndarray, bits: int) -> np.ndarray:
+    c = codes.astype(np.int16)
+    return np.where(c >= 1 << (bits - 1), c - (1 << bits), c).astype(np.int16)
+
+
+def _codes_and_meta(q: QTensor) -> tuple[np.ndarray, np.ndarray | None]:
+    """Unpacked element codes (input shape) and shift bits (subtile grid) of a 1-D tiling."""
+    count = math.prod(q.shape)
+    codes = unpack_bits(q.data, q.dtype.nspec.bits, count).reshape(q.shape)
+    meta = None
+    sub = q.dtype.sspec.tiles[0].subtile if q.dtype.sspec is not None else 0
+    if q.meta is not None and sub:
+        grid = list(q.shape)
+        grid[q.axis] = -(-q.shape[q.axis] // sub)
+        meta = unpack_bits(q.meta, 1, math.prod(grid)).reshape(grid)
+    return codes, meta
+
+
+def _bits_le(values: np.ndarray, width: int) -> np.ndarray:
+    """Bits of non-negative ints, least significant first: shape ``values.shape + (width,)``."""
+    v = values.astype(np.uint32)[..., None]
+    return ((v >> np.arange(width, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
+def _from_bits_le(bits: np.ndarray) -> np.ndarray:
+    weights = np.left_shift(np.uint32(1), np.arange(bits.shape[-1], dtype=np.uint32))
+    return (bits.astype(np.uint32) * weights).sum(axis=-1).astype(np.uint32)
+
+
+# -- encoders: (blobs, geometry extras) per layout -------------------------------------------
+def _encode_bfp(
+    codes: np.ndarray, scales: np.ndarray, bits: int, block: int, name: str
+) -> dict[str, np.ndarray]:
+    rows, blocks = scales.shape
+    if (scales == 255).any():
+        raise ExportError(f"weight {name!r} has a NaN block, which the BFP layout cannot hold")
+    if (scales > 253).any():
+        raise ExportError(
+            f"weight {name!r} has a block of 2^127 or more, whose shared exponent does not "
+            "fit the BFP layout's int8"
+        )
+    mant = np.zeros((rows, blocks * block), dtype=np.int8)
+    mant[:, : codes.shape[1]] = _signed(codes, bits)
+    exps = (scales.astype(np.int16) - 126).astype(np.int8)
+    return {"packed": np.concatenate([exps.reshape(-1), mant.reshape(-1)])}
+
+
+def _encode_mx(
+    codes: np.ndarray, scales: np.ndarray, shifts: np.ndarray, bits: int, name: str
+) -> dict[str, np.ndarray]:
+    rows, blocks = scales.shape
+    m = bits - 1
+    s = np.zeros((rows, blocks * 16), dtype=np.int16)
+    s[:, : codes.shape[1]] = _signed(codes, bits)
+    if (np.abs(s) > (1 << m) - 1).any():
+        raise ExportError(
+            f"weight {name!r} holds the code -2^{m} (full int range), which {m + 1}-bit "
+            "sign-magnitude cannot hold"
+        )
+    sh = np.zeros((rows, blocks * 8), dtype=np.uint8)
+    sh[:, : shifts.shape[1]] = shifts
+    sm = (np.abs(s) | ((s < 0).astype(np.int16) << m)).reshape(-1, 16)
+    record = np.concatenate(
+        [
+            _bits_le(scales.reshape(-1), 8),
+            sh.reshape(-1, 8),
+            _bits_le(sm, bits).reshape(-1, 16 * bits),
+        ],
+        axis=1,
+    )
+    return {"records": np.packbits(record, axis=1, bitorder="little").reshape(-1)}
+
+
+def _encode_ocp(
+    codes: np.ndarray, scales: np.ndarray, dt: DataType, block: int, name: str
+) -> dict[str, np.ndarray]:
+    rows, blocks = scales.shape
+    n = dt.nspec
+    if str(n) in _OCP_FLOATS and n.bits < 8 and (codes == 1 << (n.bits - 1)).any():
+        raise ExportError(f"weight {name!r} has a NaN element, which OCP FP{n.bits} cannot encode")
+    padded = np.zeros((rows, blocks * block), dtype=code_dtype(n.bits))
+    padded[:, : codes.shape[1]] = codes
+    return {
+        "elements": pack_bits(padded.reshape(-1), n.bits),
+        "scales": scales.reshape(-1).astype(np.uint8),
+    }
+
+
+def _entry(name: str, q: QTensor) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    dt = q.dtype
+    layout = layout_of(dt)
+    assert dt.sspec is not None and q.scale is not None
+    block = dt.sspec.tiles[0].size
+    codes, meta = _codes_and_meta(q)
+    code_rows = _rows(codes, q.axis)
+    scale_rows = _rows(np.asarray(q.scale), q.axis).astype(np.uint8)
+    rows, length = code_rows.shape
+    blocks = scale_rows.shape[1]
+    bits = dt.nspec.bits
+    entry: dict[str, Any] = {
+        "name": name,
+        "shape": list(q.shape),
+        "tile_axis": q.axis,
+        "format": _format_name(dt),
+        "dtype": dt.code,
+        "layout": layout,
+        "block_size": block,
+        "rows": rows,
+        "row_length": length,
+        "row_shape": list(np.moveaxis(codes, q.axis, -1).shape),
+        "blocks_per_row": blocks,
+        "element_bits": bits,
+        "padded": length % block != 0,
+    }
+    if entry["padded"]:
+        entry["padding"] = (
+            f"the last block of each row holds {length % block} values; its other "
+            f"{block - length % block} are zero codes"
+        )
+    if layout == "bfp-int8":
+        entry["mantissa_bits"] = bits
+        entry["num_blocks"] = rows * blocks
+        blobs = _encode_bfp(code_rows, scale_rows, bits, block, name)
+    elif layout == "mx-record":
+        assert meta is not None
+        entry["record_bits"] = 16 + 16 * bits
+        entry["record_bytes"] = (16 + 16 * bits) // 8
+        entry["element_encoding"] = f"sign-magnitude, 1 sign + {bits - 1} magnitude bits"
+        blobs = _encode_mx(code_rows, scale_rows, _rows(meta, q.axis), bits, name)
+    else:
+        n = dt.nspec
+        entry["element_format"] = _OCP_FLOATS.get(str(n), "int8")
+        entry["element_packing"] = {
+            8: "one per byte",
+            6: "four per 3 bytes, least significant bit first",
+            4: "two per byte, low nibble first",
+        }[bits]
+        blobs = _encode_ocp(code_rows, scale_rows, dt, block, name)
+    return entry, blobs
+
+
+# -- export ----------------------------------------------------------------------------------
+def export(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write every quantized weight of a packed model in its hardware layout.
+
+    Args:
+        model: a quantized ModelProto (external data loaded) or the path of its .onnx file.
+        out_dir: the folder to write ``weights.bin`` and ``manifest.json`` into (created if
+            missing).
+        overwrite: write into a non-empty folder (replaces those two files; other files stay).
+
+    Returns:
+        The manifest that was written.
+
+    Raises:
+        ExportError: no quantized weights, a weight whose format has no hardware layout (or
+            whose values the layout cannot hold), or a non-empty ``out_dir`` without
+            ``overwrite``.
+    """
+    import onnxq
+
+    weights, others = _find(_as_model(model))
+    if others:
+        tensor, code = others[0]
+        raise ExportError(
+            f"weight {tensor!r} is a codebook format ({code}), which has no hardware layout"
+        )
+    if not weights:
+        raise ExportError(
+            "the model has no quantized weights (no DequantizeMX node reading stored codes); "
+            "quantize it with --storage packed first"
+        )
+    parts = []
+    for name, q in weights.items():
+        try:
+            parts.append(_entry(name, q))
+        except ExportError as err:
+            if str(err).startswith("weight "):
+                raise
+            raise ExportError(f"weight {name!r}: {err}") from None
+    out = Path(out_dir)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(
+            f"the output folder {str(out)!r} is not empty; pass --overwrite "
+            "(overwrite=True) or choose an empty folder"
+        )
+    out.mkdir(parents=False, exist_ok=True)
+    tensors = []
+    data_tmp = out / f".{DATA_FILE}.tmp"
+    offset = 0
+    with open(data_tmp, "wb") as f:
+        for entry, blobs in parts:
+            entry["blobs"] = {}
+            for key, blob in blobs.items():
+                raw = np.ascontiguousarray(blob).tobytes()
+                pad = -offset % _ALIGN
+                f.write(b"\0" * pad)
+                offset += pad
+                f.write(raw)
+                entry["blobs"][key] = {
+                    "offset": offset,
+                    "length": len(raw),
+                    "dtype": "int8" if blob.dtype == np.int8 else "uint8",
+                    "sha256": hashlib.sha256(raw).hexdigest(),
+                }
+                offset += len(raw)
+            tensors.append(entry)
+    manifest = {
+        "onnxq_version": onnxq.__version__,
+        "manifest_version": MANIFEST_VERSION,
+        "data_file": DATA_FILE,
+        "alignment": _ALIGN,
+        "byte_order": "bits least significant first; multi-byte fields none (all bytes)",
+        "tensors": tensors,
+    }
+    manifest_tmp = out / f".{MANIFEST}.tmp"
+    manifest_tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    os.replace(data_tmp, out / DATA_FILE)
+    os.replace(manifest_tmp, out / MANIFEST)
+    return manifest
+
+
+# -- decoders: from the layout alone ---------------------------------------------------------
+def _pow2(e: np.ndarray) -> np.ndarray:
+    return np.ldexp(1.0, e.astype(np.int64))
+
+
+def _decode_bfp(entry: dict[str, Any], packed: np.ndarray) -> dict[str, np.ndarray]:
+    rows, blocks, block = entry["rows"], entry["blocks_per_row"], entry["block_size"]
+    bits = entry["mantissa_bits"]
+    exps = packed[: rows * blocks].reshape(rows, blocks)
+    mant = packed[rows * blocks :].reshape(rows, blocks * block)
+    step = np.repeat(exps.astype(np.int64), block, axis=1) - (bits - 1)
+    values = (mant.astype(np.float64) * _pow2(step)).astype(np.float32)
+    return {
+        "exponents": exps,
+        "mantissas": mant,
+        "values": values,
+        "codes": (mant.astype(np.int16) & ((1 << bits) - 1)).astype(code_dtype(bits)),
+        "scales": (exps.astype(np.int16) + 126).astype(np.uint8),
+    }
+
+
+def decode_mx_records(records: np.ndarray, bits: int) -> dict[str, np.ndarray]:
+    """Split MX9/MX6/MX4 records (``mx-record`` layout) into their fields and values.
+
+    Args:
+        records: uint8, ``N x record_bytes`` (or flat), records of 16 values.
+        bits: element width m + 1: 8 (MX9), 5 (MX6) or 3 (MX4).
+
+    Returns:
+        ``exponents`` (N, E8M0 codes), ``shifts`` (N x 8), ``signs`` and ``magnitudes``
+        (N x 16) and ``values`` (N x 16 float32: ``(-1)^sign * magnitude *
+        2^(exponent - 127 - (m - 1) - shift)``; NaN where the exponent is 255).
+    """
+    nbytes = (16 + 16 * bits) // 8
+    r = np.asarray(records, dtype=np.uint8).reshape(-1, nbytes)
+    b = np.unpackbits(r, axis=1, bitorder="little")
+    exps = _from_bits_le(b[:, :8])
+    shifts = b[:, 8:16]
+    elems = _from_bits_le(b[:, 16:].reshape(-1, 16, bits))
+    m = bits - 1
+    signs = (elems >> m) & 1
+    mags = elems & ((1 << m) - 1)
+    step = exps.astype(np.int64)[:, None] - 127 - (m - 1) - np.repeat(shifts, 2, axis=1)
+    values = np.where(signs == 1, -1.0, 1.0) * mags * _pow2(step)
+    values = np.where((exps == 255)[:, None], np.nan, values).astype(np.float32)
+    return {
+        "exponents": exps.astype(np.uint8),
+        "shifts": shifts,
+        "signs": signs.astype(np.uint8),
+        "magnitudes": mags.astype(np.uint8),
+        "values": values,
+    }
+
+
+def _decode_mx(entry: dict[str, Any], records: np.ndarray) -> dict[str, np.ndarray]:
+    rows, blocks, bits = entry["rows"], entry["blocks_per_row"], entry["element_bits"]
+    f = decode_mx_records(records, bits)
+    signed = np.where(f["signs"] == 1, -f["magnitudes"].astype(np.int16), f["magnitudes"])
+    return {
+        "records": records.reshape(rows * blocks, -1),
+        "exponents": f["exponents"].reshape(rows, blocks),
+        "shifts": f["shifts"].reshape(rows, blocks * 8),
+        "values": f["values"].reshape(rows, blocks * 16),
+        "codes": (signed.astype(np.int16) & ((1 << bits) - 1))
+        .astype(np.uint8)
+        .reshape(rows, blocks * 16),
+        "scales": f["exponents"].reshape(rows, blocks),
+    }
+
+
+def _ocp_float(codes: np.ndarray, fmt: str) -> np.ndarray:
+    ebits, mbits = {"fp8_e4m3": (4, 3), "fp8_e5m2": (5, 2), "fp6_e2m3": (2, 3),
+                    "fp6_e3m2": (3, 2), "fp4_e2m1": (2, 1)}[fmt]  # fmt: skip
+    bias = (1 << (ebits - 1)) - 1
+    c = codes.astype(np.int64)
+    sign = np.where((c >> (ebits + mbits)) & 1, -1.0, 1.0)
+    e = (c >> mbits) & ((1 << ebits) - 1)
+    man = c & ((1 << mbits) - 1)
+    mag = np.where(
+        e == 0,
+        man * _pow2(np.full_like(e, 1 - bias - mbits)),
+        (man + (1 << mbits)) * _pow2(e - bias - mbits),
+    )
+    out = sign * mag
+    if fmt == "fp8_e4m3":
+        out = np.where((c & 0x7F) == 0x7F, np.nan, out)
+    elif fmt == "fp8_e5m2":
+        out = np.where(e == 31, np.where(man == 0, sign * np.inf, np.nan), out)
+    return out
+
+
+def _decode_ocp(entry: dict[str, Any], elements: np.ndarray, scales: np.ndarray) -> dict:
+    rows, blocks, block = entry["rows"], entry["blocks_per_row"], entry["block_size"]
+    bits = entry["element_bits"]
+    codes = unpack_bits(elements, bits, rows * blocks * block).reshape(rows, blocks * block)
+    sc = scales.reshape(rows, blocks)
+    if entry["element_format"] == "int8":
+        elem = _signed(codes, 8).astype(np.float64) * 2.0**-6
+    else:
+        elem = _ocp_float(codes, entry["element_format"])
+    scale = np.repeat(sc.astype(np.int64), block, axis=1)
+    values = np.where(scale == 255, np.nan, elem * _pow2(scale - 127)).astype(np.float32)
+    return {"codes": codes, "scales": sc, "values": values}
+
+
+# -- load ------------------------------------------------------------------------------------
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def load(out_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """Read an `export` folder back into arrays.
+
+    Args:
+        out_dir: the folder holding ``manifest.json`` and ``weights.bin``.
+
+    Returns:
+        Tensor name -> dict with ``manifest`` (its manifest entry), ``blobs`` (the raw blobs,
+        int8/uint8), the layout's fields (``exponents``/``mantissas`` for ``bfp-int8``,
+        ``records``/``exponents``/``shifts`` for ``mx-record``, ``codes``/``scales`` for all),
+        ``values`` (float32 of the weight's shape, decoded from the layout alone) and
+        ``qtensor`` (an ``actual``-mode `QTensor`; ``onnxq.upcast`` of it equals the model's
+        dequantized weight bit for bit).
+
+    Raises:
+        LoadError: a missing or unreadable manifest or data file, a manifest from a newer
+            onnxq, a blob outside the data file or whose sha256 does not match.
+    """
+    import onnxq
+
+    folder = Path(out_dir)
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LoadError(f"{str(folder)!r} has no {MANIFEST}: not an onnxq export") from None
+    except (OSError, ValueError) as err:
+        raise LoadError(f"cannot read {str(path)!r}: {err}") from None
+    written = str(manifest.get("onnxq_version", "0"))
+    if (
+        _version_tuple(written) > _version_tuple(onnxq.__version__)
+        or int(manifest.get("manifest_version", 0)) > MANIFEST_VERSION
+    ):
+        raise LoadError(
+            f"{str(path)!r} was written by onnxq {written} (manifest version "
+            f"{manifest.get('manifest_version')}), newer than this onnxq "
+            f"{onnxq.__version__}; upgrade onnxq to read it"
+        )
+    data_path = folder / str(manifest.get("data_file", DATA_FILE))
+    try:
+        data = data_path.read_bytes()
+    except OSError as err:
+        raise LoadError(f"cannot read {str(data_path)!r}: {err.strerror or err}") from None
+    result: dict[str, dict[str, Any]] = {}
+    for entry in manifest["tensors"]:
+        name = entry["name"]
+        blobs: dict[str, np.ndarray] = {}
+        for key, info in entry["blobs"].items():
+            start, length = int(info["offset"]), int(info["length"])
+            raw = data[start : start + length]
+            if len(raw) != length:
+                raise LoadError(
+                    f"blob {key!r} of {name!r} runs past the end of {data_path.name} "
+                    "(truncated file)"
+                )
+            if hashlib.sha256(raw).hexdigest() != info["sha256"]:
+                raise LoadError(
+                    f"blob {key!r} of {name!r} is corrupted: its sha256 does not match "
+                    f"{MANIFEST} (export it again)"
+                )
+            blobs[key] = np.frombuffer(raw, dtype=np.dtype(info.get("dtype", "uint8"))).copy()
+        result[name] = _decoded(entry, blobs)
+    return result
+
+
+def _decoded(entry: dict[str, Any], blobs: dict[str, np.ndarray]) -> dict[str, Any]:
+    layout = entry["layout"]
+    if layout == "bfp-int8":
+        fields = _decode_bfp(entry, blobs["packed"])
+    elif layout == "mx-record":
+        fields = _decode_mx(entry, blobs["records"])
+    elif layout == "ocp-mx":
+        fields = _decode_ocp(entry, blobs["elements"], blobs["scales"])
+    else:
+        raise LoadError(f"tensor {entry['name']!r} has an unknown layout {layout!r}")
+    shape = tuple(entry["shape"])
+    axis = int(entry["tile_axis"])
+    length = entry["row_length"]
+    dt = datatype(entry["dtype"])
+    meta = None
+    if layout == "mx-record":
+        pairs = -(-length // 2)
+        meta = _unrows(fields["shifts"][:, :pairs], shape, axis).astype(np.uint8)
+    codes = fields["codes"][:, :length]
+    qtensor = QTensor(
+        data=_unrows(codes, shape, axis).astype(code_dtype(dt.nspec.bits)),
+        dtype=dt,
+        shape=shape,
+        axis=axis,
+        mode=CastMode.ACTUAL,
+        scale=_unrows(fields["scales"], shape, axis).astype(np.uint8),
+        meta=meta,
+    )
+    out: dict[str, Any] = {"manifest": entry, "blobs": blobs, **fields}
+    out["codes"] = qtensor.data
+    out["values"] = np.ascontiguousarray(_unrows(fields["values"][:, :length], shape, axis))
+    out["qtensor"] = qtensor
+    return out
