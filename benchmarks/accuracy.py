@@ -5,6 +5,9 @@ For each model the float model and each format are evaluated twice: weights only
 (``activations=fmt`` too). The onnxq activation ops need static shapes, so every model is first
 given fixed input shapes (a copy; the float baseline runs that same fixed-shape copy); any
 activation the pass still leaves in float is counted from the ``onnxq_skipped`` metadata.
+``--presets NAME[:BLOCK] ...`` adds one row per deployment recipe
+(``quantize_model(m, recipe=deployment_recipe(NAME, BLOCK), weight_storage="fake")``, weights
+and activations as the recipe says); ``--formats`` with no name skips the per-format rows.
 
 - ``ppocr`` (PP-OCRv6 small recognizer, ``rapidocr``): text lines made of a fixed, seeded list
   of strings drawn from the model's character list (the printable ASCII part, which matplotlib's
@@ -29,6 +32,8 @@ Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py --models ppocr minilm silero \\
         --lines 50 --json results.json --markdown results.md
+    OMP_NUM_THREADS=1 python benchmarks/accuracy.py --formats \\
+        --presets bfp16-deploy bfp16-deploy:8 mx6-deploy mx9-deploy mxfp8-deploy
 """
 
 from __future__ import annotations
@@ -523,6 +528,47 @@ def build_spec(name: str, args: argparse.Namespace) -> Spec:
     raise KeyError(name)
 
 
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A deployment recipe to evaluate (``--presets NAME[:BLOCK]``)."""
+
+    name: str
+    block_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.block_size is None else f"{self.name}:{self.block_size}"
+
+    def recipe(self) -> Any:
+        from onnxq.graph.recipe import deployment_recipe
+
+        return deployment_recipe(self.name, block_size=self.block_size)
+
+
+def parse_preset(text: str) -> Preset:
+    """``NAME`` or ``NAME:BLOCK`` -> `Preset`, checked against the shipped recipes."""
+    name, _, block = text.partition(":")
+    if block and not block.isdigit():
+        raise argparse.ArgumentTypeError(f"{text}: the block size must be an integer")
+    try:
+        preset = Preset(name, int(block) if block else None)
+        preset.recipe()
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text}: {err}") from None
+    return preset
+
+
+def _jobs(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
+    """(row label, mode, quantize_model keywords) for each format x mode, then each preset.
+
+    A preset's recipe sets its own weight and activation formats, so it runs once, as w+a.
+    """
+    jobs = [(fmt, mode, {"weights": fmt, "activations": fmt if mode == "w+a" else None})
+            for fmt in args.formats for mode in args.modes]  # fmt: skip
+    jobs += [(p.label, "w+a", {"recipe": p.recipe()}) for p in args.presets]
+    return jobs
+
+
 def run_model(spec: Spec, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -532,28 +578,26 @@ def run_model(spec: Spec, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows.append({"model": spec.name, "format": "float", "mode": "float", **base,
                  "skipped_activations": 0, "seconds": time.perf_counter() - t0})  # fmt: skip
     _log(f"{spec.name} float: {base}")
-    for fmt in args.formats:
-        for mode in args.modes:
-            t0 = time.perf_counter()
-            row: dict[str, Any] = {"model": spec.name, "format": fmt, "mode": mode}
-            try:
-                with warnings.catch_warnings():  # e.g. quantize_model's unused calibration
-                    warnings.simplefilter("ignore")
-                    q = onnxq.quantize_model(
-                        spec.model, weights=fmt, weight_storage="fake",
-                        activations=fmt if mode == "w+a" else None,
-                    )  # fmt: skip
-                meta = _meta(q)
-                row["quantized"] = json.loads(meta.get("onnxq_quantized", "{}"))
-                row["skipped_activations"] = len(json.loads(meta.get("onnxq_skipped", "[]")))
-                res, _ = spec.evaluate(make_runner(q, args.threads), spec.task, ref)
-                row.update(res)
-            except Exception as err:  # a failing format is a result, not a crash
-                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-            row["seconds"] = time.perf_counter() - t0
-            rows.append(row)
-            shown = {k: row[k] for k in (*spec.metrics, "error", "skipped_activations") if k in row}
-            _log(f"{spec.name} {fmt} {mode}: {shown} ({row['seconds']:.1f} s)")
+    for label, mode, kwargs in _jobs(args):
+        t0 = time.perf_counter()
+        row: dict[str, Any] = {"model": spec.name, "format": label, "mode": mode}
+        if "recipe" in kwargs:
+            row["preset"] = True
+        try:
+            with warnings.catch_warnings():  # e.g. quantize_model's unused calibration
+                warnings.simplefilter("ignore")
+                q = onnxq.quantize_model(spec.model, weight_storage="fake", **kwargs)
+            meta = _meta(q)
+            row["quantized"] = json.loads(meta.get("onnxq_quantized", "{}"))
+            row["skipped_activations"] = len(json.loads(meta.get("onnxq_skipped", "[]")))
+            res, _ = spec.evaluate(make_runner(q, args.threads), spec.task, ref)
+            row.update(res)
+        except Exception as err:  # a failing format is a result, not a crash
+            row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+        row["seconds"] = time.perf_counter() - t0
+        rows.append(row)
+        shown = {k: row[k] for k in (*spec.metrics, "error", "skipped_activations") if k in row}
+        _log(f"{spec.name} {label} {mode}: {shown} ({row['seconds']:.1f} s)")
     return rows
 
 
@@ -586,7 +630,8 @@ def markdown(specs: dict[str, Spec], rows: list[dict[str, Any]], modes: Sequence
                 cells.append("-")
         out.append("| " + " | ".join(cells) + " |")
         for fmt in dict.fromkeys(r["format"] for r in mine if r["format"] != "float"):
-            cells = [fmt]
+            preset = any(r.get("preset") for r in mine if r["format"] == fmt)
+            cells = [f"preset {fmt}" if preset else fmt]
             for mode in modes:
                 r = next((r for r in mine if r["format"] == fmt and r["mode"] == mode), {})
                 if "error" in r:
@@ -607,7 +652,17 @@ def markdown(specs: dict[str, Spec], rows: list[dict[str, Any]], modes: Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    p.add_argument("--formats", nargs="+", default=list(FORMATS), help="onnxq format names")
+    p.add_argument("--formats", nargs="*", default=list(FORMATS),
+                   help="onnxq format names (none: only the float and preset rows)")  # fmt: skip
+    p.add_argument(
+        "--presets",
+        nargs="*",
+        type=parse_preset,
+        default=[],
+        metavar="NAME[:BLOCK]",
+        help="deployment recipes (onnxq.graph.recipe.deployment_recipe) as extra w+a rows;\n"
+        "BLOCK replaces the BFP16 block size (bfp16-deploy:8)",
+    )
     p.add_argument("--modes", nargs="+", choices=("w", "w+a"), default=["w", "w+a"],
                    help="w: weights only; w+a: weights and activations")  # fmt: skip
     p.add_argument("--data", type=Path, default=Path("~/.cache/onnxq-bench"),
@@ -635,7 +690,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs[name] = build_spec(name, args)
         _log(f"{name}: data ready in {time.perf_counter() - t0:.1f} s")
         rows += run_model(specs[name], args)
-    table = markdown(specs, rows, args.modes)
+    modes = [m for m in ("w", "w+a") if any(r["mode"] == m for r in rows)]
+    table = markdown(specs, rows, modes or args.modes)
     print(table)
     if args.markdown:
         args.markdown.write_text(table + "\n")
