@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import onnxq
+import onnxq.runtime
 from models import builders
 from onnxq.graph.functions import inline_for_reference
 from onnxq.graph.lower import lower_weight, lowering
@@ -166,10 +167,13 @@ def test_standard_target_fake_storage_has_no_custom_op() -> None:
         assert np.array_equal(_bits(a), _bits(b))
 
 
-def test_standard_target_refuses_activations_and_unstorable_formats() -> None:
+def test_standard_target_refuses_inexpressible_activations_and_unstorable_formats() -> None:
     model, _ = builders.mlp()
-    with pytest.raises(NotImplementedError, match="weights only"):
-        quantize_model(model, weights="mxfp4", activations="mxfp8e4", target="standard")
+    # NVFP4's QuantizeMX has no standard-ONNX fallback (float block scales).
+    with pytest.raises(NotImplementedError, match="no standard-ONNX form"):
+        quantize_model(model, weights="mxfp4", activations="nvfp4", target="standard")
+    with pytest.raises(NotImplementedError, match="cannot quantize activation"):
+        quantize_model(model, weights="mxfp4", activations="int8_channel", target="standard")
     with pytest.raises(NotImplementedError, match="no same-valued ONNX type"):
         quantize_model(model, weights="e6m9_e8m0_t32", target="standard")
     with pytest.raises(ValueError, match="expected 'onnxq' or 'standard'"):
@@ -199,3 +203,29 @@ def test_optimized_sessions_agree_when_dequantize_linear_is_folded(name: str) ->
         results.append(session.run(None, inputs))
     for a, b in zip(*results, strict=True):
         assert np.array_equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("activations", ["mxfp8e4", "mx6", "mxint8"])
+@pytest.mark.parametrize("name", ["mlp", "transformer", "cnn", "if_constant"])
+def test_block_activations_inline_to_standard_ops_with_the_same_bits(
+    name: str, activations: str
+) -> None:
+    # target="standard" replaces each QuantizeMX/DequantizeMX pair by its bit-exact
+    # standard-ONNX function body, so the model needs no library and computes what the onnxq
+    # target computes.
+    model, inputs = builders.BUILDERS[name]()
+    std = quantize_model(model, weights="mxfp4", activations=activations, target="standard")
+    onnx.checker.check_model(std, full_check=True)
+    domains = {n.domain for n in std.graph.node} | {o.domain for o in std.opset_import}
+    assert "onnxq" not in domains and not std.functions
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    plain = ort.InferenceSession(
+        std.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    onnxq_model = quantize_model(model, weights="mxfp4", activations=activations)
+    library_options = ort.SessionOptions()
+    library_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    with_library = onnxq.runtime.session(onnxq_model, sess_options=library_options)
+    for got, want in zip(plain.run(None, inputs), with_library.run(None, inputs), strict=True):
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8))

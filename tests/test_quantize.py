@@ -262,7 +262,7 @@ def test_nothing_to_quantize_and_bad_arguments_raise() -> None:
         quantize_model(model)
     with pytest.raises(ValueError, match="weight_storage 'zip'"):
         quantize_model(model, weights="mxfp4", weight_storage="zip")  # type: ignore[arg-type]
-    with pytest.raises(NotImplementedError, match="standard"):  # activations: per-call scales
-        quantize_model(model, weights="mxfp4", activations="mxfp8e4", target="standard")
+    with pytest.raises(NotImplementedError, match="standard"):  # no standard form for NVFP4
+        quantize_model(model, weights="mxfp4", activations="nvfp4", target="standard")
     with pytest.raises(ValueError, match="does not exist"):
         quantize_model("/nonexistent/model.onnx", weights="mxfp4")

@@ -17,7 +17,9 @@ tile axis and the reason - and `quantize_model` materialises it:
 
 ``target="standard"`` writes no onnxq node: each packed weight becomes plain ai.onnx nodes
 (``DequantizeLinear`` with ``block_size``, or ``Gather`` on a value table times the tile
-scales; `onnxq.graph.lower`) with the same bits as the onnxq target's DequantizeMX.
+scales; `onnxq.graph.lower`) with the same bits as the onnxq target's DequantizeMX, and each
+block-format activation pair is replaced by its standard-ONNX function body (inlined
+fallbacks of `onnxq.graph.functions`), so the whole model computes the onnxq target's bits.
 
 Calibration (`onnxq.graph.calibrate`): without it ``QuantizeMX`` computes every activation
 scale from the data at each call. With ``calibration`` (a directory of ``.npz`` inputs or an
@@ -27,7 +29,8 @@ model in onnxruntime (``minmax`` or ``percentile`` ranges) and get a static ``Qu
 DequantizeLinear`` pair with the calibrated scale (and zero point) instead, for both targets;
 the ranges go to the ``onnxq_calibration`` metadata. Channel-scaled activations refuse
 calibration (NotImplementedError); exponent and block scales (MX, BFP, NVFP4...) stay per call,
-with a warning. ``target="standard"`` quantizes activations only through calibration.
+with a warning. ``target="standard"`` needs calibration for tensor-scaled activations and a
+QuantizeMX fallback (exponent scales) for block-format ones.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any, Literal
 
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxq
@@ -837,6 +841,31 @@ def _apply_inserts(graph: onnx.GraphProto, table: Mapping[str, list[onnx.NodePro
     graph.node.extend(nodes)
 
 
+def _inline_fallbacks(model: onnx.ModelProto, missing: list[dict[str, str]]) -> onnx.ModelProto:
+    """Replace every onnxq node (block-format activations) by its standard-ONNX function body.
+
+    The bodies are the bit-exact fallbacks of functions.py, so the standard model computes
+    what the onnxq one does.
+
+    Raises:
+        NotImplementedError: a node has no fallback (its format or mode is not expressible).
+    """
+    if missing:
+        first = missing[0]
+        raise NotImplementedError(
+            f"target='standard': node {first['node']!r} has no standard-ONNX form "
+            f"({first['reason']}); use target='onnxq' or another activation format"
+        )
+    if not model.functions:
+        return model
+    inlined = onnx.inliner.inline_local_functions(model)
+    del inlined.functions[:]
+    for node in (n for scope in _scopes(inlined.graph) for n in scope.graph.node):
+        if node.domain == DOMAIN:  # pragma: no cover - the inliner replaced them all
+            raise NotImplementedError(f"target='standard': node {node.name!r} was not inlined")
+    return inlined
+
+
 def _embed(model: onnx.ModelProto, shapes: Mapping[str, list[int | None]]) -> list[dict[str, str]]:
     """Add the function fallback of every onnxq node that has one; list the others."""
     missing: list[dict[str, str]] = []
@@ -1056,14 +1085,14 @@ def _activation_modes(
                     f"({a.dtype.name}): pass calibration (--calibration DIR of .npz inputs) "
                     "so its scale becomes a constant of QuantizeLinear/DequantizeLinear"
                 )
-            if kinds[a.tensor] != "tensor":
+            if kinds[a.tensor] not in ("tensor", "dynamic"):
                 raise NotImplementedError(
-                    f"target='standard' lowers weights only, and activations only with "
-                    f"calibrated tensor scales: activation {a.tensor!r} ({a.dtype.name}) has "
-                    "scales computed per call, which standard QuantizeLinear/DequantizeLinear "
-                    "cannot do; use a tensor-scaled format with calibration, drop activations "
-                    "or use target='onnxq'"
+                    f"target='standard' cannot quantize activation {a.tensor!r} "
+                    f"({a.dtype.name}): use a tensor-scaled format with calibration, a block "
+                    "format, drop activations or use target='onnxq'"
                 )
+            # "dynamic" (block) formats: their QuantizeMX/DequantizeMX pair is replaced by its
+            # standard-ONNX function body (inlined after embedding, see quantize_model).
     return chosen if calibration is not None else []
 
 
@@ -1200,7 +1229,8 @@ def quantize_model(
         m.graph.node.extend([*dq_nodes, *rest])
     static = {k: v[1] for k, v in types.items() if v[1] is not None}
     missing = _embed(m, static)
-    if target == "standard":  # no onnxq node: drop the domain import
+    if target == "standard":  # no onnxq node: inline the fallbacks, drop the domain import
+        m = _inline_fallbacks(m, missing)
         keep = [o for o in m.opset_import if o.domain != DOMAIN]
         del m.opset_import[:]
         m.opset_import.extend(keep)
