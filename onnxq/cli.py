@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 
 import onnxq
+from onnxq.export import graphs, stored_tensors
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -184,23 +185,11 @@ def _load_model(path: str) -> tuple[Path, onnx.ModelProto]:
     return p, model
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """The graph and every subgraph inside it (If, Loop, Scan bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub)
-
-
 def _file_bytes(path: Path, model: onnx.ModelProto) -> int:
     """Size of the model file plus the external data files it references."""
     total = path.stat().st_size
     seen: set[str] = set()
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for tensor in graph.initializer:
             for entry in tensor.external_data:
                 if entry.key == "location" and entry.value not in seen:
@@ -768,20 +757,6 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
 
 
-def _stored_tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    """Every initializer and Constant value in the model, by name."""
-    found: dict[str, onnx.TensorProto] = {}
-    for graph in _graphs(model.graph):
-        for tensor in graph.initializer:
-            found[tensor.name] = tensor
-        for node in graph.node:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                for attr in node.attribute:
-                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                        found[node.output[0]] = attr.t
-    return found
-
-
 def _format_name(text: str) -> str:
     """A format as users name it: the preset for a code that has one (shortest alias)."""
     try:
@@ -794,12 +769,12 @@ def _format_name(text: str) -> str:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     src, model = _load_model(args.model)
-    stored = _stored_tensors(model)
+    stored = stored_tensors(model)
     total_after = sum(_tensor_bytes(t) for t in stored.values())
     packed: set[str] = set()
     rows = []
     float_bytes = 0
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for node in graph.node:
             row = _quantized_row(node, stored)
             if row is None:

@@ -84,20 +84,22 @@ class LoadError(ValueError):
 
 
 # -- finding the quantized weights -----------------------------------------------------------
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and every subgraph inside it (If, Loop, Scan bodies), depth first."""
     yield graph
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
+                yield from graphs(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for sub in attr.graphs:
-                    yield from _graphs(sub)
+                    yield from graphs(sub)
 
 
-def _stored(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+def stored_tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Every initializer and Constant value in the model (subgraphs included), by name."""
     found: dict[str, onnx.TensorProto] = {}
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for tensor in graph.initializer:
             found[tensor.name] = tensor
         for node in graph.node:
@@ -115,10 +117,10 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 def _find(model: onnx.ModelProto) -> tuple[dict[str, QTensor], list[tuple[str, str]]]:
     """DequantizeMX weights as compress-mode QTensors, and other stored quantized tensors."""
-    stored = _stored(model)
+    stored = stored_tensors(model)
     found: dict[str, QTensor] = {}
     others: list[tuple[str, str]] = []
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for node in graph.node:
             if node.domain != "onnxq" or not node.input or node.input[0] not in stored:
                 continue

@@ -15,6 +15,7 @@ import pytest
 import onnxq
 from onnxq import runtime
 from onnxq.cast import native
+from tests.edge_data import KINDS, edge_data
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason=f"native library not built: {native.missing_reason()}"
@@ -27,40 +28,7 @@ FORMATS = [
 ]  # fmt: skip
 SIMD = ["base", "avx2", "avx512"]
 SHAPES = [(6, 35), (3, 100), (2, 3, 33), (1,), (5, 8), (4, 1), (2, 130), (3, 64)]
-KINDS = ["random", "ties", "pow2", "subnormal", "special", "zeros", "huge"]
 FIELDS = ["data", "scale", "zero", "tenscale", "meta", "mask"]
-
-
-def _data(shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    n = int(np.prod(shape))
-    if kind == "random":
-        x = rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))
-    elif kind == "ties":  # halfway points of many grids, next to powers of two fixing scales
-        x = (rng.integers(-64, 64, n) + 0.5) * np.exp2(rng.integers(-12, 4, n))
-        x[:: max(1, n // 7)] = np.exp2(rng.integers(-3, 6, x[:: max(1, n // 7)].size))
-    elif kind == "pow2":  # powers of two, the float just below and just above each
-        v = np.exp2(rng.integers(-149, 128, n).astype(np.float64)).astype(np.float32)
-        pick = rng.integers(0, 3, n)
-        down = np.nextafter(v, np.float32(0))
-        up = np.nextafter(v, np.float32(np.inf))
-        x = np.where(pick == 0, down, np.where(pick == 1, v, up)) * rng.choice([-1, 1], n)
-    elif kind == "subnormal":
-        x = rng.standard_normal(n) * 2.0 ** rng.integers(-149, -120, n)
-    elif kind == "special":
-        x = rng.standard_normal(n) * np.exp2(rng.integers(-140, 128, n))
-        specials = np.array(
-            [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 3.4028235e38, -3.4028235e38,
-             2.0**-149, -(2.0**-149), 2.0**-126, 1 - 2**-24, 448.0, 464.0, 6.0, 7.0, 0.25],
-        )  # fmt: skip
-        where = rng.integers(0, n, max(1, n // 3))
-        x[where] = rng.choice(specials, where.size)
-    elif kind == "huge":  # tiles whose scale saturates at the top of E8M0
-        x = rng.standard_normal(n) * 2.0**126
-    else:
-        x = np.zeros(n) * rng.choice([-1, 1], n)  # signed zeros
-    with np.errstate(all="ignore"):
-        return x.astype(np.float32).reshape(shape)
 
 
 def _fields(q: onnxq.QTensor | object) -> dict[str, np.ndarray | None]:
@@ -107,7 +75,7 @@ def _check(x, name, mode, monkeypatch, simds=SIMD, **kw) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_codes_equal_reference(name: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for i, shape in enumerate(SHAPES):
-        x = _data(shape, kind, seed=hash((name, kind, i)) % 2**32)
+        x = edge_data(shape, kind, seed=hash((name, kind, i)) % 2**32)
         _check(x, name, "actual", monkeypatch)
 
 
@@ -116,26 +84,26 @@ def test_codes_equal_reference(name: str, kind: str, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("rmode", ["even", "away", "zero"])
 def test_codes_modes(name: str, policy: str, rmode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for kind in ["special", "ties"]:
-        x = _data((7, 67), kind, seed=11)
+        x = edge_data((7, 67), kind, seed=11)
         _check(x, name, "actual", monkeypatch, nan_policy=policy, round_mode=rmode)
 
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_compress_equal_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for shape in [(5, 33), (4, 64), (2, 3, 17)]:
-        _check(_data(shape, "special", seed=3), name, "compress", monkeypatch)
+        _check(edge_data(shape, "special", seed=3), name, "compress", monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["mxfp4", "mxint8", "mx6", "nvfp4", "bfp16"])
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_codes_axes(name: str, axis: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    x = _data((5, 40, 3), "random", seed=axis + 7)
+    x = edge_data((5, 40, 3), "random", seed=axis + 7)
     _check(x, name, "actual", monkeypatch, axis=axis)
 
 
 @pytest.mark.parametrize("name", ["mxfp8e4", "mxint8", "mx9"])
 def test_codes_scale_modes_and_int_range(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    x = _data((6, 70), "ties", seed=5)
+    x = edge_data((6, 70), "ties", seed=5)
     for smode in ["floor", "ceil", "even"]:
         _check(x, name, "actual", monkeypatch, simds=["avx2"], scale_mode=smode)
     _check(x, name, "actual", monkeypatch, simds=["avx2"], int_range="full")
@@ -174,7 +142,7 @@ def test_session_packed_in_place(name: str, policy: str, monkeypatch: pytest.Mon
     # Odd widths (a stream whose tiles do not start on a byte: packed afterwards), even ones
     # (packed in place) and a large tensor split over threads.
     for shape in [(5, 33), (4, 64), (3, 35), (64, 256), (1, 7)]:
-        x = _data(shape, "special", seed=shape[1])
+        x = edge_data(shape, "special", seed=shape[1])
         monkeypatch.setenv("ONNXQ_SIMD", "none")
         want = _session_outputs(name, x, nan_policy=policy)
         ref = _cast(x, name, "compress", "reference", nan_policy=policy)

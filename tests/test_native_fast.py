@@ -12,12 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import onnxq
-
-_ = onnxq.cast
-from onnxq.cast import native, reference  # noqa: E402
-from onnxq.formats.datatype import datatype  # noqa: E402
-from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode  # noqa: E402
+from onnxq.cast import native, reference
+from onnxq.formats.datatype import datatype
+from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+from tests.edge_data import edge_data
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason=f"native library not built: {native.missing_reason()}"
@@ -32,38 +30,6 @@ FAST = [
 ]  # fmt: skip
 SIMD = ["base", "avx2", "avx512"]
 SHAPES = [(6, 35), (3, 100), (2, 3, 33), (1,), (5, 8), (4, 1), (2, 130)]
-
-
-def _data(shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    n = int(np.prod(shape))
-    if kind == "random":
-        x = rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))
-    elif kind == "ties":  # halfway points of many grids, next to powers of two fixing scales
-        x = (rng.integers(-64, 64, n) + 0.5) * np.exp2(rng.integers(-12, 4, n))
-        x[:: max(1, n // 7)] = np.exp2(rng.integers(-3, 6, x[:: max(1, n // 7)].size))
-    elif kind == "pow2":  # powers of two, the float just below and just above each
-        v = np.exp2(rng.integers(-149, 128, n).astype(np.float64)).astype(np.float32)
-        pick = rng.integers(0, 3, n)
-        down = np.nextafter(v, np.float32(0))
-        up = np.nextafter(v, np.float32(np.inf))
-        x = np.where(pick == 0, down, np.where(pick == 1, v, up)) * rng.choice([-1, 1], n)
-    elif kind == "subnormal":
-        x = rng.standard_normal(n) * 2.0 ** rng.integers(-149, -120, n)
-    elif kind == "special":
-        x = rng.standard_normal(n) * np.exp2(rng.integers(-140, 128, n))
-        specials = np.array(
-            [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 3.4028235e38, -3.4028235e38,
-             2.0**-149, -(2.0**-149), 2.0**-126, 1 - 2**-24, 448.0, 464.0, 6.0, 7.0, 0.25],
-        )  # fmt: skip
-        where = rng.integers(0, n, max(1, n // 3))
-        x[where] = rng.choice(specials, where.size)
-    elif kind == "huge":  # tiles whose scale saturates at the top of E8M0
-        x = rng.standard_normal(n) * 2.0**126
-    else:
-        x = np.zeros(n)
-    with np.errstate(all="ignore"):
-        return x.astype(np.float32).reshape(shape)
 
 
 def _check(x: np.ndarray, name: str, simd: str, monkeypatch: pytest.MonkeyPatch, **kw) -> None:
@@ -91,7 +57,7 @@ def test_fast_virtual_equals_reference(
     name: str, kind: str, simd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for i, shape in enumerate(SHAPES):
-        x = _data(shape, kind, seed=100 + i)
+        x = edge_data(shape, kind, seed=100 + i)
         for rm in (RoundMode.EVEN, RoundMode.AWAY, RoundMode.ZERO):
             for policy in NanPolicy:
                 _check(x, name, simd, monkeypatch, axis=-1, round_mode=rm, nan_policy=policy)
@@ -104,7 +70,7 @@ def test_fast_scale_modes_and_full_int_range(
     name: str, sm: ScaleMode, simd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for kind in ("random", "ties", "pow2", "special"):
-        x = _data((7, 67), kind, seed=7)
+        x = edge_data((7, 67), kind, seed=7)
         for full in (False, True):
             for rm in (RoundMode.EVEN, RoundMode.AWAY, RoundMode.ZERO):
                 _check(
@@ -115,7 +81,7 @@ def test_fast_scale_modes_and_full_int_range(
 
 @pytest.mark.parametrize("simd", SIMD)
 def test_fast_large_tensor_threads(simd: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    x = _data((257, 1000), "special", seed=3)
+    x = edge_data((257, 1000), "special", seed=3)
     for name in ("mxfp8e4", "mx6", "nvfp4", "bfp16"):
         _check(x, name, simd, monkeypatch, axis=-1)
         dt = datatype(name)
