@@ -45,6 +45,7 @@ __all__ = [
     "SUPPORTED_OP_TYPES",
     "ActivationEntry",
     "Override",
+    "PlanEntry",
     "QuantPlan",
     "Recipe",
     "WeightEntry",
@@ -430,14 +431,14 @@ def deployment_recipe(name: str, block_size: int | None = None) -> Recipe:
 
 # -- the plan ---------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WeightEntry:
-    """One weight to quantize once, however many nodes use it.
+class PlanEntry:
+    """One tensor the graph pass quantizes.
 
     Attributes:
-        tensor: the initializer or Constant output name.
+        tensor: the tensor name (initializer, Constant output or activation).
         dtype: its data type.
         axis: the axis tiles run along (the consumers' reduction axis, mapped back through
-            Transpose).
+            Transpose for weights).
         round_mode: element rounding.
         scale_mode: scale selection.
         consumers: names (or op types) of the target nodes that read it.
@@ -454,26 +455,13 @@ class WeightEntry:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ActivationEntry:
-    """One activation tensor that gets one QuantizeMX -> DequantizeMX pair.
+class WeightEntry(PlanEntry):
+    """A weight quantized once, however many nodes use it."""
 
-    Attributes:
-        tensor: the tensor name.
-        dtype: its data type.
-        axis: the consuming ops' reduction axis of it.
-        round_mode: element rounding.
-        scale_mode: scale selection.
-        consumers: the target nodes that read it (all are rewired to the dequantized tensor).
-        reason: why this format and axis.
-    """
 
-    tensor: str
-    dtype: DataType
-    axis: int
-    round_mode: str
-    scale_mode: str
-    consumers: tuple[str, ...]
-    reason: str
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ActivationEntry(PlanEntry):
+    """An activation tensor that gets one QuantizeMX -> DequantizeMX pair for all consumers."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
