@@ -105,3 +105,25 @@ def test_every_element_of_a_binade_rounds_like_the_reference(
     for name in ("mxfp4", "mxfp6e2", "mxfp8e4", "mxint8"):
         for rm in (RoundMode.EVEN, RoundMode.AWAY, RoundMode.ZERO):
             _check(x, name, "", monkeypatch, axis=-1, round_mode=rm)
+
+
+@pytest.mark.parametrize("simd", SIMD)
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp8e5", "mxfp6e2", "mxfp6e3", "mxfp4", "mxint8"])
+def test_fast_scale_mode_thresholds(name: str, simd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles whose absmax mantissa lies on, just below and just above every point where a
+    scale mode moves the exponent up (the fast path reads these from amax's mantissa bits).
+
+    Every threshold of these element formats is a multiple of 2^17 in the float32 mantissa:
+    ceil at 0, option3/even at 2^23 - 2^(22 - mbits), midmax/topbinade at the mantissas of
+    midmax and maxfloat (448 = 1.75 * 2^8 -> 0x600000, 464 = 1.8125 * 2^8 -> 0x680000, ...).
+    """
+    rng = np.random.default_rng(11)
+    mant = (np.arange(64)[:, None] * (1 << 17) + np.arange(-2, 3)[None, :]).reshape(-1)
+    mant = mant[(mant >= 0) & (mant < 1 << 23)].astype(np.uint32)
+    rows = mant.size
+    exps = rng.integers(100, 160, rows).astype(np.uint32)
+    amax = ((exps << 23) | mant).view(np.float32)
+    x = (rng.uniform(-1, 1, (rows, 32)) * amax[:, None]).astype(np.float32)
+    x[np.arange(rows), rng.integers(0, 32, rows)] = amax * rng.choice([-1, 1], rows)
+    for sm in ScaleMode:
+        _check(x, name, simd, monkeypatch, axis=-1, scale_mode=sm)

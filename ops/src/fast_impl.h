@@ -84,6 +84,104 @@ static inline uint32_t fk_elem(uint32_t xb, const FastTile& t, const FastFormat&
   }
 }
 
+// Round to nearest even by float32 arithmetic, the cheap form of fk_elem_t<FL, 0> (same
+// bits): an int grid 2^k, and the subnormal range of a float element, round by adding and
+// subtracting 2^(k + 23), whose float32 spacing is 2^k (exact: |x| < 2^(k + 23) for every
+// finite x of the tile); the normal range of a float element keeps mbits mantissa bits with
+// an integer add. Only when the FPU keeps subnormals (fk_fpu_exact). Magnitudes stay below
+// 2^31, so signed compares (which every SIMD level has) are used.
+template <bool FL, bool SHIFT>
+__attribute__((always_inline)) static inline uint32_t fk_rne_elem(uint32_t xb, uint32_t sh,
+                                                                  const FastTile& t, int d,
+                                                                  bool negzero) {
+  int32_t b = static_cast<int32_t>(xb & 0x7FFFFFFFu);
+  uint32_t sign = xb & 0x80000000u;
+  uint32_t magic = t.magic - (SHIFT ? sh << 23 : 0u);
+  float fb, fm;
+  __builtin_memcpy(&fb, &b, 4);
+  __builtin_memcpy(&fm, &magic, 4);
+  float fr = (fb + fm) - fm;
+  int32_t r;
+  __builtin_memcpy(&r, &fr, 4);
+  if (FL) {
+    int32_t half_m1 = (1 << (d - 1)) - 1;
+    int32_t rn = (b + half_m1 + ((b >> d) & 1)) & ~((1 << d) - 1);
+    r = b >= static_cast<int32_t>(t.norm_thr) ? rn : r;
+  }
+  int32_t top = static_cast<int32_t>((sign ? t.top_neg : t.top_pos) - (SHIFT ? sh << 23 : 0u));
+  int32_t mag = r < top ? r : top;
+  uint32_t out = static_cast<uint32_t>(mag) | sign;
+  out = (!negzero & (mag == 0)) ? 0u : out;
+  return b > 0x7F800000 ? 0x7FC00000u : out;  // NaN: the reference's canonical NaN
+}
+
+template <bool FL, bool SHIFT, int TC>
+static inline void fk_rne_loop_t(const uint32_t* in, uint32_t* out, const uint32_t* shift, int n,
+                                 const FastTile& t, int mbits, bool negzero) {
+  if (TC > 0) n = TC;
+  const int d = 23 - mbits;
+  for (int j = 0; j < n; ++j)
+    out[j] = fk_rne_elem<FL, SHIFT>(in[j], SHIFT ? shift[j] : 0u, t, d, negzero);
+}
+
+template <int TC>
+static inline void fk_rne_loop(const uint32_t* in, uint32_t* out, const uint32_t* shift, int n,
+                               const FastTile& t, const FastFormat& ff) {
+  if (ff.is_float) {
+    if (shift) fk_rne_loop_t<true, true, TC>(in, out, shift, n, t, ff.mbits, ff.negzero);
+    else fk_rne_loop_t<true, false, TC>(in, out, shift, n, t, ff.mbits, ff.negzero);
+  } else {
+    if (shift) fk_rne_loop_t<false, true, TC>(in, out, shift, n, t, 0, ff.negzero);
+    else fk_rne_loop_t<false, false, TC>(in, out, shift, n, t, 0, ff.negzero);
+  }
+}
+
+// Whether float32 adds see subnormals as they are (no denormals-are-zero / flush-to-zero).
+static inline bool fk_fpu_exact() {
+#if defined(__x86_64__) || defined(__i386__)
+  return (__builtin_ia32_stmxcsr() & 0x8040u) == 0;
+#else
+  return false;
+#endif
+}
+
+// 2^floor(log2 a) as float32 bits for the magnitude bits A of a finite a (0 for a = 0).
+static inline uint32_t fk_binade(uint32_t A) {
+  if (A >= 0x800000u) return A & 0x7F800000u;
+  return A ? 1u << (31 - __builtin_clz(A)) : 0u;
+}
+
+// The exponent-scaled tile's parameters from its statistics, integer only (scale_exponent and
+// fast_tile's checks). False: the tile needs the general path.
+static inline bool fk_exp_params(const FastFormat& ff, uint32_t A, bool nan, bool nonfinite,
+                                 FastTile* t) {
+  t->nan_tile = ff.policy == 1 ? nonfinite : (ff.nan_on_nan && nan);
+  t->thr = fk_binade(A);
+  t->zero_tile = A == 0 && !nonfinite;
+  if (t->nan_tile || t->zero_tile) {
+    t->kint = ff.low - ff.frac;  // the scale code of amax = 0 (unused for NaN tiles)
+    return true;
+  }
+  if (A < 0x800000u) return false;  // zero or subnormal amax with Inf/NaN around: general path
+  int e = static_cast<int>(A >> 23) - 127;
+  int bump = ff.is_float && (A & 0x7FFFFFu) >= ff.bump_ge ? 1 : 0;
+  int st = e + bump - ff.emax + ff.frac;
+  st = st < ff.low ? ff.low : st > ff.high ? ff.high : st;
+  int s = st - ff.frac;
+  int room = ff.sub ? 1 : 0;
+  t->kint = s;
+  t->kmin = ff.emin - ff.mbits + s;
+  if (s > 128 || t->kmin > 128) return false;
+  if (ff.is_float && t->kmin < -126 - ff.mbits) return false;
+  if (!fast_top(ff.top_field, ff.top_mant, s, room, &t->top_pos)) return false;
+  t->top_neg = t->top_pos;
+  if (ff.full_int_range && !ff.is_float && !fast_top(ff.neg_field, 0, s, room, &t->top_neg))
+    return false;
+  t->magic = t->norm_thr = 0;
+  if (ff.rm == 0 && !fk_rne_grid(ff, t->kmin, room, &t->magic, &t->norm_thr)) return false;
+  return true;
+}
+
 // The element loop of one tile: out[j] from in[j] with shift[j] (0, or 1 in a shifted subtile).
 template <bool FL, int RM, int TC>
 static inline void fk_loop_t(const uint32_t* in, uint32_t* out, const uint32_t* shift, int n,
@@ -121,19 +219,19 @@ static inline void fk_loop(const uint32_t* in, uint32_t* out, const uint32_t* sh
   }
 }
 
-// Statistics of one tile: largest finite magnitude (bits), any NaN, any Inf/NaN.
+// Statistics of one tile: largest finite magnitude (bits), any NaN, any Inf/NaN. Signed
+// arithmetic: GCC vectorizes signed max reductions but not this unsigned one.
 static inline void fk_stats(const uint32_t* xb, int n, uint32_t* amax, bool* nan, bool* nonfinite) {
-  uint32_t m = 0, anynan = 0, anynf = 0;
+  int32_t m = 0, all = 0;
   for (int j = 0; j < n; ++j) {
-    uint32_t b = xb[j] & 0x7FFFFFFFu;
-    uint32_t fin = b < 0x7F800000u ? b : 0u;
+    int32_t b = static_cast<int32_t>(xb[j] & 0x7FFFFFFFu);
+    int32_t fin = b < 0x7F800000 ? b : 0;
     m = fin > m ? fin : m;
-    anynan |= b > 0x7F800000u ? 1u : 0u;
-    anynf |= b >= 0x7F800000u ? 1u : 0u;
+    all = b > all ? b : all;
   }
-  *amax = m;
-  *nan = anynan != 0;
-  *nonfinite = anynf != 0;
+  *amax = static_cast<uint32_t>(m);
+  *nan = all > 0x7F800000;
+  *nonfinite = all >= 0x7F800000;
 }
 
 // -- codes (elements.encode_values on the rounded float32 bits) --------------------------------
@@ -250,10 +348,47 @@ static inline void fk_put_codes(const FastFormat& ff, const FkDst& d, const uint
   if (d.packed) fk_pack(cb, n, ff.code_bits, d.packed + (d.o * ff.code_bits) / 8);
 }
 
+// MX6/MX9: below[j] = 1 when every finite magnitude of j's subtile of S elements lies below
+// thr = 2^floor(log2 amax) (that subtile takes one more bit). Padding past n is zero: below the
+// threshold unless the tile is all zero. Subtiles of 2 in one pass GCC vectorizes.
+template <int TC>
+static inline void fk_below(const uint32_t* xb, int n, int S, uint32_t thr, uint32_t* below,
+                            uint8_t* meta) {
+  const int32_t th = static_cast<int32_t>(thr);
+  if (TC > 0 && S == 2) {
+    for (int p = 0; p < TC / 2; ++p) {
+      int32_t b0 = static_cast<int32_t>(xb[2 * p] & 0x7FFFFFFFu);
+      int32_t b1 = static_cast<int32_t>(xb[2 * p + 1] & 0x7FFFFFFFu);
+      b0 = b0 < 0x7F800000 ? b0 : 0;
+      b1 = b1 < 0x7F800000 ? b1 : 0;
+      int32_t m = b0 > b1 ? b0 : b1;
+      uint32_t all = m < th ? 1u : 0u;
+      below[2 * p] = all;
+      below[2 * p + 1] = all;
+    }
+    if (meta)
+      for (int p = 0; p < TC / 2; ++p) meta[p] = static_cast<uint8_t>(below[2 * p]);
+    return;
+  }
+  for (int j = 0; j < n; ++j) {
+    int32_t b = static_cast<int32_t>(xb[j] & 0x7FFFFFFFu);
+    int32_t fin = b < 0x7F800000 ? b : 0;
+    below[j] = fin < th ? 1u : 0u;
+  }
+  for (int j = n; j < ((n + S - 1) / S) * S; ++j) below[j] = thr > 0 ? 1u : 0u;
+  for (int j0 = 0; j0 < n; j0 += S) {
+    uint32_t all = 1;
+    for (int j = j0; j < j0 + S; ++j) all &= below[j];
+    for (int j = j0; j < j0 + S && j < n; ++j) below[j] = all;
+    if (meta) meta[j0 / S] = static_cast<uint8_t>(all);
+  }
+}
+
 // Exponent-scaled tile of n (== TC when TC > 0) elements; returns false (nothing written) when
-// the tile needs the general path.
+// the tile needs the general path. rne: fk_rne applies (round to nearest even, exact FPU).
 template <int TC, bool CODES>
-static inline bool fk_exp_tile(const FastFormat& ff, const float* x, const FkDst& d, int n) {
+static inline bool fk_exp_tile(const FastFormat& ff, const float* x, const FkDst& d, int n,
+                               bool rne) {
   if (TC > 0) n = TC;
   uint32_t xb[TC > 0 ? TC : 1024];
   __builtin_memcpy(xb, x, static_cast<size_t>(n) * 4);
@@ -261,37 +396,33 @@ static inline bool fk_exp_tile(const FastFormat& ff, const float* x, const FkDst
   bool nan, nonfinite;
   fk_stats(xb, n, &amax, &nan, &nonfinite);
   FastTile t;
-  if (!fast_tile(ff, amax, nan, nonfinite, &t)) return false;
+  if (!fk_exp_params(ff, amax, nan, nonfinite, &t)) return false;
   uint32_t yb[TC > 0 ? TC : 1024];
   uint8_t cb[TC > 0 ? TC : 1024];
   uint32_t below[TC > 0 ? TC : 1024];
-  bool sub = ff.sub && (!t.nan_tile || (CODES && d.meta));
-  if (sub) {
-    // MX6/MX9: a subtile whose magnitudes all lie below 2^floor(log2 amax) takes one more bit.
-    for (int j = 0; j < n; ++j) {
-      uint32_t b = xb[j] & 0x7FFFFFFFu;
-      uint32_t fin = b < 0x7F800000u ? b : 0u;
-      below[j] = fin < t.thr ? 1u : 0u;
+  uint8_t* meta = CODES ? d.meta : nullptr;
+  if (t.zero_tile) {
+    // Every element is +-0: the result keeps the sign where the format has -0.
+    uint32_t keep = ff.negzero ? 0x80000000u : 0u;
+    for (int j = 0; j < n; ++j) yb[j] = xb[j] & keep;
+    if (CODES) {
+      int sb = ff.code_bits - 1;
+      for (int j = 0; j < n; ++j) cb[j] = static_cast<uint8_t>((yb[j] >> 31) << sb);
+      if (meta) __builtin_memset(meta, 0, static_cast<size_t>((n + ff.sub - 1) / ff.sub));
     }
-    int S = ff.sub;
-    // Padding of a tail tile is zero: below the threshold unless the tile is all zero.
-    for (int j = n; j < ((n + S - 1) / S) * S; ++j) below[j] = t.thr > 0 ? 1u : 0u;
-    for (int j0 = 0; j0 < n; j0 += S) {
-      uint32_t all = 1;
-      for (int j = j0; j < j0 + S; ++j) all &= below[j];
-      for (int j = j0; j < j0 + S && j < n; ++j) below[j] = all;
-      if (CODES && d.meta) d.meta[j0 / S] = static_cast<uint8_t>(all);
-    }
-  }
-  if (t.nan_tile) {
+  } else if (t.nan_tile) {
+    if (ff.sub && meta) fk_below<TC>(xb, n, ff.sub, t.thr, below, meta);
     for (int j = 0; j < n; ++j) yb[j] = 0x7FC00000u;
     if (CODES) __builtin_memset(cb, 0, static_cast<size_t>(n));
-  } else if (sub) {
-    fk_loop<TC>(xb, yb, below, n, t, ff);
-    if (CODES) fk_codes(yb, below, n, t.kint, ff, cb);
   } else {
-    fk_loop<TC>(xb, yb, nullptr, n, t, ff);
-    if (CODES) fk_codes(yb, nullptr, n, t.kint, ff, cb);
+    const uint32_t* shift = nullptr;
+    if (ff.sub) {
+      fk_below<TC>(xb, n, ff.sub, t.thr, below, meta);
+      shift = below;
+    }
+    if (rne) fk_rne_loop<TC>(xb, yb, shift, n, t, ff);
+    else fk_loop<TC>(xb, yb, shift, n, t, ff);
+    if (CODES) fk_codes(yb, shift, n, t.kint, ff, cb);
   }
   if (d.y) __builtin_memcpy(d.y + d.o, yb, static_cast<size_t>(n) * 4);
   if (CODES) {
@@ -302,10 +433,121 @@ static inline bool fk_exp_tile(const FastFormat& ff, const float* x, const FkDst
   return true;
 }
 
+// -- explicit 8-lane vectors (GCC vector extensions) for round to nearest even ---------------
+// Small tiles (8, 16) leave the auto-vectorizer too few iterations; these kernels do one tile
+// as TC / 8 vectors of 8 lanes, each lowered to the target's widest registers (two SSE
+// registers on the baseline). Same arithmetic as fk_stats / fk_exp_params / fk_rne_elem.
+typedef int32_t fk_vi __attribute__((vector_size(32)));
+typedef float fk_vf __attribute__((vector_size(32)));
+
+__attribute__((always_inline)) static inline fk_vi fk_vload(const float* x) {
+  fk_vi v;
+  __builtin_memcpy(&v, x, 32);
+  return v;
+}
+__attribute__((always_inline)) static inline fk_vi fk_vmax(fk_vi a, fk_vi b) { return a > b ? a : b; }
+__attribute__((always_inline)) static inline int32_t fk_hmax(fk_vi v) {
+  v = fk_vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3));
+  v = fk_vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5));
+  v = fk_vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6));
+  return v[0];
+}
+
+// One vector of fk_rne_elem: sh23 = the subtile shift << 23 per lane (or zero).
+template <bool FL>
+__attribute__((always_inline)) static inline fk_vi fk_vrne(fk_vi xb, fk_vi sh23, const FastTile& t, int d, bool negzero) {
+  const fk_vi b = xb & 0x7FFFFFFF;
+  const fk_vi neg = xb < 0;
+  const fk_vi magic = static_cast<int32_t>(t.magic) - sh23;
+  fk_vf fr = ((fk_vf)b + (fk_vf)magic) - (fk_vf)magic;
+  fk_vi r = (fk_vi)fr;
+  if (FL) {
+    const int32_t half_m1 = (1 << (d - 1)) - 1, keep = ~((1 << d) - 1);
+    fk_vi rn = (b + half_m1 + ((b >> d) & 1)) & keep;
+    r = b >= static_cast<int32_t>(t.norm_thr) ? rn : r;
+  }
+  fk_vi top = neg ? static_cast<int32_t>(t.top_neg) : static_cast<int32_t>(t.top_pos);
+  top -= sh23;
+  fk_vi mag = r < top ? r : top;
+  fk_vi out = mag | (xb & static_cast<int32_t>(0x80000000u));
+  if (!negzero) out = mag == 0 ? 0 : out;
+  return b > 0x7F800000 ? static_cast<int32_t>(0x7FC00000) : out;
+}
+
+// Exponent-scaled tile of TC (a multiple of 8) elements by fk_vrne; false: general path.
+template <int TC, bool CODES>
+__attribute__((always_inline)) static inline bool fk_vexp_tile(const FastFormat& ff, const float* x, const FkDst& d) {
+  constexpr int NV = TC / 8;
+  fk_vi xv[NV];
+  fk_vi mf = {}, ma = {};
+  for (int v = 0; v < NV; ++v) {
+    xv[v] = fk_vload(x + 8 * v);
+    fk_vi b = xv[v] & 0x7FFFFFFF;
+    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
+    ma = fk_vmax(ma, b);
+  }
+  int32_t all = fk_hmax(ma);
+  FastTile t;
+  if (!fk_exp_params(ff, static_cast<uint32_t>(fk_hmax(mf)), all > 0x7F800000,
+                     all >= 0x7F800000, &t))
+    return false;
+  fk_vi sh[NV];
+  const int32_t thr = static_cast<int32_t>(t.thr);
+  for (int v = 0; v < NV; ++v) {
+    sh[v] = fk_vi{} ;
+    if (ff.sub == 2) {  // MX6/MX9: a pair below 2^floor(log2 amax) takes one more bit
+      fk_vi b = xv[v] & 0x7FFFFFFF;
+      b = b < 0x7F800000 ? b : 0;
+      fk_vi m = fk_vmax(b, __builtin_shufflevector(b, b, 1, 0, 3, 2, 5, 4, 7, 6));
+      sh[v] = (m < thr) & 1;
+    }
+  }
+  fk_vi yv[NV];
+  if (t.zero_tile) {
+    const int32_t keep = ff.negzero ? static_cast<int32_t>(0x80000000u) : 0;
+    for (int v = 0; v < NV; ++v) {
+      yv[v] = xv[v] & keep;
+      sh[v] = fk_vi{};
+    }
+  } else if (t.nan_tile) {
+    for (int v = 0; v < NV; ++v) yv[v] = fk_vi{} + static_cast<int32_t>(0x7FC00000);
+  } else {
+    const int dd = 23 - ff.mbits;
+    for (int v = 0; v < NV; ++v)
+      yv[v] = ff.is_float ? fk_vrne<true>(xv[v], sh[v] << 23, t, dd, ff.negzero)
+                          : fk_vrne<false>(xv[v], sh[v] << 23, t, 0, ff.negzero);
+  }
+  // Vector by vector: one wide copy of the whole array would read back across several
+  // narrower stores (a store-forwarding stall).
+  if (d.y)
+    for (int v = 0; v < NV; ++v) __builtin_memcpy(d.y + d.o + 8 * v, &yv[v], 32);
+  if (CODES) {
+    uint32_t yb[TC], below[TC];
+    uint8_t cb[TC];
+    __builtin_memcpy(yb, yv, TC * 4);
+    __builtin_memcpy(below, sh, TC * 4);
+    if (t.zero_tile) {
+      int sb = ff.code_bits - 1;
+      for (int j = 0; j < TC; ++j) cb[j] = static_cast<uint8_t>((yb[j] >> 31) << sb);
+    } else if (t.nan_tile) {
+      __builtin_memset(cb, 0, TC);
+    } else {
+      fk_codes(yb, ff.sub ? below : nullptr, TC, t.kint, ff, cb);
+    }
+    fk_put_codes(ff, d, cb, TC);
+    if (d.meta)
+      for (int p = 0; p < TC / 2; ++p) d.meta[p] = static_cast<uint8_t>(below[2 * p]);
+    if (d.scale) *d.scale = static_cast<uint8_t>(t.nan_tile ? ff.scale_nan_code
+                                                            : t.kint + ff.scale_code_add);
+  }
+  return true;
+}
+
 // Float-scaled tile (NVFP4 and friends): v = x / eff in float32, rounded on the element grid,
 // times eff in float32 - the reference's operations, in its order.
 template <int TC, bool CODES>
-static inline bool fk_float_tile(const FastFormat& ff, const float* x, const FkDst& d, int n) {
+static inline bool fk_float_tile(const FastFormat& ff, const float* x, const FkDst& d, int n,
+                                 bool rne) {
   if (TC > 0) n = TC;
   uint32_t xb[TC > 0 ? TC : 1024];
   __builtin_memcpy(xb, x, static_cast<size_t>(n) * 4);
@@ -340,7 +582,8 @@ static inline bool fk_float_tile(const FastFormat& ff, const float* x, const FkD
   for (int j = 0; j < n; ++j) v[j] = pos ? x[j] / eff : x[j] != x[j] ? x[j] : 0.0f;
   uint32_t vb[TC > 0 ? TC : 1024];
   __builtin_memcpy(vb, v, static_cast<size_t>(n) * 4);
-  fk_loop<TC>(vb, vb, nullptr, n, t, ff);
+  if (rne) fk_rne_loop<TC>(vb, vb, nullptr, n, t, ff);
+  else fk_loop<TC>(vb, vb, nullptr, n, t, ff);
   if (CODES) {
     uint8_t cb[TC > 0 ? TC : 1024];
     fk_codes(vb, nullptr, n, 0, ff, cb);
@@ -358,9 +601,11 @@ static inline bool fk_float_tile(const FastFormat& ff, const float* x, const FkD
 }
 
 template <int TC, bool CODES>
-static inline bool fk_tile(const FastFormat& ff, const float* x, const FkDst& d, int n) {
-  return ff.float_scale ? fk_float_tile<TC, CODES>(ff, x, d, n)
-                        : fk_exp_tile<TC, CODES>(ff, x, d, n);
+static inline bool fk_tile(const FastFormat& ff, const float* x, const FkDst& d, int n, bool rne) {
+  if (TC > 0 && TC % 8 == 0 && TC <= 64 && rne && !ff.float_scale && (ff.sub == 0 || ff.sub == 2))
+    return fk_vexp_tile<(TC > 0 ? TC : 8), CODES>(ff, x, d);
+  return ff.float_scale ? fk_float_tile<TC, CODES>(ff, x, d, n, rne)
+                        : fk_exp_tile<TC, CODES>(ff, x, d, n, rne);
 }
 
 // Rows [r0, r1) of a (rows, C) float32 tensor, tiles of ff.tc along each row. Tiles the fast
@@ -372,6 +617,7 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
   int tc = TC > 0 ? TC : ff.tc;
   const int64_t nC = out.nC, sub_cols = out.sub_cols;
   const int S = ff.sub;
+  const bool rne = ff.rm == 0 && ff.rne_add && fk_fpu_exact();
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * C;
     int64_t c0 = 0;
@@ -382,7 +628,7 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
         d.scale = out.scale ? out.scale + r * nC + c0 / tc : nullptr;
         d.meta = out.meta && S ? out.meta + r * sub_cols + c0 / S : nullptr;
       }
-      if (!fk_tile<TC, CODES>(ff, xr + c0, d, tc)) slow(slow_ctx, r, c0);
+      if (!fk_tile<TC, CODES>(ff, xr + c0, d, tc, rne)) slow(slow_ctx, r, c0);
     }
     if (c0 < C) {
       int n = static_cast<int>(C - c0);
@@ -392,7 +638,7 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
         d.meta = out.meta && S ? out.meta + r * sub_cols + c0 / S : nullptr;
       }
       // The tail tile: zero padding does not change the statistics, so it is a shorter tile.
-      if (!fk_tile<0, CODES>(ff, xr + c0, d, n)) slow(slow_ctx, r, c0);
+      if (!fk_tile<0, CODES>(ff, xr + c0, d, n, rne)) slow(slow_ctx, r, c0);
     }
   }
 }

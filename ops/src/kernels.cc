@@ -509,12 +509,21 @@ struct FastFormat {
   uint32_t nan_code = 0;
   int scale_code_add = 0, scale_emin = 0, scale_bias = 0, scale_bits = 8;
   uint32_t scale_nan_code = 0;
+  // exponent scales, integer-only (fk_exp_params): s = clamp(floor_log2 amax + bump - emax +
+  // frac, low, high) - frac, bump = mantissa bits of amax >= bump_ge (the scale mode)
+  int emax = 0, frac = 0, low = 0, high = 0;
+  uint32_t bump_ge = 0;
+  // round to nearest even with float32 adds (fk_rne): off when the FPU flushes subnormals
+  bool rne_add = false;
 };
 
 struct FastTile {
-  bool nan_tile = false;
+  bool nan_tile = false, zero_tile = false;
   int kint = 0, kmin = 0;
   uint32_t top_pos = 0, top_neg = 0, thr = 0;
+  // fk_rne: float32 bits of 2^(kmin + 23) (adding and subtracting it rounds to a multiple of
+  // 2^kmin) and of 2^(kmin + mbits), where float elements become normal
+  uint32_t magic = 0, norm_thr = 0;
   float eff = 0.0f, sc = 0.0f;
 };
 
@@ -540,6 +549,17 @@ inline bool fast_top(int field, uint32_t mant, int s, int room, uint32_t* out) {
 // The scale's number grid as a FastFormat/FastTile pair (cast_scale on float32 bits).
 inline uint32_t fast_scale_cast(const FastFormat& ff, uint32_t raw_bits);
 
+// fk_rne's constants for the element grid 2^k (k = kmin, `room` more halvings for subtile
+// shifts): 2^(k + 23) and, for floats, 2^(k + mbits) must be normal float32 numbers.
+inline bool fk_rne_grid(const FastFormat& ff, int k, int room, uint32_t* magic, uint32_t* norm) {
+  int fm = k + 23 + 127, fn = k + ff.mbits + 127;
+  if (fm - room < 1 || fm > 254) return false;
+  if (ff.is_float && (fn < 1 || fn > 254)) return false;
+  *magic = static_cast<uint32_t>(fm) << 23;
+  *norm = ff.is_float ? static_cast<uint32_t>(fn) << 23 : 0u;
+  return true;
+}
+
 bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinite, FastTile* t) {
   t->nan_tile = ff.policy == 1 ? nonfinite : (ff.nan_on_nan && nan);
   float amax = from_fbits(amax_bits);
@@ -554,6 +574,7 @@ bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinit
     t->kint = 0;
     t->kmin = ff.emin - ff.mbits;
     if (ff.is_float && t->kmin < -126 - ff.mbits) return false;
+    if (ff.rm == 0 && !fk_rne_grid(ff, t->kmin, 0, &t->magic, &t->norm_thr)) return false;
     if (!fast_top(ff.top_field, ff.top_mant, 0, 0, &t->top_pos)) return false;
     t->top_neg = t->top_pos;
     if (ff.full_int_range && !ff.is_float && !fast_top(ff.neg_field, 0, 0, 0, &t->top_neg))
@@ -659,6 +680,7 @@ bool fast_setup(const Ctx& c, FastFormat* ff) {
   ff->emin = n.kind == kFloat ? n.emin : 0;
   if (n.kind == kFloat && (n.mbits > 23 || n.emin < -1000)) return false;
   ff->rm = c.m.round_mode;
+  ff->rne_add = ff->mbits < 23;
   ff->sub = c.path == kExpShift ? static_cast<int>(g.Sc) : 0;
   ff->tc = static_cast<int>(g.Tc);
   ff->policy = c.m.nan_policy;
@@ -693,6 +715,26 @@ bool fast_setup(const Ctx& c, FastFormat* ff) {
     ff->ts = c.ts;
     FastTile probe;
     if (!fast_top(ff->top_field, ff->top_mant, 0, 0, &probe.top_pos)) return false;
+  }
+  if (!ff->float_scale) {
+    const Num& sc = f.scale;
+    ff->emax = n.emax;
+    ff->frac = int_frac_bits(n);
+    ff->low = -sc.bias;
+    ff->high = (1 << sc.ebits) - 2 - sc.bias;
+    // The scale mode as a threshold on amax's mantissa bits: the smallest mantissa whose
+    // exponent scale_exponent bumps (monotone within a binade, the same in every binade; the
+    // probe binade 2^emax is far from the clamps).
+    float base = std::ldexp(1.0f, n.emax);
+    int s0 = scale_exponent(base, n, sc, c.m.scale_mode);
+    if (std::abs(s0 + ff->frac) > 64 || !std::isfinite(base)) return false;
+    uint32_t lo = 0, hi = 0x800000u;  // answer in [lo, hi]; hi = never
+    while (lo < hi) {
+      uint32_t mid = (lo + hi) / 2;
+      bool bumps = scale_exponent(from_fbits(fbits(base) | mid), n, sc, c.m.scale_mode) > s0;
+      if (bumps) hi = mid; else lo = mid + 1;
+    }
+    ff->bump_ge = lo;
   }
   ff->code_bits = n.bits;
   ff->ebias = n.bias;
