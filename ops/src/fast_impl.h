@@ -543,6 +543,60 @@ __attribute__((always_inline)) static inline bool fk_vexp_tile(const FastFormat&
   return true;
 }
 
+// Float-scaled tile of TC (a multiple of 8) elements by fk_vrne (fk_float_tile's arithmetic).
+template <int TC, bool CODES>
+__attribute__((always_inline)) static inline bool fk_vfloat_tile(const FastFormat& ff,
+                                                                 const float* x,
+                                                                 const FkDst& d) {
+  constexpr int NV = TC / 8;
+  fk_vi xv[NV];
+  fk_vi mf = {}, ma = {};
+  for (int v = 0; v < NV; ++v) {
+    xv[v] = fk_vload(x + 8 * v);
+    fk_vi b = xv[v] & 0x7FFFFFFF;
+    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
+    ma = fk_vmax(ma, b);
+  }
+  int32_t all = fk_hmax(ma);
+  FastTile t;
+  if (!fast_tile(ff, static_cast<uint32_t>(fk_hmax(mf)), all > 0x7F800000, all >= 0x7F800000,
+                 &t))
+    return false;
+  if (CODES && d.scale) {
+    *d.scale = static_cast<uint8_t>(
+        t.nan_tile ? ff.scale_nan_code
+                   : fk_code_float(fbits(t.sc), 0, ff.scale_mbits, ff.scale_emin,
+                                   ff.scale_bias, ff.scale_bits, ff.scale_nan_code));
+  }
+  fk_vi rv[NV];
+  const float eff = t.eff;
+  const int dd = 23 - ff.mbits;
+  for (int v = 0; v < NV; ++v) {
+    fk_vf xf = (fk_vf)xv[v];
+    // eff > 0: x / eff; else x where NaN, 0 elsewhere (the reference's where(scale > 0, ...))
+    fk_vf q = eff > 0.0f ? xf / eff : (fk_vf)(xf != xf ? xv[v] : fk_vi{});
+    rv[v] = ff.is_float ? fk_vrne<true>((fk_vi)q, fk_vi{}, t, dd, ff.negzero)
+                        : fk_vrne<false>((fk_vi)q, fk_vi{}, t, 0, ff.negzero);
+    if (t.nan_tile) rv[v] = fk_vi{} + static_cast<int32_t>(0x7FC00000);
+  }
+  if (d.y) {
+    for (int v = 0; v < NV; ++v) {
+      fk_vf y = (fk_vf)rv[v] * eff;
+      fk_vi yi = y != y ? fk_vi{} + static_cast<int32_t>(0x7FC00000) : (fk_vi)y;
+      __builtin_memcpy(d.y + d.o + 8 * v, &yi, 32);
+    }
+  }
+  if (CODES) {
+    uint32_t yb[TC];
+    uint8_t cb[TC];
+    __builtin_memcpy(yb, rv, TC * 4);
+    if (t.nan_tile) __builtin_memset(cb, 0, TC);
+    else fk_codes(yb, nullptr, TC, 0, ff, cb);
+    fk_put_codes(ff, d, cb, TC);
+  }
+  return true;
+}
+
 // Float-scaled tile (NVFP4 and friends): v = x / eff in float32, rounded on the element grid,
 // times eff in float32 - the reference's operations, in its order.
 template <int TC, bool CODES>
@@ -604,6 +658,8 @@ template <int TC, bool CODES>
 static inline bool fk_tile(const FastFormat& ff, const float* x, const FkDst& d, int n, bool rne) {
   if (TC > 0 && TC % 8 == 0 && TC <= 64 && rne && !ff.float_scale && (ff.sub == 0 || ff.sub == 2))
     return fk_vexp_tile<(TC > 0 ? TC : 8), CODES>(ff, x, d);
+  if (TC > 0 && TC % 8 == 0 && TC <= 64 && rne && ff.float_scale)
+    return fk_vfloat_tile<(TC > 0 ? TC : 8), CODES>(ff, x, d);
   return ff.float_scale ? fk_float_tile<TC, CODES>(ff, x, d, n, rne)
                         : fk_exp_tile<TC, CODES>(ff, x, d, n, rne);
 }

@@ -1011,14 +1011,14 @@ std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
       const uint32_t* xb = static_cast<const uint32_t*>(io.x);
       pf(chunks, [&](int64_t c0, int64_t c1) {
         for (int64_t ch = c0; ch < c1; ++ch) {
-          uint32_t m = 0;
+          int32_t m = 0;  // signed: GCC vectorizes this max reduction, not the unsigned one
           int64_t end = std::min(g.size, (ch + 1) * kChunk);
           for (int64_t i = ch * kChunk; i < end; ++i) {
-            uint32_t b = xb[i] & 0x7FFFFFFFu;
-            uint32_t fin = b < 0x7F800000u ? b : 0u;
+            int32_t b = static_cast<int32_t>(xb[i] & 0x7FFFFFFFu);
+            int32_t fin = b < 0x7F800000 ? b : 0;
             m = fin > m ? fin : m;
           }
-          parts[static_cast<size_t>(ch)] = m;
+          parts[static_cast<size_t>(ch)] = static_cast<uint32_t>(m);
         }
       });
       uint32_t m = 0;
