@@ -453,6 +453,52 @@ __attribute__((always_inline)) static inline int32_t fk_hmax(fk_vi v) {
   return v[0];
 }
 
+// fk_code_float / fk_code_int on 8 lanes (s: the grid exponent per lane).
+__attribute__((always_inline)) static inline fk_vi fk_vcode(fk_vi y, fk_vi s,
+                                                            const FastFormat& ff) {
+  const fk_vi r = y & 0x7FFFFFFF;
+  const fk_vi neg = y < 0;
+  const fk_vi er = r >> 23;
+  const fk_vi ee = er != 0 ? er : 1;
+  const fk_vi mfull = (r & 0x7FFFFF) | (er != 0 ? 0x800000 : 0);
+  if (ff.is_float) {
+    const int mbits = ff.mbits;
+    const fk_vi E = ee - 127 - s;
+    fk_vi normal = ((E + ff.ebias) << mbits) | ((r >> (23 - mbits)) & ((1 << mbits) - 1));
+    fk_vi sh = 23 - mbits + ff.emin - E;
+    sh = sh < 0 ? 0 : sh > 31 ? 31 : sh;
+    fk_vi sub = mfull >> sh;
+    fk_vi mag = (er != 0) & (E >= ff.emin) ? normal : sub;
+    mag = r == 0 ? 0 : mag;
+    fk_vi code = mag | (neg & (1 << (ff.code_bits - 1)));
+    return r > 0x7F800000 ? static_cast<int32_t>(ff.nan_code) : code;
+  }
+  fk_vi sh = s + 150 - ee;
+  sh = sh < 0 ? 0 : sh > 31 ? 31 : sh;
+  fk_vi u = mfull >> sh;
+  fk_vi v = neg ? -u : u;
+  v &= (1 << ff.code_bits) - 1;
+  return r > 0x7F800000 ? 0 : v;
+}
+
+// 8 codes of `bits` (<= 8) each: one per byte into codes, or `bits` bytes of the LSB-first
+// stream into packed (8 codes always end on a byte).
+__attribute__((always_inline)) static inline void fk_vput(fk_vi c, int bits, uint8_t* codes,
+                                                          uint8_t* packed) {
+  if (codes) {
+    for (int i = 0; i < 8; ++i) codes[i] = static_cast<uint8_t>(c[i]);
+  }
+  if (!packed) return;
+  if (bits == 8) {
+    for (int i = 0; i < 8; ++i) packed[i] = static_cast<uint8_t>(c[i]);
+    return;
+  }
+  uint64_t acc = 0;
+  const uint64_t m = (1u << bits) - 1u;
+  for (int i = 0; i < 8; ++i) acc |= (static_cast<uint64_t>(c[i]) & m) << (bits * i);
+  __builtin_memcpy(packed, &acc, static_cast<size_t>(bits));
+}
+
 // One vector of fk_rne_elem: sh23 = the subtile shift << 23 per lane (or zero).
 template <bool FL>
 __attribute__((always_inline)) static inline fk_vi fk_vrne(fk_vi xb, fk_vi sh23, const FastTile& t, int d, bool negzero) {
@@ -522,21 +568,24 @@ __attribute__((always_inline)) static inline bool fk_vexp_tile(const FastFormat&
   if (d.y)
     for (int v = 0; v < NV; ++v) __builtin_memcpy(d.y + d.o + 8 * v, &yv[v], 32);
   if (CODES) {
-    uint32_t yb[TC], below[TC];
-    uint8_t cb[TC];
-    __builtin_memcpy(yb, yv, TC * 4);
-    __builtin_memcpy(below, sh, TC * 4);
-    if (t.zero_tile) {
-      int sb = ff.code_bits - 1;
-      for (int j = 0; j < TC; ++j) cb[j] = static_cast<uint8_t>((yb[j] >> 31) << sb);
-    } else if (t.nan_tile) {
-      __builtin_memset(cb, 0, TC);
-    } else {
-      fk_codes(yb, ff.sub ? below : nullptr, TC, t.kint, ff, cb);
+    const int bits = ff.code_bits;
+    uint8_t* packed = d.packed ? d.packed + (d.o * bits) / 8 : nullptr;
+    uint8_t* codes = d.codes ? d.codes + d.o : nullptr;
+    for (int v = 0; v < NV; ++v) {
+      fk_vi c;
+      if (t.zero_tile) {
+        c = (fk_vi)((fk_vi)(yv[v] >> 31) & 1) << (bits - 1);
+      } else if (t.nan_tile) {
+        c = fk_vi{};
+      } else {
+        c = fk_vcode(yv[v], t.kint - sh[v], ff);
+      }
+      fk_vput(c, bits, codes ? codes + 8 * v : nullptr, packed ? packed + bits * v : nullptr);
     }
-    fk_put_codes(ff, d, cb, TC);
-    if (d.meta)
-      for (int p = 0; p < TC / 2; ++p) d.meta[p] = static_cast<uint8_t>(below[2 * p]);
+    if (d.meta && ff.sub == 2) {
+      for (int v = 0; v < NV; ++v)
+        for (int p = 0; p < 4; ++p) d.meta[4 * v + p] = static_cast<uint8_t>(sh[v][2 * p]);
+    }
     if (d.scale) *d.scale = static_cast<uint8_t>(t.nan_tile ? ff.scale_nan_code
                                                             : t.kint + ff.scale_code_add);
   }
@@ -587,12 +636,13 @@ __attribute__((always_inline)) static inline bool fk_vfloat_tile(const FastForma
     }
   }
   if (CODES) {
-    uint32_t yb[TC];
-    uint8_t cb[TC];
-    __builtin_memcpy(yb, rv, TC * 4);
-    if (t.nan_tile) __builtin_memset(cb, 0, TC);
-    else fk_codes(yb, nullptr, TC, 0, ff, cb);
-    fk_put_codes(ff, d, cb, TC);
+    const int bits = ff.code_bits;
+    uint8_t* packed = d.packed ? d.packed + (d.o * bits) / 8 : nullptr;
+    uint8_t* codes = d.codes ? d.codes + d.o : nullptr;
+    for (int v = 0; v < NV; ++v) {
+      fk_vi c = t.nan_tile ? fk_vi{} : fk_vcode(rv[v], fk_vi{}, ff);
+      fk_vput(c, bits, codes ? codes + 8 * v : nullptr, packed ? packed + bits * v : nullptr);
+    }
   }
   return true;
 }
