@@ -1,8 +1,9 @@
 """Fake-quant (virtual cast) speed on a 4096x4096 float32 tensor, per format, in one run.
 
 Columns, each the best of ``--repeat`` timed runs after one warm-up:
-- ``native``: ``onnxq.cast(x, fmt, backend="native")`` (allocates its output, like every other
-  column but ``np.copyto``);
+- ``native``: ``onnxq.cast(x, fmt, backend="native")`` (allocates its output, like the
+  reference and Quark columns);
+- ``native out=``: the same cast into a preallocated array (``out=``), as ``np.copyto`` writes;
 - ``ort``: QuantizeMX + DequantizeMX in an onnxruntime session (``onnxq.runtime``), when the
   custom ops are built;
 - ``reference``: the numpy reference engine (skipped with ``--no-reference``);
@@ -172,13 +173,16 @@ def main() -> None:
     cpu = cpu_name()
     print(f"CPU: {cpu} ({os.cpu_count()} logical cores); tensor {shape} float32")
     print(f"np.copyto: {copy * 1e3:.2f} ms; other columns as multiples of it")
-    print(f"{'format':<26} {'native':>8} {'ort':>8} {'reference':>10} {'quark':>8} "
+    print(f"{'format':<26} {'native':>8} {'out=':>8} {'ort':>8} {'reference':>10} {'quark':>8} "
           f"{'quark/native':>13}")  # fmt: skip
     results: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "shape": list(shape),
                                "copyto_s": copy, "formats": {}}  # fmt: skip
     for name in args.formats or FORMATS:
         row: dict[str, float | None] = {}
         row["native_s"] = best(lambda n=name: onnxq.cast(x, n, backend="native"), args.repeat)
+        row["native_out_s"] = best(
+            lambda n=name: onnxq.cast(x, n, backend="native", out=dst), args.repeat
+        )
         sess = onnxq_session(name, shape)
         row["ort_s"] = best(lambda s=sess: s(x), args.repeat) if sess else None
         few = max(1, args.repeat // 3)
@@ -196,7 +200,8 @@ def main() -> None:
             return "-" if v is None else f"{v / copy:.1f}x"
 
         q_over_n = "-" if row["quark_s"] is None else f"{row['quark_s'] / row['native_s']:.0f}x"
-        print(f"{name:<26} {ratio('native_s'):>8} {ratio('ort_s'):>8} {ratio('reference_s'):>10} "
+        print(f"{name:<26} {ratio('native_s'):>8} {ratio('native_out_s'):>8} {ratio('ort_s'):>8} "
+              f"{ratio('reference_s'):>10} "
               f"{ratio('quark_s'):>8} {q_over_n:>13}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

@@ -133,6 +133,7 @@ def cast(
     backend: Backend | str | None = None,
     metric: reference.Metric | None = None,
     int_range: str = "symmetric",
+    out: np.ndarray | None = None,
 ) -> np.ndarray | QTensor:
     """Cast ``x`` to ``dtype``: fake-quantize (``virtual``) or encode (``actual``/``compress``).
 
@@ -149,9 +150,12 @@ def cast(
         backend: ``auto``, ``reference``, ``native`` or ``triton``.
         metric: codebook mapping error, ``(scaled, quantized) -> error`` per unit (L2 default).
         int_range: ``symmetric`` (+-(2^(N-1)-1)) or ``full`` (allows -2^(N-1), Quark MXINT8).
+        out: ``virtual`` only: a C-contiguous, writeable array of ``x``'s shape and dtype that
+            receives the result (``x`` itself casts in place); saves allocating and first
+            touching a new array on every call.
 
     Returns:
-        The fake-quantized array (``virtual``) or a `QTensor`.
+        The fake-quantized array (``virtual``; ``out`` when given) or a `QTensor`.
 
     Raises:
         TypeError: ``x`` is not a float32/float16/bfloat16 array, or ``dtype`` has a bad type.
@@ -161,6 +165,8 @@ def cast(
     if _is_torch(x):  # torch stays optional: imported only when a tensor comes in
         from onnxq.cast.torch_bridge import cast_torch
 
+        if out is not None:
+            raise TypeError("out= takes numpy arrays; for torch tensors assign the result")
         return cast_torch(
             x, _as_datatype(dtype), mode=mode, axis=axis, round_mode=round_mode,
             scale_mode=scale_mode, nan_policy=nan_policy, seed=seed, backend=backend,
@@ -181,12 +187,16 @@ def cast(
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis {axis} is out of range for a {x.ndim}-D tensor of shape {x.shape}")
     axis = int(axis) % x.ndim
+    if out is not None:
+        _check_out(out, x, cast_mode)
     if chosen is Backend.NATIVE and (lacking := native.unsupported(dt, metric=metric)):
         if Backend.parse(backend if backend is not None else d.backend) is Backend.NATIVE:
             raise NotImplementedError(f"backend 'native' cannot do this cast: {lacking}")
         chosen = Backend.REFERENCE
     engine = native.quantize if chosen is Backend.NATIVE else reference.quantize
     extra: dict[str, Any] = {"values_dtype": x.dtype} if chosen is Backend.NATIVE else {}
+    if chosen is Backend.NATIVE and out is not None:
+        extra["values_out"] = out
     if chosen is Backend.REFERENCE:
         extra["metric"] = metric
     enc = engine(
@@ -202,6 +212,10 @@ def cast(
         **extra,
     )
     if cast_mode is CastMode.VIRTUAL:
+        if out is not None:
+            if enc.values is not out:
+                np.copyto(out, enc.values.astype(x.dtype, copy=False))
+            return out
         return enc.values.astype(x.dtype, copy=False)
     assert enc.codes is not None
     q = QTensor(
@@ -217,6 +231,21 @@ def cast(
         mask=enc.mask,
     )
     return _compress(q) if cast_mode is CastMode.COMPRESS else q
+
+
+def _check_out(out: Any, x: np.ndarray, mode: CastMode) -> None:
+    """Check the ``out=`` of `cast`: C-contiguous, writeable, x's shape and dtype, virtual."""
+    if mode is not CastMode.VIRTUAL:
+        raise ValueError(f"out= is for virtual casts; a {mode.value} cast returns a QTensor")
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(
+            f"out has shape {out.shape} and dtype {out.dtype}; the cast writes "
+            f"shape {x.shape}, dtype {x.dtype}"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable (np.empty_like(x) is)")
 
 
 def _compress(q: QTensor) -> QTensor:

@@ -281,6 +281,7 @@ def quantize(
     want_codes: bool = True,
     values_dtype: np.dtype | None = None,
     nthreads: int = 0,
+    values_out: np.ndarray | None = None,
 ) -> Encoded:
     """`reference.quantize` in C++: the same `Encoded` fields, bit for bit.
 
@@ -297,6 +298,8 @@ def quantize(
         values_dtype: dtype of ``values`` (default float32; float16/bfloat16 are rounded from
             the float32 result exactly as ``astype`` does).
         nthreads: worker threads (0: every core).
+        values_out: a C-contiguous array of x's shape and ``values_dtype`` to write the values
+            into (may be ``x`` itself: tiles are read whole before they are written).
 
     Returns:
         An `Encoded` with the reference's layouts.
@@ -317,7 +320,19 @@ def quantize(
     packed = _Packed(dt)
     n, s = dt.nspec, dt.sspec
     tiling = Tiling.build(x.shape, axis, s)
-    values = np.empty(x.shape, dtype=out_dtype)
+    if values_out is not None:
+        if (
+            values_out.shape != x.shape
+            or values_out.dtype != out_dtype
+            or not values_out.flags.c_contiguous
+            or not values_out.flags.writeable
+        ):
+            raise ValueError(
+                f"values_out must be a writeable C-contiguous {out_dtype} array of shape {x.shape}"
+            )
+        values = values_out
+    else:
+        values = np.empty(x.shape, dtype=out_dtype)
     codes = scale = zero = tenscale = meta = mask = None
     if want_codes:
         codes = np.empty(x.shape, dtype=code_dtype(n.bits))
