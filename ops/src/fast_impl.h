@@ -607,10 +607,16 @@ __attribute__((always_inline)) static inline bool fk_vfloat_tile(const FastForma
     ma = fk_vmax(ma, b);
   }
   int32_t all = fk_hmax(ma);
-  FastTile t;
-  if (!fast_tile(ff, static_cast<uint32_t>(fk_hmax(mf)), all > 0x7F800000, all >= 0x7F800000,
-                 &t))
-    return false;
+  // fast_tile's float-scale branch, inline: the scale cast by fk_rne_elem when it applies.
+  FastTile t = ff.ftile;
+  t.nan_tile = ff.policy == 1 ? all >= 0x7F800000 : (ff.nan_on_nan && all > 0x7F800000);
+  float raw = from_fbits(static_cast<uint32_t>(fk_hmax(mf))) / ff.maxfloat_f;
+  if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
+  uint32_t scb = ff.stile_rne ? fk_rne_elem<true, false>(fbits(raw), 0u, ff.stile,
+                                                         23 - ff.scale_mbits, ff.scale_negzero)
+                              : fast_scale_cast(ff, fbits(raw));
+  t.sc = from_fbits(scb);
+  t.eff = ff.has_ts ? t.sc * ff.ts : t.sc;
   if (CODES && d.scale) {
     *d.scale = static_cast<uint8_t>(
         t.nan_tile ? ff.scale_nan_code

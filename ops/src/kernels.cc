@@ -488,6 +488,16 @@ constexpr int64_t kChunk = 1 << 15;
 
 // -- fast row kernels (fast_impl.h) ----------------------------------------------------------
 // The per-format constants of the fast path and the parameters of one tile.
+struct FastTile {
+  bool nan_tile = false, zero_tile = false;
+  int kint = 0, kmin = 0;
+  uint32_t top_pos = 0, top_neg = 0, thr = 0;
+  // fk_rne: float32 bits of 2^(kmin + 23) (adding and subtracting it rounds to a multiple of
+  // 2^kmin) and of 2^(kmin + mbits), where float elements become normal
+  uint32_t magic = 0, norm_thr = 0;
+  float eff = 0.0f, sc = 0.0f;
+};
+
 struct FastFormat {
   const Ctx* c = nullptr;
   bool is_float = false, negzero = false, float_scale = false, nan_on_nan = false;
@@ -515,17 +525,12 @@ struct FastFormat {
   uint32_t bump_ge = 0;
   // round to nearest even with float32 adds (fk_rne): off when the FPU flushes subnormals
   bool rne_add = false;
+  // float scales: the element grid's tile (the same for every tile, s = 0) and the scale
+  // number's grid as a tile (stile_rne: fk_rne applies to it)
+  FastTile ftile, stile;
+  bool stile_rne = false;
 };
 
-struct FastTile {
-  bool nan_tile = false, zero_tile = false;
-  int kint = 0, kmin = 0;
-  uint32_t top_pos = 0, top_neg = 0, thr = 0;
-  // fk_rne: float32 bits of 2^(kmin + 23) (adding and subtracting it rounds to a multiple of
-  // 2^kmin) and of 2^(kmin + mbits), where float elements become normal
-  uint32_t magic = 0, norm_thr = 0;
-  float eff = 0.0f, sc = 0.0f;
-};
 
 // The outputs of the fast row kernels (tensors tiled along their last axis, Post == 1).
 struct FastOut {
@@ -551,34 +556,30 @@ inline uint32_t fast_scale_cast(const FastFormat& ff, uint32_t raw_bits);
 
 // fk_rne's constants for the element grid 2^k (k = kmin, `room` more halvings for subtile
 // shifts): 2^(k + 23) and, for floats, 2^(k + mbits) must be normal float32 numbers.
-inline bool fk_rne_grid(const FastFormat& ff, int k, int room, uint32_t* magic, uint32_t* norm) {
-  int fm = k + 23 + 127, fn = k + ff.mbits + 127;
+inline bool rne_grid(bool is_float, int mbits, int k, int room, uint32_t* magic, uint32_t* norm) {
+  int fm = k + 23 + 127, fn = k + mbits + 127;
   if (fm - room < 1 || fm > 254) return false;
-  if (ff.is_float && (fn < 1 || fn > 254)) return false;
+  if (is_float && (fn < 1 || fn > 254)) return false;
   *magic = static_cast<uint32_t>(fm) << 23;
-  *norm = ff.is_float ? static_cast<uint32_t>(fn) << 23 : 0u;
+  *norm = is_float ? static_cast<uint32_t>(fn) << 23 : 0u;
   return true;
+}
+inline bool fk_rne_grid(const FastFormat& ff, int k, int room, uint32_t* magic, uint32_t* norm) {
+  return rne_grid(ff.is_float, ff.mbits, k, room, magic, norm);
 }
 
 bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinite, FastTile* t) {
   t->nan_tile = ff.policy == 1 ? nonfinite : (ff.nan_on_nan && nan);
   float amax = from_fbits(amax_bits);
   if (ff.float_scale) {
-    const Ctx& c = *ff.c;
+    bool nan_tile = t->nan_tile;
+    *t = ff.ftile;
+    t->nan_tile = nan_tile;
     float raw = amax / ff.maxfloat_f;
     if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
     float sc = from_fbits(fast_scale_cast(ff, fbits(raw)));
     t->sc = sc;
     t->eff = ff.has_ts ? sc * ff.ts : sc;
-    (void)c;
-    t->kint = 0;
-    t->kmin = ff.emin - ff.mbits;
-    if (ff.is_float && t->kmin < -126 - ff.mbits) return false;
-    if (ff.rm == 0 && !fk_rne_grid(ff, t->kmin, 0, &t->magic, &t->norm_thr)) return false;
-    if (!fast_top(ff.top_field, ff.top_mant, 0, 0, &t->top_pos)) return false;
-    t->top_neg = t->top_pos;
-    if (ff.full_int_range && !ff.is_float && !fast_top(ff.neg_field, 0, 0, 0, &t->top_neg))
-      return false;
     return true;
   }
   const Ctx& c = *ff.c;
@@ -713,8 +714,18 @@ bool fast_setup(const Ctx& c, FastFormat* ff) {
     ff->maxfloat_f = mf;
     ff->has_ts = f.has_ts;
     ff->ts = c.ts;
-    FastTile probe;
-    if (!fast_top(ff->top_field, ff->top_mant, 0, 0, &probe.top_pos)) return false;
+    FastTile& t = ff->ftile;
+    t.kmin = ff->emin - ff->mbits;
+    if (ff->is_float && t.kmin < -126 - ff->mbits) return false;
+    if (ff->rm == 0 && !fk_rne_grid(*ff, t.kmin, 0, &t.magic, &t.norm_thr)) return false;
+    if (!fast_top(ff->top_field, ff->top_mant, 0, 0, &t.top_pos)) return false;
+    t.top_neg = t.top_pos;
+    if (ff->full_int_range && !ff->is_float && !fast_top(ff->neg_field, 0, 0, 0, &t.top_neg))
+      return false;
+    FastTile& st = ff->stile;
+    st.kmin = ff->scale_kmin;
+    st.top_pos = st.top_neg = ff->scale_top;
+    ff->stile_rne = s.mbits < 23 && rne_grid(true, s.mbits, st.kmin, 0, &st.magic, &st.norm_thr);
   }
   if (!ff->float_scale) {
     const Num& sc = f.scale;
