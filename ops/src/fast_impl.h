@@ -146,14 +146,14 @@ static inline bool fk_fpu_exact() {
 }
 
 // 2^floor(log2 a) as float32 bits for the magnitude bits A of a finite a (0 for a = 0).
-static inline uint32_t fk_binade(uint32_t A) {
+__attribute__((always_inline)) static inline uint32_t fk_binade(uint32_t A) {
   if (A >= 0x800000u) return A & 0x7F800000u;
   return A ? 1u << (31 - __builtin_clz(A)) : 0u;
 }
 
 // The exponent-scaled tile's parameters from its statistics, integer only (scale_exponent and
 // fast_tile's checks). False: the tile needs the general path.
-static inline bool fk_exp_params(const FastFormat& ff, uint32_t A, bool nan, bool nonfinite,
+__attribute__((always_inline)) static inline bool fk_exp_params(const FastFormat& ff, uint32_t A, bool nan, bool nonfinite,
                                  FastTile* t) {
   t->nan_tile = ff.policy == 1 ? nonfinite : (ff.nan_on_nan && nan);
   t->thr = fk_binade(A);
@@ -433,158 +433,204 @@ static inline bool fk_exp_tile(const FastFormat& ff, const float* x, const FkDst
   return true;
 }
 
-// -- explicit 8-lane vectors (GCC vector extensions) for round to nearest even ---------------
+// -- explicit vectors (GCC vector extensions) for round to nearest even ----------------------
 // Small tiles (8, 16) leave the auto-vectorizer too few iterations; these kernels do one tile
-// as TC / 8 vectors of 8 lanes, each lowered to the target's widest registers (two SSE
-// registers on the baseline). Same arithmetic as fk_stats / fk_exp_params / fk_rne_elem.
-typedef int32_t fk_vi __attribute__((vector_size(32)));
-typedef float fk_vf __attribute__((vector_size(32)));
+// as TC / L vectors of L lanes (L = 8, or 16 where kFkLanes says the target has 512-bit
+// registers), each lowered to the target's registers (two SSE registers per 8 lanes on the
+// baseline). Same arithmetic as fk_stats / fk_exp_params / fk_rne_elem / fk_code_*.
+template <int L>
+struct FkLanes;
+template <>
+struct FkLanes<8> {
+  typedef int32_t vi __attribute__((vector_size(32)));
+  typedef float vf __attribute__((vector_size(32)));
+};
+template <>
+struct FkLanes<16> {
+  typedef int32_t vi __attribute__((vector_size(64)));
+  typedef float vf __attribute__((vector_size(64)));
+};
+#define FK_ALWAYS __attribute__((always_inline)) static inline
 
-__attribute__((always_inline)) static inline fk_vi fk_vload(const float* x) {
-  fk_vi v;
-  __builtin_memcpy(&v, x, 32);
+template <int L>
+FK_ALWAYS typename FkLanes<L>::vi fk_vload(const float* x) {
+  typename FkLanes<L>::vi v;
+  __builtin_memcpy(&v, x, 4 * L);
   return v;
 }
-__attribute__((always_inline)) static inline fk_vi fk_vmax(fk_vi a, fk_vi b) { return a > b ? a : b; }
-__attribute__((always_inline)) static inline int32_t fk_hmax(fk_vi v) {
-  v = fk_vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3));
-  v = fk_vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5));
-  v = fk_vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6));
+template <class V>
+FK_ALWAYS V fk_vmax(V a, V b) {
+  return a > b ? a : b;
+}
+template <int L>
+FK_ALWAYS int32_t fk_hmax(typename FkLanes<L>::vi v) {
+  if constexpr (L == 16) {
+    v = fk_vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5,
+                                           6, 7));
+    v = fk_vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9,
+                                           10, 11));
+    v = fk_vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15,
+                                           12, 13));
+    v = fk_vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12,
+                                           15, 14));
+  } else {
+    v = fk_vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3));
+    v = fk_vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5));
+    v = fk_vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6));
+  }
   return v[0];
 }
+// Each lane's pair partner (lanes 2p and 2p + 1 swapped).
+template <int L>
+FK_ALWAYS typename FkLanes<L>::vi fk_pairswap(typename FkLanes<L>::vi v) {
+  if constexpr (L == 16)
+    return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  else
+    return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+}
 
-// fk_code_float / fk_code_int on 8 lanes (s: the grid exponent per lane).
-__attribute__((always_inline)) static inline fk_vi fk_vcode(fk_vi y, fk_vi s,
-                                                            const FastFormat& ff) {
-  const fk_vi r = y & 0x7FFFFFFF;
-  const fk_vi neg = y < 0;
-  const fk_vi er = r >> 23;
-  const fk_vi ee = er != 0 ? er : 1;
-  const fk_vi mfull = (r & 0x7FFFFF) | (er != 0 ? 0x800000 : 0);
+// fk_code_float / fk_code_int on L lanes (s: the grid exponent per lane).
+template <int L>
+FK_ALWAYS typename FkLanes<L>::vi fk_vcode(typename FkLanes<L>::vi y, typename FkLanes<L>::vi s,
+                                           const FastFormat& ff) {
+  typedef typename FkLanes<L>::vi V;
+  const V r = y & 0x7FFFFFFF;
+  const V neg = y < 0;
+  const V er = r >> 23;
+  const V ee = er != 0 ? er : 1;
+  const V mfull = (r & 0x7FFFFF) | (er != 0 ? 0x800000 : 0);
   if (ff.is_float) {
     const int mbits = ff.mbits;
-    const fk_vi E = ee - 127 - s;
-    fk_vi normal = ((E + ff.ebias) << mbits) | ((r >> (23 - mbits)) & ((1 << mbits) - 1));
-    fk_vi sh = 23 - mbits + ff.emin - E;
+    const V E = ee - 127 - s;
+    V normal = ((E + ff.ebias) << mbits) | ((r >> (23 - mbits)) & ((1 << mbits) - 1));
+    V sh = 23 - mbits + ff.emin - E;
     sh = sh < 0 ? 0 : sh > 31 ? 31 : sh;
-    fk_vi sub = mfull >> sh;
-    fk_vi mag = (er != 0) & (E >= ff.emin) ? normal : sub;
+    V sub = mfull >> sh;
+    V mag = (er != 0) & (E >= ff.emin) ? normal : sub;
     mag = r == 0 ? 0 : mag;
-    fk_vi code = mag | (neg & (1 << (ff.code_bits - 1)));
+    V code = mag | (neg & (1 << (ff.code_bits - 1)));
     return r > 0x7F800000 ? static_cast<int32_t>(ff.nan_code) : code;
   }
-  fk_vi sh = s + 150 - ee;
+  V sh = s + 150 - ee;
   sh = sh < 0 ? 0 : sh > 31 ? 31 : sh;
-  fk_vi u = mfull >> sh;
-  fk_vi v = neg ? -u : u;
+  V u = mfull >> sh;
+  V v = neg ? -u : u;
   v &= (1 << ff.code_bits) - 1;
   return r > 0x7F800000 ? 0 : v;
 }
 
-// 8 codes of `bits` (<= 8) each: one per byte into codes, or `bits` bytes of the LSB-first
-// stream into packed (8 codes always end on a byte).
-__attribute__((always_inline)) static inline void fk_vput(fk_vi c, int bits, uint8_t* codes,
-                                                          uint8_t* packed) {
+// L codes of `bits` (<= 8) each: one per byte into codes, and/or L * bits / 8 bytes of the
+// LSB-first stream into packed (every 8 codes end on a byte: one little-endian word each).
+template <int L>
+FK_ALWAYS void fk_vput(typename FkLanes<L>::vi c, int bits, uint8_t* codes, uint8_t* packed) {
   if (codes) {
-    for (int i = 0; i < 8; ++i) codes[i] = static_cast<uint8_t>(c[i]);
+    for (int i = 0; i < L; ++i) codes[i] = static_cast<uint8_t>(c[i]);
   }
   if (!packed) return;
   if (bits == 8) {
-    for (int i = 0; i < 8; ++i) packed[i] = static_cast<uint8_t>(c[i]);
+    for (int i = 0; i < L; ++i) packed[i] = static_cast<uint8_t>(c[i]);
     return;
   }
-  uint64_t acc = 0;
   const uint64_t m = (1u << bits) - 1u;
-  for (int i = 0; i < 8; ++i) acc |= (static_cast<uint64_t>(c[i]) & m) << (bits * i);
-  __builtin_memcpy(packed, &acc, static_cast<size_t>(bits));
+  for (int h = 0; h < L / 8; ++h) {
+    uint64_t acc = 0;
+    for (int i = 0; i < 8; ++i) acc |= (static_cast<uint64_t>(c[8 * h + i]) & m) << (bits * i);
+    __builtin_memcpy(packed + bits * h, &acc, static_cast<size_t>(bits));
+  }
 }
 
 // One vector of fk_rne_elem: sh23 = the subtile shift << 23 per lane (or zero).
-template <bool FL>
-__attribute__((always_inline)) static inline fk_vi fk_vrne(fk_vi xb, fk_vi sh23, const FastTile& t, int d, bool negzero) {
-  const fk_vi b = xb & 0x7FFFFFFF;
-  const fk_vi neg = xb < 0;
-  const fk_vi magic = static_cast<int32_t>(t.magic) - sh23;
-  fk_vf fr = ((fk_vf)b + (fk_vf)magic) - (fk_vf)magic;
-  fk_vi r = (fk_vi)fr;
+template <bool FL, int L>
+FK_ALWAYS typename FkLanes<L>::vi fk_vrne(typename FkLanes<L>::vi xb, typename FkLanes<L>::vi sh23,
+                                          const FastTile& t, int d, bool negzero) {
+  typedef typename FkLanes<L>::vi V;
+  typedef typename FkLanes<L>::vf F;
+  const V b = xb & 0x7FFFFFFF;
+  const V neg = xb < 0;
+  const V magic = static_cast<int32_t>(t.magic) - sh23;
+  F fr = ((F)b + (F)magic) - (F)magic;
+  V r = (V)fr;
   if (FL) {
     const int32_t half_m1 = (1 << (d - 1)) - 1, keep = ~((1 << d) - 1);
-    fk_vi rn = (b + half_m1 + ((b >> d) & 1)) & keep;
+    V rn = (b + half_m1 + ((b >> d) & 1)) & keep;
     r = b >= static_cast<int32_t>(t.norm_thr) ? rn : r;
   }
-  fk_vi top = neg ? static_cast<int32_t>(t.top_neg) : static_cast<int32_t>(t.top_pos);
+  V top = neg ? static_cast<int32_t>(t.top_neg) : static_cast<int32_t>(t.top_pos);
   top -= sh23;
-  fk_vi mag = r < top ? r : top;
-  fk_vi out = mag | (xb & static_cast<int32_t>(0x80000000u));
+  V mag = r < top ? r : top;
+  V out = mag | (xb & static_cast<int32_t>(0x80000000u));
   if (!negzero) out = mag == 0 ? 0 : out;
   return b > 0x7F800000 ? static_cast<int32_t>(0x7FC00000) : out;
 }
 
-// Exponent-scaled tile of TC (a multiple of 8) elements by fk_vrne; false: general path.
-template <int TC, bool CODES>
-__attribute__((always_inline)) static inline bool fk_vexp_tile(const FastFormat& ff, const float* x, const FkDst& d) {
-  constexpr int NV = TC / 8;
-  fk_vi xv[NV];
-  fk_vi mf = {}, ma = {};
+// Exponent-scaled tile of TC (a multiple of L) elements by fk_vrne; false: general path.
+template <int TC, bool CODES, int L>
+FK_ALWAYS bool fk_vexp_tile(const FastFormat& ff, const float* x, const FkDst& d) {
+  typedef typename FkLanes<L>::vi V;
+  constexpr int NV = TC / L;
+  V xv[NV];
+  V mf = {}, ma = {};
   for (int v = 0; v < NV; ++v) {
-    xv[v] = fk_vload(x + 8 * v);
-    fk_vi b = xv[v] & 0x7FFFFFFF;
+    xv[v] = fk_vload<L>(x + L * v);
+    V b = xv[v] & 0x7FFFFFFF;
     mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
     ma = fk_vmax(ma, b);
   }
-  int32_t all = fk_hmax(ma);
+  int32_t all = fk_hmax<L>(ma);
   FastTile t;
-  if (!fk_exp_params(ff, static_cast<uint32_t>(fk_hmax(mf)), all > 0x7F800000,
+  if (!fk_exp_params(ff, static_cast<uint32_t>(fk_hmax<L>(mf)), all > 0x7F800000,
                      all >= 0x7F800000, &t))
     return false;
-  fk_vi sh[NV];
+  V sh[NV];
   const int32_t thr = static_cast<int32_t>(t.thr);
   for (int v = 0; v < NV; ++v) {
-    sh[v] = fk_vi{} ;
+    sh[v] = V{};
     if (ff.sub == 2) {  // MX6/MX9: a pair below 2^floor(log2 amax) takes one more bit
-      fk_vi b = xv[v] & 0x7FFFFFFF;
+      V b = xv[v] & 0x7FFFFFFF;
       b = b < 0x7F800000 ? b : 0;
-      fk_vi m = fk_vmax(b, __builtin_shufflevector(b, b, 1, 0, 3, 2, 5, 4, 7, 6));
+      V m = fk_vmax(b, fk_pairswap<L>(b));
       sh[v] = (m < thr) & 1;
     }
   }
-  fk_vi yv[NV];
+  V yv[NV];
   if (t.zero_tile) {
     const int32_t keep = ff.negzero ? static_cast<int32_t>(0x80000000u) : 0;
     for (int v = 0; v < NV; ++v) {
       yv[v] = xv[v] & keep;
-      sh[v] = fk_vi{};
+      sh[v] = V{};
     }
   } else if (t.nan_tile) {
-    for (int v = 0; v < NV; ++v) yv[v] = fk_vi{} + static_cast<int32_t>(0x7FC00000);
+    for (int v = 0; v < NV; ++v) yv[v] = V{} + static_cast<int32_t>(0x7FC00000);
   } else {
     const int dd = 23 - ff.mbits;
     for (int v = 0; v < NV; ++v)
-      yv[v] = ff.is_float ? fk_vrne<true>(xv[v], sh[v] << 23, t, dd, ff.negzero)
-                          : fk_vrne<false>(xv[v], sh[v] << 23, t, 0, ff.negzero);
+      yv[v] = ff.is_float ? fk_vrne<true, L>(xv[v], sh[v] << 23, t, dd, ff.negzero)
+                          : fk_vrne<false, L>(xv[v], sh[v] << 23, t, 0, ff.negzero);
   }
   // Vector by vector: one wide copy of the whole array would read back across several
   // narrower stores (a store-forwarding stall).
   if (d.y)
-    for (int v = 0; v < NV; ++v) __builtin_memcpy(d.y + d.o + 8 * v, &yv[v], 32);
+    for (int v = 0; v < NV; ++v) __builtin_memcpy(d.y + d.o + L * v, &yv[v], 4 * L);
   if (CODES) {
     const int bits = ff.code_bits;
     uint8_t* packed = d.packed ? d.packed + (d.o * bits) / 8 : nullptr;
     uint8_t* codes = d.codes ? d.codes + d.o : nullptr;
     for (int v = 0; v < NV; ++v) {
-      fk_vi c;
+      V c;
       if (t.zero_tile) {
-        c = (fk_vi)((fk_vi)(yv[v] >> 31) & 1) << (bits - 1);
+        c = ((yv[v] >> 31) & 1) << (bits - 1);
       } else if (t.nan_tile) {
-        c = fk_vi{};
+        c = V{};
       } else {
-        c = fk_vcode(yv[v], t.kint - sh[v], ff);
+        c = fk_vcode<L>(yv[v], t.kint - sh[v], ff);
       }
-      fk_vput(c, bits, codes ? codes + 8 * v : nullptr, packed ? packed + bits * v : nullptr);
+      fk_vput<L>(c, bits, codes ? codes + L * v : nullptr,
+                 packed ? packed + (bits * L / 8) * v : nullptr);
     }
     if (d.meta && ff.sub == 2) {
       for (int v = 0; v < NV; ++v)
-        for (int p = 0; p < 4; ++p) d.meta[4 * v + p] = static_cast<uint8_t>(sh[v][2 * p]);
+        for (int p = 0; p < L / 2; ++p)
+          d.meta[(L / 2) * v + p] = static_cast<uint8_t>(sh[v][2 * p]);
     }
     if (d.scale) *d.scale = static_cast<uint8_t>(t.nan_tile ? ff.scale_nan_code
                                                             : t.kint + ff.scale_code_add);
@@ -592,25 +638,25 @@ __attribute__((always_inline)) static inline bool fk_vexp_tile(const FastFormat&
   return true;
 }
 
-// Float-scaled tile of TC (a multiple of 8) elements by fk_vrne (fk_float_tile's arithmetic).
-template <int TC, bool CODES>
-__attribute__((always_inline)) static inline bool fk_vfloat_tile(const FastFormat& ff,
-                                                                 const float* x,
-                                                                 const FkDst& d) {
-  constexpr int NV = TC / 8;
-  fk_vi xv[NV];
-  fk_vi mf = {}, ma = {};
+// Float-scaled tile of TC (a multiple of L) elements by fk_vrne (fk_float_tile's arithmetic).
+template <int TC, bool CODES, int L>
+FK_ALWAYS bool fk_vfloat_tile(const FastFormat& ff, const float* x, const FkDst& d) {
+  typedef typename FkLanes<L>::vi V;
+  typedef typename FkLanes<L>::vf F;
+  constexpr int NV = TC / L;
+  V xv[NV];
+  V mf = {}, ma = {};
   for (int v = 0; v < NV; ++v) {
-    xv[v] = fk_vload(x + 8 * v);
-    fk_vi b = xv[v] & 0x7FFFFFFF;
+    xv[v] = fk_vload<L>(x + L * v);
+    V b = xv[v] & 0x7FFFFFFF;
     mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
     ma = fk_vmax(ma, b);
   }
-  int32_t all = fk_hmax(ma);
+  int32_t all = fk_hmax<L>(ma);
   // fast_tile's float-scale branch, inline: the scale cast by fk_rne_elem when it applies.
   FastTile t = ff.ftile;
   t.nan_tile = ff.policy == 1 ? all >= 0x7F800000 : (ff.nan_on_nan && all > 0x7F800000);
-  float raw = from_fbits(static_cast<uint32_t>(fk_hmax(mf))) / ff.maxfloat_f;
+  float raw = from_fbits(static_cast<uint32_t>(fk_hmax<L>(mf))) / ff.maxfloat_f;
   if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
   uint32_t scb = ff.stile_rne ? fk_rne_elem<true, false>(fbits(raw), 0u, ff.stile,
                                                          23 - ff.scale_mbits, ff.scale_negzero)
@@ -623,22 +669,22 @@ __attribute__((always_inline)) static inline bool fk_vfloat_tile(const FastForma
                    : fk_code_float(fbits(t.sc), 0, ff.scale_mbits, ff.scale_emin,
                                    ff.scale_bias, ff.scale_bits, ff.scale_nan_code));
   }
-  fk_vi rv[NV];
+  V rv[NV];
   const float eff = t.eff;
   const int dd = 23 - ff.mbits;
   for (int v = 0; v < NV; ++v) {
-    fk_vf xf = (fk_vf)xv[v];
+    F xf = (F)xv[v];
     // eff > 0: x / eff; else x where NaN, 0 elsewhere (the reference's where(scale > 0, ...))
-    fk_vf q = eff > 0.0f ? xf / eff : (fk_vf)(xf != xf ? xv[v] : fk_vi{});
-    rv[v] = ff.is_float ? fk_vrne<true>((fk_vi)q, fk_vi{}, t, dd, ff.negzero)
-                        : fk_vrne<false>((fk_vi)q, fk_vi{}, t, 0, ff.negzero);
-    if (t.nan_tile) rv[v] = fk_vi{} + static_cast<int32_t>(0x7FC00000);
+    F q = eff > 0.0f ? xf / eff : (F)(xf != xf ? xv[v] : V{});
+    rv[v] = ff.is_float ? fk_vrne<true, L>((V)q, V{}, t, dd, ff.negzero)
+                        : fk_vrne<false, L>((V)q, V{}, t, 0, ff.negzero);
+    if (t.nan_tile) rv[v] = V{} + static_cast<int32_t>(0x7FC00000);
   }
   if (d.y) {
     for (int v = 0; v < NV; ++v) {
-      fk_vf y = (fk_vf)rv[v] * eff;
-      fk_vi yi = y != y ? fk_vi{} + static_cast<int32_t>(0x7FC00000) : (fk_vi)y;
-      __builtin_memcpy(d.y + d.o + 8 * v, &yi, 32);
+      F y = (F)rv[v] * eff;
+      V yi = y != y ? V{} + static_cast<int32_t>(0x7FC00000) : (V)y;
+      __builtin_memcpy(d.y + d.o + L * v, &yi, 4 * L);
     }
   }
   if (CODES) {
@@ -646,8 +692,9 @@ __attribute__((always_inline)) static inline bool fk_vfloat_tile(const FastForma
     uint8_t* packed = d.packed ? d.packed + (d.o * bits) / 8 : nullptr;
     uint8_t* codes = d.codes ? d.codes + d.o : nullptr;
     for (int v = 0; v < NV; ++v) {
-      fk_vi c = t.nan_tile ? fk_vi{} : fk_vcode(rv[v], fk_vi{}, ff);
-      fk_vput(c, bits, codes ? codes + 8 * v : nullptr, packed ? packed + bits * v : nullptr);
+      V c = t.nan_tile ? V{} : fk_vcode<L>(rv[v], V{}, ff);
+      fk_vput<L>(c, bits, codes ? codes + L * v : nullptr,
+                 packed ? packed + (bits * L / 8) * v : nullptr);
     }
   }
   return true;
@@ -711,11 +758,13 @@ static inline bool fk_float_tile(const FastFormat& ff, const float* x, const FkD
 }
 
 template <int TC, bool CODES>
-static inline bool fk_tile(const FastFormat& ff, const float* x, const FkDst& d, int n, bool rne) {
+__attribute__((always_inline)) static inline bool fk_tile(const FastFormat& ff, const float* x, const FkDst& d, int n, bool rne) {
+  // Vector tiles: 16 lanes where the target has them and the tile is a multiple of 16.
+  constexpr int L = kFkLanes == 16 && TC % 16 == 0 ? 16 : 8;
   if (TC > 0 && TC % 8 == 0 && TC <= 64 && rne && !ff.float_scale && (ff.sub == 0 || ff.sub == 2))
-    return fk_vexp_tile<(TC > 0 ? TC : 8), CODES>(ff, x, d);
+    return fk_vexp_tile<(TC > 0 ? TC : 8), CODES, L>(ff, x, d);
   if (TC > 0 && TC % 8 == 0 && TC <= 64 && rne && ff.float_scale)
-    return fk_vfloat_tile<(TC > 0 ? TC : 8), CODES>(ff, x, d);
+    return fk_vfloat_tile<(TC > 0 ? TC : 8), CODES, L>(ff, x, d);
   return ff.float_scale ? fk_float_tile<TC, CODES>(ff, x, d, n, rne)
                         : fk_exp_tile<TC, CODES>(ff, x, d, n, rne);
 }

@@ -603,6 +603,7 @@ bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinit
 }
 
 namespace fast_base {
+constexpr int kFkLanes = 8;  // vector lanes of fast_impl.h's explicit vectors
 #include "fast_impl.h"  // NOLINT(build/include)
 }  // namespace fast_base
 
@@ -610,12 +611,14 @@ namespace fast_base {
 #pragma GCC push_options
 #pragma GCC target("avx2")
 namespace fast_avx2 {
+constexpr int kFkLanes = 8;
 #include "fast_impl.h"  // NOLINT(build/include)
 }  // namespace fast_avx2
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2")
 namespace fast_avx512 {
+constexpr int kFkLanes = 16;
 #include "fast_impl.h"  // NOLINT(build/include)
 }  // namespace fast_avx512
 #pragma GCC pop_options
