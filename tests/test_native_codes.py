@@ -27,7 +27,7 @@ FORMATS = [
     "e4m3fn_e5m2_t8", "e4m3fn_e8m0_t64", "e5m2_e8m0_t32", "e3m2_e8m0_t32", "int8_e8m0_t8s2",
 ]  # fmt: skip
 SIMD = ["base", "avx2", "avx512"]
-SHAPES = [(6, 35), (3, 100), (2, 3, 33), (1,), (5, 8), (4, 1), (2, 130), (3, 64)]
+SHAPES = [(6, 35), (3, 100), (2, 3, 33), (1,), (5, 8), (4, 1), (2, 130), (3, 64), (2, 1100)]
 FIELDS = ["data", "scale", "zero", "tenscale", "meta", "mask"]
 
 

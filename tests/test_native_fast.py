@@ -29,7 +29,8 @@ FAST = [
     "e4m3fn_e5m2_t8", "int8_e8m0", "e4m3fn_e8m0_t2", "e5m2_e8m0_t2048",
 ]  # fmt: skip
 SIMD = ["base", "avx2", "avx512"]
-SHAPES = [(6, 35), (3, 100), (2, 3, 33), (1,), (5, 8), (4, 1), (2, 130)]
+# (2, 1100): rows of many tiles, which the vector kernels take 8 or 16 tiles at a time.
+SHAPES = [(6, 35), (3, 100), (2, 3, 33), (1,), (5, 8), (4, 1), (2, 130), (2, 1100)]
 
 
 def _check(x: np.ndarray, name: str, simd: str, monkeypatch: pytest.MonkeyPatch, **kw) -> None:
@@ -125,5 +126,7 @@ def test_fast_scale_mode_thresholds(name: str, simd: str, monkeypatch: pytest.Mo
     amax = ((exps << 23) | mant).view(np.float32)
     x = (rng.uniform(-1, 1, (rows, 32)) * amax[:, None]).astype(np.float32)
     x[np.arange(rows), rng.integers(0, 32, rows)] = amax * rng.choice([-1, 1], rows)
+    wide = np.concatenate([x.reshape(-1), np.zeros((-x.size) % 512, np.float32)])
     for sm in ScaleMode:
         _check(x, name, simd, monkeypatch, axis=-1, scale_mode=sm)
+        _check(wide.reshape(-1, 512), name, simd, monkeypatch, axis=-1, scale_mode=sm)

@@ -452,6 +452,18 @@ struct FkLanes<16> {
 };
 #define FK_ALWAYS __attribute__((always_inline)) static inline
 
+// Compile-time lane indices 0..L-1 (for __builtin_shufflevector index lists).
+template <int... J>
+struct FkSeq {};
+template <int N, int... J>
+struct FkSeqGen : FkSeqGen<N - 1, N - 1, J...> {};
+template <int... J>
+struct FkSeqGen<0, J...> {
+  using type = FkSeq<J...>;
+};
+template <int N>
+using FkSeqOf = typename FkSeqGen<N>::type;
+
 template <int L>
 FK_ALWAYS typename FkLanes<L>::vi fk_vload(const float* x) {
   typename FkLanes<L>::vi v;
@@ -563,24 +575,15 @@ FK_ALWAYS typename FkLanes<L>::vi fk_vrne(typename FkLanes<L>::vi xb, typename F
   return b > 0x7F800000 ? static_cast<int32_t>(0x7FC00000) : out;
 }
 
-// Exponent-scaled tile of TC (a multiple of L) elements by fk_vrne; false: general path.
+// Writes one exponent-scaled tile of TC (a multiple of L) elements whose parameters t are
+// known (fk_exp_params): values, codes, shift bits and the scale code.
 template <int TC, bool CODES, int L>
-FK_ALWAYS bool fk_vexp_tile(const FastFormat& ff, const float* x, const FkDst& d) {
+FK_ALWAYS void fk_vexp_emit(const FastFormat& ff, const float* x, const FkDst& d,
+                            const FastTile& t) {
   typedef typename FkLanes<L>::vi V;
   constexpr int NV = TC / L;
   V xv[NV];
-  V mf = {}, ma = {};
-  for (int v = 0; v < NV; ++v) {
-    xv[v] = fk_vload<L>(x + L * v);
-    V b = xv[v] & 0x7FFFFFFF;
-    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
-    ma = fk_vmax(ma, b);
-  }
-  int32_t all = fk_hmax<L>(ma);
-  FastTile t;
-  if (!fk_exp_params(ff, static_cast<uint32_t>(fk_hmax<L>(mf)), all > 0x7F800000,
-                     all >= 0x7F800000, &t))
-    return false;
+  for (int v = 0; v < NV; ++v) xv[v] = fk_vload<L>(x + L * v);
   V sh[NV];
   const int32_t thr = static_cast<int32_t>(t.thr);
   for (int v = 0; v < NV; ++v) {
@@ -635,7 +638,124 @@ FK_ALWAYS bool fk_vexp_tile(const FastFormat& ff, const float* x, const FkDst& d
     if (d.scale) *d.scale = static_cast<uint8_t>(t.nan_tile ? ff.scale_nan_code
                                                             : t.kint + ff.scale_code_add);
   }
+}
+
+// Exponent-scaled tile of TC (a multiple of L) elements by fk_vrne; false: general path.
+template <int TC, bool CODES, int L>
+FK_ALWAYS bool fk_vexp_tile(const FastFormat& ff, const float* x, const FkDst& d) {
+  typedef typename FkLanes<L>::vi V;
+  constexpr int NV = TC / L;
+  V mf = {}, ma = {};
+  for (int v = 0; v < NV; ++v) {
+    V b = fk_vload<L>(x + L * v) & 0x7FFFFFFF;
+    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
+    ma = fk_vmax(ma, b);
+  }
+  int32_t all = fk_hmax<L>(ma);
+  FastTile t;
+  if (!fk_exp_params(ff, static_cast<uint32_t>(fk_hmax<L>(mf)), all > 0x7F800000,
+                     all >= 0x7F800000, &t))
+    return false;
+  fk_vexp_emit<TC, CODES, L>(ff, x, d, t);
   return true;
+}
+
+// -- L tiles at once: statistics transposed into one vector, parameters in vector arithmetic --
+// Lane j of the shuffle that halves blocks of W partial maxima (fk_treduce): the low (HI
+// false) or high halves of each block of a (output lanes < L/2) then of b.
+constexpr int fk_half_src(int L, int W, bool hi, int j) {
+  int half = W / 2, jj = j % (L / 2);
+  return (j >= L / 2 ? L : 0) + (jj / half) * W + jj % half + (hi ? half : 0);
+}
+template <int L, int W, bool HI, class V, int... J>
+FK_ALWAYS V fk_half_pick(V a, V b, FkSeq<J...>) {
+  return __builtin_shufflevector(a, b, fk_half_src(L, W, HI, J)...);
+}
+// m[0..n): n vectors, each lane a partial maximum; blocks of W lanes belong to one tile, tiles in
+// order. Afterwards m[0] lane i is the maximum of tile i (n * L / W tiles = L).
+template <int L, int W, class V>
+FK_ALWAYS void fk_treduce(V* m, int n) {
+  for (int k = 0; k < n / 2; ++k)
+    m[k] = fk_vmax(fk_half_pick<L, W, false>(m[2 * k], m[2 * k + 1], FkSeqOf<L>{}),
+                   fk_half_pick<L, W, true>(m[2 * k], m[2 * k + 1], FkSeqOf<L>{}));
+  if constexpr (W > 2) fk_treduce<L, W / 2>(m, n / 2);
+}
+
+// L consecutive tiles of TC elements from x (tile i at x + i * TC, destinations from d with
+// d.o, d.scale and d.meta those of tile 0). Returns a bit mask of the tiles left undone (their
+// parameters need fk_exp_params' special cases or the general path).
+template <int TC, bool CODES, int L>
+FK_ALWAYS uint32_t fk_vexp_group(const FastFormat& ff, const float* x, const FkDst& d) {
+  typedef typename FkLanes<L>::vi V;
+  constexpr int NV = TC / L;
+  V mf[L], ma[L];
+  for (int i = 0; i < L; ++i) {
+    mf[i] = V{};
+    ma[i] = V{};
+    for (int v = 0; v < NV; ++v) {
+      V b = fk_vload<L>(x + TC * i + L * v) & 0x7FFFFFFF;
+      mf[i] = fk_vmax(mf[i], b < 0x7F800000 ? b : 0);
+      ma[i] = fk_vmax(ma[i], b);
+    }
+  }
+  fk_treduce<L, L>(mf, L);
+  fk_treduce<L, L>(ma, L);
+  const V M = mf[0], A = ma[0];
+  // fk_exp_params for normal amax and no NaN/Inf in the tile; every other tile is left undone.
+  V ok = (M >= 0x800000) & (A < 0x7F800000);
+  const V e = (M >> 23) - 127;
+  V bump = ff.is_float ? ((M & 0x7FFFFF) >= static_cast<int32_t>(ff.bump_ge)) & 1 : V{};
+  V st = e + bump - ff.emax + ff.frac;
+  st = st < ff.low ? ff.low : st;
+  st = st > ff.high ? ff.high : st;
+  const V sx = st - ff.frac;
+  const V kmin = sx + (ff.emin - ff.mbits);
+  const int room = ff.sub ? 1 : 0;
+  ok &= (sx <= 128) & (kmin <= 128);
+  if (ff.is_float) ok &= kmin >= -126 - ff.mbits;
+  const V ftop = sx + ff.top_field;
+  ok &= (ftop - room >= 1) & (ftop <= 254);
+  V top_pos = (ftop << 23) | static_cast<int32_t>(ff.top_mant), top_neg = top_pos;
+  if (ff.full_int_range && !ff.is_float) {
+    const V fneg = sx + ff.neg_field;
+    ok &= (fneg - room >= 1) & (fneg <= 254);
+    top_neg = fneg << 23;
+  }
+  const V fm = kmin + 150, fn = kmin + (ff.mbits + 127);
+  ok &= (fm - room >= 1) & (fm <= 254);
+  if (ff.is_float) ok &= (fn >= 1) & (fn <= 254);
+  int32_t okl[L], sl[L], tpl[L], tnl[L], mgl[L], nml[L], thl[L];
+  __builtin_memcpy(okl, &ok, 4 * L);
+  __builtin_memcpy(sl, &sx, 4 * L);
+  __builtin_memcpy(tpl, &top_pos, 4 * L);
+  __builtin_memcpy(tnl, &top_neg, 4 * L);
+  V mg = fm << 23, nm = fn << 23, th = M & 0x7F800000;
+  __builtin_memcpy(mgl, &mg, 4 * L);
+  __builtin_memcpy(nml, &nm, 4 * L);
+  __builtin_memcpy(thl, &th, 4 * L);
+  uint32_t undone = 0;
+  for (int i = 0; i < L; ++i) {
+    if (!okl[i]) {
+      undone |= 1u << i;
+      continue;
+    }
+    FastTile t;
+    t.kint = sl[i];
+    t.kmin = sl[i] + ff.emin - ff.mbits;
+    t.top_pos = static_cast<uint32_t>(tpl[i]);
+    t.top_neg = static_cast<uint32_t>(tnl[i]);
+    t.magic = static_cast<uint32_t>(mgl[i]);
+    t.norm_thr = ff.is_float ? static_cast<uint32_t>(nml[i]) : 0u;
+    t.thr = static_cast<uint32_t>(thl[i]);
+    FkDst di = d;
+    di.o = d.o + TC * i;
+    if (CODES) {
+      if (d.scale) di.scale = d.scale + i;
+      if (d.meta) di.meta = d.meta + (TC / 2) * i;
+    }
+    fk_vexp_emit<TC, CODES, L>(ff, x + TC * i, di, t);
+  }
+  return undone;
 }
 
 // Float-scaled tile of TC (a multiple of L) elements by fk_vrne (fk_float_tile's arithmetic).
@@ -779,6 +899,10 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
   const int64_t nC = out.nC, sub_cols = out.sub_cols;
   const int S = ff.sub;
   const bool rne = ff.rm == 0 && ff.rne_add && fk_fpu_exact();
+  // Groups of tiles (fk_vexp_group): exponent scales, tiles of 8..64 that fill whole vectors.
+  constexpr int kGroupLanes = kFkLanes == 16 && TC % 16 == 0 ? 16 : 8;
+  constexpr int kGroup = TC > 0 && TC % 8 == 0 && TC <= 64 ? kGroupLanes : 0;
+  const bool group = rne && !ff.float_scale && (ff.sub == 0 || ff.sub == 2);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * C;
     int64_t c0 = 0;
@@ -788,6 +912,22 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
       if (CODES) {
         d.scale = out.scale ? out.scale + r * nC + c0 / tc : nullptr;
         d.meta = out.meta && S ? out.meta + r * sub_cols + c0 / S : nullptr;
+      }
+      if (kGroup && group && c0 + kGroup * tc <= C) {  // kGroup tiles at once
+        uint32_t undone = fk_vexp_group<(TC > 0 ? TC : 8), CODES, kGroupLanes>(ff, xr + c0, d);
+        for (int i = 0; undone; ++i, undone >>= 1) {
+          if (!(undone & 1)) continue;
+          int64_t ci = c0 + static_cast<int64_t>(i) * tc;
+          FkDst di = d;
+          di.o = r * C + ci;
+          if (CODES) {
+            di.scale = out.scale ? out.scale + r * nC + ci / tc : nullptr;
+            di.meta = out.meta && S ? out.meta + r * sub_cols + ci / S : nullptr;
+          }
+          if (!fk_tile<TC, CODES>(ff, xr + ci, di, tc, rne)) slow(slow_ctx, r, ci);
+        }
+        c0 += (kGroup - 1) * tc;
+        continue;
       }
       if (!fk_tile<TC, CODES>(ff, xr + c0, d, tc, rne)) slow(slow_ctx, r, c0);
     }
