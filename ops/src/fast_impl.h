@@ -758,31 +758,14 @@ FK_ALWAYS uint32_t fk_vexp_group(const FastFormat& ff, const float* x, const FkD
   return undone;
 }
 
-// Float-scaled tile of TC (a multiple of L) elements by fk_vrne (fk_float_tile's arithmetic).
+// Writes one float-scaled tile of TC (a multiple of L) elements whose tile t (ff.ftile with
+// nan_tile, sc and eff) is known.
 template <int TC, bool CODES, int L>
-FK_ALWAYS bool fk_vfloat_tile(const FastFormat& ff, const float* x, const FkDst& d) {
+FK_ALWAYS void fk_vfloat_emit(const FastFormat& ff, const float* x, const FkDst& d,
+                              const FastTile& t) {
   typedef typename FkLanes<L>::vi V;
   typedef typename FkLanes<L>::vf F;
   constexpr int NV = TC / L;
-  V xv[NV];
-  V mf = {}, ma = {};
-  for (int v = 0; v < NV; ++v) {
-    xv[v] = fk_vload<L>(x + L * v);
-    V b = xv[v] & 0x7FFFFFFF;
-    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
-    ma = fk_vmax(ma, b);
-  }
-  int32_t all = fk_hmax<L>(ma);
-  // fast_tile's float-scale branch, inline: the scale cast by fk_rne_elem when it applies.
-  FastTile t = ff.ftile;
-  t.nan_tile = ff.policy == 1 ? all >= 0x7F800000 : (ff.nan_on_nan && all > 0x7F800000);
-  float raw = from_fbits(static_cast<uint32_t>(fk_hmax<L>(mf))) / ff.maxfloat_f;
-  if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
-  uint32_t scb = ff.stile_rne ? fk_rne_elem<true, false>(fbits(raw), 0u, ff.stile,
-                                                         23 - ff.scale_mbits, ff.scale_negzero)
-                              : fast_scale_cast(ff, fbits(raw));
-  t.sc = from_fbits(scb);
-  t.eff = ff.has_ts ? t.sc * ff.ts : t.sc;
   if (CODES && d.scale) {
     *d.scale = static_cast<uint8_t>(
         t.nan_tile ? ff.scale_nan_code
@@ -793,9 +776,10 @@ FK_ALWAYS bool fk_vfloat_tile(const FastFormat& ff, const float* x, const FkDst&
   const float eff = t.eff;
   const int dd = 23 - ff.mbits;
   for (int v = 0; v < NV; ++v) {
-    F xf = (F)xv[v];
+    V xi = fk_vload<L>(x + L * v);
+    F xf = (F)xi;
     // eff > 0: x / eff; else x where NaN, 0 elsewhere (the reference's where(scale > 0, ...))
-    F q = eff > 0.0f ? xf / eff : (F)(xf != xf ? xv[v] : V{});
+    F q = eff > 0.0f ? xf / eff : (F)(xf != xf ? xi : V{});
     rv[v] = ff.is_float ? fk_vrne<true, L>((V)q, V{}, t, dd, ff.negzero)
                         : fk_vrne<false, L>((V)q, V{}, t, 0, ff.negzero);
     if (t.nan_tile) rv[v] = V{} + static_cast<int32_t>(0x7FC00000);
@@ -817,7 +801,76 @@ FK_ALWAYS bool fk_vfloat_tile(const FastFormat& ff, const float* x, const FkDst&
                  packed ? packed + (bits * L / 8) * v : nullptr);
     }
   }
+}
+
+// Float-scaled tile of TC (a multiple of L) elements by fk_vrne (fk_float_tile's arithmetic).
+template <int TC, bool CODES, int L>
+FK_ALWAYS bool fk_vfloat_tile(const FastFormat& ff, const float* x, const FkDst& d) {
+  typedef typename FkLanes<L>::vi V;
+  constexpr int NV = TC / L;
+  V mf = {}, ma = {};
+  for (int v = 0; v < NV; ++v) {
+    V b = fk_vload<L>(x + L * v) & 0x7FFFFFFF;
+    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
+    ma = fk_vmax(ma, b);
+  }
+  int32_t all = fk_hmax<L>(ma);
+  // fast_tile's float-scale branch, inline: the scale cast by fk_rne_elem when it applies.
+  FastTile t = ff.ftile;
+  t.nan_tile = ff.policy == 1 ? all >= 0x7F800000 : (ff.nan_on_nan && all > 0x7F800000);
+  float raw = from_fbits(static_cast<uint32_t>(fk_hmax<L>(mf))) / ff.maxfloat_f;
+  if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
+  uint32_t scb = ff.stile_rne ? fk_rne_elem<true, false>(fbits(raw), 0u, ff.stile,
+                                                         23 - ff.scale_mbits, ff.scale_negzero)
+                              : fast_scale_cast(ff, fbits(raw));
+  t.sc = from_fbits(scb);
+  t.eff = ff.has_ts ? t.sc * ff.ts : t.sc;
+  fk_vfloat_emit<TC, CODES, L>(ff, x, d, t);
   return true;
+}
+
+// L consecutive float-scaled tiles (fk_vexp_group's layout): the scale of every tile in vector
+// arithmetic (needs ff.stile_rne); returns the mask of tiles left undone (none).
+template <int TC, bool CODES, int L>
+FK_ALWAYS uint32_t fk_vfloat_group(const FastFormat& ff, const float* x, const FkDst& d) {
+  typedef typename FkLanes<L>::vi V;
+  typedef typename FkLanes<L>::vf F;
+  constexpr int NV = TC / L;
+  V mf[L], ma[L];
+  for (int i = 0; i < L; ++i) {
+    mf[i] = V{};
+    ma[i] = V{};
+    for (int v = 0; v < NV; ++v) {
+      V b = fk_vload<L>(x + TC * i + L * v) & 0x7FFFFFFF;
+      mf[i] = fk_vmax(mf[i], b < 0x7F800000 ? b : 0);
+      ma[i] = fk_vmax(ma[i], b);
+    }
+  }
+  fk_treduce<L, L>(mf, L);
+  fk_treduce<L, L>(ma, L);
+  const V A = ma[0];
+  const V nan_tile = ff.policy == 1 ? A >= 0x7F800000 : (ff.nan_on_nan ? A > 0x7F800000 : V{});
+  F raw = (F)mf[0] / ff.maxfloat_f;
+  if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : F{};
+  const F sc = (F)fk_vrne<true, L>((V)raw, V{}, ff.stile, 23 - ff.scale_mbits,
+                                   ff.scale_negzero);
+  const F eff = ff.has_ts ? sc * ff.ts : sc;
+  float scl[L], effl[L];
+  int32_t nanl[L];
+  __builtin_memcpy(scl, &sc, 4 * L);
+  __builtin_memcpy(effl, &eff, 4 * L);
+  __builtin_memcpy(nanl, &nan_tile, 4 * L);
+  for (int i = 0; i < L; ++i) {
+    FastTile t = ff.ftile;
+    t.nan_tile = nanl[i] != 0;
+    t.sc = scl[i];
+    t.eff = effl[i];
+    FkDst di = d;
+    di.o = d.o + TC * i;
+    if (CODES && d.scale) di.scale = d.scale + i;
+    fk_vfloat_emit<TC, CODES, L>(ff, x + TC * i, di, t);
+  }
+  return 0;
 }
 
 // Float-scaled tile (NVFP4 and friends): v = x / eff in float32, rounded on the element grid,
@@ -902,7 +955,7 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
   // Groups of tiles (fk_vexp_group): exponent scales, tiles of 8..64 that fill whole vectors.
   constexpr int kGroupLanes = kFkLanes == 16 && TC % 16 == 0 ? 16 : 8;
   constexpr int kGroup = TC > 0 && TC % 8 == 0 && TC <= 64 ? kGroupLanes : 0;
-  const bool group = rne && !ff.float_scale && (ff.sub == 0 || ff.sub == 2);
+  const bool group = rne && (ff.float_scale ? ff.stile_rne : ff.sub == 0 || ff.sub == 2);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * C;
     int64_t c0 = 0;
@@ -914,7 +967,9 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
         d.meta = out.meta && S ? out.meta + r * sub_cols + c0 / S : nullptr;
       }
       if (kGroup && group && c0 + kGroup * tc <= C) {  // kGroup tiles at once
-        uint32_t undone = fk_vexp_group<(TC > 0 ? TC : 8), CODES, kGroupLanes>(ff, xr + c0, d);
+        uint32_t undone =
+            ff.float_scale ? fk_vfloat_group<(TC > 0 ? TC : 8), CODES, kGroupLanes>(ff, xr + c0, d)
+                           : fk_vexp_group<(TC > 0 ? TC : 8), CODES, kGroupLanes>(ff, xr + c0, d);
         for (int i = 0; undone; ++i, undone >>= 1) {
           if (!(undone & 1)) continue;
           int64_t ci = c0 + static_cast<int64_t>(i) * tc;
