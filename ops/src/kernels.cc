@@ -746,6 +746,8 @@ void slow_tile(void* p, int64_t r, int64_t c0) {
   pack_range(buf.data(), 1, 0, n, bits, sc->packed + ((r * g.C + c0) * bits) / 8);
 }
 
+#include "codebook_fast.h"  // NOLINT(build/include): codebooks along the last axis
+
 }  // namespace
 
 int64_t Geometry::grid(int64_t b, int64_t r, int64_t c, int64_t rows, int64_t cols) const {
@@ -1021,6 +1023,11 @@ std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
     pf(chunks, [&](int64_t c0, int64_t c1) {
       tensor_elements(c, p, c0 * kChunk, std::min(g.size, c1 * kChunk));
     });
+    return "";
+  }
+  CbFast cbf;
+  if (cb_setup(c, &cbf)) {  // codebooks along the last axis (codebook_fast.h)
+    cb_run(cbf, pf);
     return "";
   }
   FastFormat ff;
