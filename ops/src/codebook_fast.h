@@ -262,34 +262,35 @@ static inline void cb_transpose(cb_vf* r) {
   }
 }
 
-// Tiles [t0, min(t0 + W, t1)) through the buffers; the group's outputs written.
-template <bool VALUES, bool CODES>
+// Tiles [t0, min(t0 + W, t1)) through the buffers; the group's outputs written. TT (tile
+// elements), UU (unit elements), NTH (thresholds per mapping) and MAPS are compile-time
+// constants for the common formats, 0 for "read F".
+template <bool VALUES, bool CODES, int TT, int UU, int NTH, int MAPS>
 static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch& scr) {
   const Ctx& c = *F.c;
   const QuantizeIO& io = c.io;
-  const int T = F.T, U = F.U, nth = F.nth, half = F.half;
+  const int T = TT ? TT : F.T, U = UU ? UU : F.U, nth = NTH ? NTH : F.nth;
+  const int maps = MAPS ? MAPS : F.maps, half = nth + 1, units = T / U;
   const float* xin = static_cast<const float*>(io.x);
   cb_vf* __restrict X = reinterpret_cast<cb_vf*>(B.x);
-  cb_vf* __restrict A32 = reinterpret_cast<cb_vf*>(B.a32);
-  cb_vd* __restrict A64 = reinterpret_cast<cb_vd*>(B.a64);
-  cb_vd* __restrict SQ = reinterpret_cast<cb_vd*>(B.sq);
   cb_vf* __restrict TM = reinterpret_cast<cb_vf*>(B.t);  // [map][p]
   cb_vi* __restrict IM = reinterpret_cast<cb_vi*>(B.idx);
   cb_vf* __restrict Y = reinterpret_cast<cb_vf*>(B.y);
   float* rows = reinterpret_cast<float*>(B.rows);  // W rows of T: padded tiles
   const float* src[W];
   int valid[W];
-  int64_t tile[W];
-  for (int l = 0; l < W; ++l) {
-    int64_t t = t0 + l;
-    tile[l] = t;
+  int64_t row[W], col[W];
+  int64_t r = t0 / F.nC, ct = t0 - r * F.nC;
+  for (int l = 0; l < W; ++l, ++ct) {
+    if (ct == F.nC) { ct = 0; ++r; }
+    row[l] = r;
+    col[l] = ct;
     valid[l] = 0;
     src[l] = rows + static_cast<size_t>(l) * T;
-    if (t >= t1) {
+    if (t0 + l >= t1) {
       std::memset(rows + static_cast<size_t>(l) * T, 0, sizeof(float) * T);
       continue;
     }
-    int64_t r = t / F.nC, ct = t - r * F.nC;
     const float* s = xin + r * F.C + ct * T;
     int n = static_cast<int>(std::min<int64_t>(T, F.C - ct * T));
     valid[l] = n;
@@ -342,22 +343,17 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
   const cb_vd inv64 = reinterpret_cast<cb_vd>((1023 - sexp) << 52);
   const cb_vf inv32 = __builtin_convertvector(inv64, cb_vf);
   const cb_vf pw32 = __builtin_convertvector(reinterpret_cast<cb_vd>((1023 + sexp) << 52), cb_vf);
-  for (int p = 0; p < T; ++p) {
+  // Per element and mapping: the nearest entry (kept for the output) and its squared error,
+  // added to the unit's two einsum lanes in einsum's order; then the best mapping per unit.
+  constexpr int kMaps = MAPS ? MAPS : kCbMaxMaps;
+  cb_vl bms[kCbMaxT];
+  auto score = [&](int p, cb_vd* acc) {
     cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
-    A32[p] = ax * inv32;
-    A64[p] = __builtin_convertvector(ax, cb_vd) * inv64;
-  }
-  // Per mapping: nearest entries, squared errors, error per unit (einsum order), best mapping.
-  const int units = F.units;
-  cb_vd* __restrict BE = SQ + T;                                  // [unit]
-  cb_vl* __restrict BM = reinterpret_cast<cb_vl*>(BE + units);    // [unit]
-  for (int m = 0; m < F.maps; ++m) {
-    const float* th = F.th + m * nth;
-    const float* tb = F.tab + m * half;
-    cb_vf* __restrict Tm = TM + static_cast<size_t>(m) * T;
-    cb_vi* __restrict Im = IM + static_cast<size_t>(m) * T;
-    for (int p = 0; p < T; ++p) {
-      cb_vf a = A32[p];
+    cb_vf a = ax * inv32;
+    cb_vd a64 = __builtin_convertvector(ax, cb_vd) * inv64;
+    for (int m = 0; m < maps; ++m) {
+      const float* th = F.th + m * nth;
+      const float* tb = F.tab + m * half;
       cb_vf tv = {};
       cb_vi iv = {};
       for (int k = 0; k < nth; ++k) {
@@ -365,42 +361,43 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
         tv = up ? tb[k + 1] : tv;
         if (CODES) iv -= up;
       }
-      Tm[p] = tv;
-      if (CODES) Im[p] = iv;
-      cb_vd d = A64[p] - __builtin_convertvector(tv, cb_vd);
-      SQ[p] = d * d;
+      TM[m * T + p] = tv;
+      if (CODES) IM[m * T + p] = iv;
+      cb_vd d = a64 - __builtin_convertvector(tv, cb_vd);
+      acc[m] += d * d;
     }
-    for (int u = 0; u < units; ++u) {
-      cb_vd acc0 = {}, acc1 = {};
-      const cb_vd* sq = SQ + u * U;
-      for (int o = 0; o < F.norder; ++o) {
-        int p = F.order[o];
-        acc0 += sq[p];
-        if (p + 1 < U) acc1 += sq[p + 1];
-      }
-      cb_vd err = acc0 + acc1;
-      if (m == 0) {
-        BE[u] = err;
-        BM[u] = cb_vl{};
-      } else {
-        cb_vl better = err < BE[u];
-        BE[u] = better ? err : BE[u];
-        BM[u] = better ? m : BM[u];
-      }
+  };
+  for (int u = 0; u < units; ++u) {
+    cb_vd acc0[kMaps], acc1[kMaps];
+    for (int m = 0; m < maps; ++m) { acc0[m] = cb_vd{}; acc1[m] = cb_vd{}; }
+    const int base = u * U;
+    for (int o = 0; o < F.norder; ++o) {
+      int p = F.order[o];
+      score(base + p, acc0);
+      if (p + 1 < U) score(base + p + 1, acc1);
     }
+    cb_vd best = acc0[0] + acc1[0];
+    cb_vl bm = {};
+    for (int m = 1; m < maps; ++m) {
+      cb_vd err = acc0[m] + acc1[m];
+      cb_vl better = err < best;
+      best = better ? err : best;
+      bm = better ? m : bm;
+    }
+    bms[u] = bm;
   }
   // Values and codes of the chosen mapping.
   cb_vi* __restrict CD = reinterpret_cast<cb_vi*>(B.codes);
   const cb_vi negzero = F.negzero ? cb_vi{} - 1 : cb_vi{};
   for (int u = 0; u < units; ++u) {
-    cb_vi bm = __builtin_convertvector(BM[u], cb_vi);
+    cb_vi bm = __builtin_convertvector(bms[u], cb_vi);
     for (int p = u * U; p < (u + 1) * U; ++p) {
       cb_vf tv = TM[p];
       cb_vi iv = CODES ? IM[p] : cb_vi{};
-      for (int m = 1; m < F.maps; ++m) {
+      for (int m = 1; m < maps; ++m) {
         cb_vi pick = bm == m;
-        tv = pick ? TM[static_cast<size_t>(m) * T + p] : tv;
-        if (CODES) iv = pick ? IM[static_cast<size_t>(m) * T + p] : iv;
+        tv = pick ? TM[m * T + p] : tv;
+        if (CODES) iv = pick ? IM[m * T + p] : iv;
       }
       cb_vu xb = reinterpret_cast<cb_vu>(X[p]);
       cb_vu neg = (xb >> 31) & reinterpret_cast<cb_vu>((tv != 0.0f) | negzero);
@@ -411,10 +408,9 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
   // Store, transposed, with the scale and meta codes; Inf/NaN tiles redone by process_tile.
   float* orow[W];
   for (int l = 0; l < W; ++l) {
-    int64_t t = tile[l];
-    int64_t r = t / F.nC, ct = t - r * F.nC;
-    orow[l] = valid[l] == T && VALUES ? static_cast<float*>(io.values) + r * F.C + ct * T
-                                      : rows + static_cast<size_t>(l) * T;
+    orow[l] = valid[l] == T && VALUES
+                  ? static_cast<float*>(io.values) + row[l] * F.C + col[l] * T
+                  : rows + static_cast<size_t>(l) * T;
   }
   if (VALUES) {
     if (T % W == 0) {
@@ -429,30 +425,42 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
         for (int l = 0; l < W; ++l) orow[l][p] = Y[p][l];
     }
   }
+  uint8_t* scale8 = c.scale_w == 1 ? static_cast<uint8_t*>(io.scale) : nullptr;
   for (int l = 0; l < W; ++l) {
     int n = valid[l];
     if (n == 0) continue;
-    int64_t t = tile[l];
-    int64_t r = t / F.nC, ct = t - r * F.nC;
-    int64_t o = r * F.C + ct * T;
+    int64_t t = t0 + l;
+    int64_t o = row[l] * F.C + col[l] * T;
     if (VALUES && n < T) std::memcpy(static_cast<float*>(io.values) + o, orow[l], sizeof(float) * n);
     if (CODES) {
       uint8_t* dst = static_cast<uint8_t*>(io.codes) + o;
       for (int p = 0; p < n; ++p) dst[p] = static_cast<uint8_t>(CD[p][l]);
     }
-    if (io.scale)
-      store_code(io.scale, c.scale_w, t, static_cast<uint64_t>(sexp[l] + F.frac + F.bias));
+    uint64_t sc = static_cast<uint64_t>(sexp[l] + F.frac + F.bias);
+    if (scale8) scale8[t] = static_cast<uint8_t>(sc);
+    else if (io.scale) store_code(io.scale, c.scale_w, t, sc);
     if (io.meta) {
       if (F.subtiles) {
-        for (int u = 0; u < F.units; ++u) {
-          int64_t gc = ct * F.units + u;
-          if (gc < F.sub_cols) io.meta[r * F.sub_cols + gc] = static_cast<uint8_t>(BM[u][l]);
+        for (int u = 0; u < units; ++u) {
+          int64_t gc = col[l] * units + u;
+          if (gc < F.sub_cols)
+            io.meta[row[l] * F.sub_cols + gc] = static_cast<uint8_t>(bms[u][l]);
         }
       } else {
-        io.meta[t] = static_cast<uint8_t>(BM[0][l]);
+        io.meta[t] = static_cast<uint8_t>(bms[0][l]);
       }
     }
     if (nonfin[l]) process_tile(c, t, scr);
+  }
+}
+
+template <bool VALUES, bool CODES>
+static void cb_groups_t(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch& scr) {
+  // The common formats (4-bit index, two mappings, 32-element tiles) with constants.
+  bool common = F.T == 32 && F.U == 32 && F.nth == 7 && F.maps == 2;
+  for (int64_t t = t0; t < t1; t += W) {
+    if (common) cb_group<VALUES, CODES, 32, 32, 7, 2>(F, t, t1, B, scr);
+    else cb_group<VALUES, CODES, 0, 0, 0, 0>(F, t, t1, B, scr);
   }
 }
 
@@ -460,11 +468,9 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
 static void cb_groups(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch& scr) {
   B.setup(F.T, W, F.maps, F.units);
   bool values = F.c->io.values != nullptr, codes = F.c->io.codes != nullptr;
-  for (int64_t t = t0; t < t1; t += W) {
-    if (values && codes) cb_group<true, true>(F, t, t1, B, scr);
-    else if (values) cb_group<true, false>(F, t, t1, B, scr);
-    else cb_group<false, true>(F, t, t1, B, scr);
-  }
+  if (values && codes) cb_groups_t<true, true>(F, t0, t1, B, scr);
+  else if (values) cb_groups_t<true, false>(F, t0, t1, B, scr);
+  else cb_groups_t<false, true>(F, t0, t1, B, scr);
 }
 
 #endif  // ONNXQ_CB_KERNEL
