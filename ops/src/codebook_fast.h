@@ -347,7 +347,7 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
   // added to the unit's two einsum lanes in einsum's order; then the best mapping per unit.
   constexpr int kMaps = MAPS ? MAPS : kCbMaxMaps;
   cb_vl bms[kCbMaxT];
-  auto score = [&](int p, cb_vd* acc) {
+  auto score = [&](int p, cb_vd (&acc)[kMaps]) __attribute__((always_inline)) {
     cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
     cb_vf a = ax * inv32;
     cb_vd a64 = __builtin_convertvector(ax, cb_vd) * inv64;
