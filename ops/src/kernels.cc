@@ -343,6 +343,25 @@ void gather_tile(const Ctx& c, int64_t t, Scratch& s) {
   if (c.f.sparse_m) prune_tile(c, s, Tr, Tc);
 }
 
+// The sum of reference.l2_metric: numpy's einsum adds a unit's squares in two float64 lanes,
+// blocks of 8 as the pairs 6-7, 4-5, 2-3, 0-1, then the tail pairs, then lane 0 + lane 1
+// (einsum_sumprod.c.src, SSE2 baseline). Another order can pick another mapping.
+inline double einsum_sum(const double* sq, int64_t n) {
+  double a0 = 0.0, a1 = 0.0;
+  int64_t i = 0;
+  for (; n - i >= 8; i += 8) {
+    for (int k = 3; k >= 0; --k) {
+      a0 += sq[i + 2 * k];
+      a1 += sq[i + 2 * k + 1];
+    }
+  }
+  for (; i < n; i += 2) {
+    a0 += sq[i];
+    if (i + 1 < n) a1 += sq[i + 1];
+  }
+  return a0 + a1;
+}
+
 void process_tile(const Ctx& c, int64_t t, Scratch& s) {
   const Geometry& g = c.g;
   const Format& f = c.f;
@@ -435,14 +454,15 @@ void process_tile(const Ctx& c, int64_t t, Scratch& s) {
           if (!comp.has_negzero) q += 0.0;
           return q;
         };
+        s.q.resize(usize);
         for (int map = 0; map < maps; ++map) {
-          double err = 0.0;
           for (int64_t u = 0; u < usize; ++u) {
             int idx;
             double q = nearest(map, s.v[u], &idx);
             double d = s.v[u] - q;
-            err += d * d;
+            s.q[u] = d * d;
           }
+          double err = einsum_sum(s.q.data(), usize);
           if (map == 0 || err < best) { best = err; best_map = map; }
         }
         meta = static_cast<uint8_t>(best_map);
@@ -802,6 +822,8 @@ void slow_tile(void* p, int64_t r, int64_t c0) {
   pack_range(buf.data(), 1, 0, n, bits, sc->packed + ((r * g.C + c0) * bits) / 8);
 }
 
+#include "codebook_fast.h"  // NOLINT(build/include): codebooks along the last axis
+
 }  // namespace
 
 int64_t Geometry::grid(int64_t b, int64_t r, int64_t c, int64_t rows, int64_t cols) const {
@@ -1077,6 +1099,11 @@ std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
     pf(chunks, [&](int64_t c0, int64_t c1) {
       tensor_elements(c, p, c0 * kChunk, std::min(g.size, c1 * kChunk));
     });
+    return "";
+  }
+  CbFast cbf;
+  if (cb_setup(c, &cbf)) {  // codebooks along the last axis (codebook_fast.h)
+    cb_run(cbf, pf);
     return "";
   }
   FastFormat ff;
