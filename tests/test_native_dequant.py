@@ -210,3 +210,61 @@ def test_pack_unpack_bits_capi(bits: int, count: int) -> None:
     assert lib.onnxq_unpack_bits(out.ctypes.data, nbytes, bits, count, None, back.ctypes.data,
                                  width, err, 256) == 0  # fmt: skip
     assert np.array_equal(back, codes)
+
+
+# -- the vector kernels (float32 outputs, tiles along the last axis: ops/src/fast_dequant.h) ----
+
+# Whole tiles, row tails, rows whose codes start inside a byte (70 * 5 bits...), rows longer than
+# one 4096-column segment, an odd number of 8-element tiles, one short row.
+VEC_SHAPES = [(2, 4136), (3, 8232), (5, 83), (7, 40), (1, 24), (6, 70), (4, 4097), (2, 1)]
+VEC = [*FAST, "int8_e8m0_t8", "mxfp6e2"]
+
+
+def _all_scales(q: onnxq.QTensor, seed: int) -> onnxq.QTensor:
+    """Every scale code (E8M0 0..255: NaN tiles, results that underflow to subnormals and zero
+    or overflow to inf, factors outside float32's normal range) over the tiles, shuffled."""
+    rng = np.random.default_rng(seed)
+    flat = q.scale.copy().reshape(-1)
+    flat[:] = rng.permutation(np.arange(flat.size) % 256)
+    return dataclasses.replace(q, scale=flat.reshape(q.scale.shape))
+
+
+@pytest.mark.parametrize("simd", ["avx512", "avx2", "base"])
+@pytest.mark.parametrize("dt", VEC)
+def test_vector_kernels_match_reference(dt: str, simd: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Every instruction set, streaming stores on and off, session (packed codes) and C ABI
+    (one byte a code), bit for bit with the reference, all scale codes."""
+    from onnxq.cast.api import _expand
+
+    monkeypatch.setenv("ONNXQ_SIMD", simd)
+    for i, shape in enumerate(VEC_SHAPES):
+        q = _random_q(dt, shape, -1, i)
+        if q.scale.dtype == np.uint8:
+            q = _all_scales(q, i)
+        want = _bits(_want(q, np.float32))
+        for stream in ("0", "1"):
+            monkeypatch.setenv("ONNXQ_DQ_STREAM", stream)
+            if runtime.has_custom_ops():
+                got = _bits(_session_dequant(q, np.dtype(np.float32)))
+                assert np.array_equal(got, want), (dt, shape, stream)
+            codes, meta = _expand(q)
+            args = (q.dtype, q.shape, q.axis, codes, q.scale, q.zero, q.tenscale, meta)
+            got = _bits(native.dequantize(*args, values_dtype=np.dtype(np.float32), nthreads=2))
+            assert np.array_equal(got, want), (dt, shape, stream, "capi")
+
+
+@needs_ops
+@pytest.mark.parametrize("dt", ["mxfp4", "mx6", "mxint8", "int8_e8m0_t8"])
+def test_vector_kernels_roundtrip(dt: str) -> None:
+    """QuantizeMX's own codes of data with NaN, Inf, zeros and subnormals, 4096-wide rows."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 4096)) * np.exp2(rng.integers(-140, 120, (3, 4096)))
+    x = x.astype(np.float32)
+    x[0, ::97] = np.nan
+    x[1, 5::101] = -np.inf
+    x[2, :64] = 0.0
+    x[2, 64:128] = np.float32(1e-40)
+    q = onnxq.cast(x, dt, mode="compress")
+    want = _bits(onnxq.cast(x, dt))
+    assert np.array_equal(_bits(_session_dequant(q, np.dtype(np.float32))), want), dt
