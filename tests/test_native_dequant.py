@@ -268,3 +268,54 @@ def test_vector_kernels_roundtrip(dt: str) -> None:
     q = onnxq.cast(x, dt, mode="compress")
     want = _bits(onnxq.cast(x, dt))
     assert np.array_equal(_bits(_session_dequant(q, np.dtype(np.float32))), want), dt
+
+
+@needs_ops
+@pytest.mark.parametrize("dt", ["mxfp4", "int8_e8m0_t8", "mx6", "mxfp8e4"])
+def test_streaming_stores_any_alignment(dt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Y bound at every 4-byte offset from a cache line (streaming stores on): the same bits, and
+    not one element written outside Y."""
+    monkeypatch.setenv("ONNXQ_DQ_STREAM", "1")
+    for shape in ((3, 4136), (2, 8), (5, 24), (1, 4096 + 40)):
+        q = _random_q(dt, shape, -1, 11)
+        want = _bits(_want(q, np.float32)).reshape(-1)
+        (node,) = _dq_nodes(q)
+        sess, feeds = node
+        n = want.size
+        for off in range(16):
+            buf = np.full(n + 64, 0xDEADBEEF, np.uint32)
+            base = (-buf.ctypes.data % 64) // 4 + off
+            binding = sess.io_binding()
+            for k, v in feeds.items():
+                binding.bind_cpu_input(k, v)
+            view = buf[base : base + n]
+            binding.bind_output("y", "cpu", 0, np.float32, list(shape), view.ctypes.data)
+            sess.run_with_iobinding(binding)
+            assert np.array_equal(view, want), (dt, shape, off)
+            assert np.all(buf[:base] == 0xDEADBEEF) and np.all(buf[base + n :] == 0xDEADBEEF)
+
+
+def _dq_nodes(q: onnxq.QTensor) -> list[tuple[Any, dict[str, np.ndarray]]]:
+    """A float32 DequantizeMX session of q and its feeds."""
+    names, feeds, inputs = [], {}, []
+    for name, v in (("q", q.data), ("scale", q.scale), ("tenscale", q.tenscale), ("meta", q.meta)):
+        if v is None:
+            continue
+        names.append(name)
+        feeds[name] = v
+        inputs.append(helper.make_tensor_value_info(name, _U[v.dtype.itemsize], list(v.shape)))
+    slots = {"q": 0, "scale": 1, "zero": 2, "tenscale": 3, "meta": 4}
+    ordered = [""] * (max(slots[k] for k in names) + 1)
+    for k in names:
+        ordered[slots[k]] = k
+    node = helper.make_node(
+        "DequantizeMX", ordered, ["y"], domain="onnxq", dtype=q.dtype.name, axis=q.axis,
+        shape=list(q.shape), output_type=TensorProto.FLOAT,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "dq", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(q.shape))]
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    return [(runtime.session(model), feeds)]

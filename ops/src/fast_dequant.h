@@ -159,26 +159,76 @@ __attribute__((always_inline)) static inline __m512 dqk_lookup(const __m512* tab
   return _mm512_mask_blend_ps(b7, q0, q1);
 }
 
-// 16 (or, with mask 0x00FF, 8) elements: codes c, factors f; NaN canonical. NT: a streaming
-// store (y 64-byte aligned, full mask).
-template <int NCH, bool NT>
-__attribute__((always_inline)) static inline void dqk_put16(const __m512* tab, const uint8_t* c,
-                                                           __m512 f, uint32_t* y,
-                                                           __mmask16 m) {
-  __m128i cb = m == 0xFFFF ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(c))
-                           : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c));
+// 16 (or, with 8-byte codes, 8) elements: codes c, factors f; NaN canonical.
+template <int NCH, bool HALF>
+__attribute__((always_inline)) static inline __m512i dqk_vec16(const __m512* tab, const uint8_t* c,
+                                                              __m512 f) {
+  __m128i cb = HALF ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))
+                    : _mm_loadu_si128(reinterpret_cast<const __m128i*>(c));
   __m512 v = _mm512_mul_ps(dqk_lookup<NCH>(tab, _mm512_cvtepu8_epi32(cb)), f);
   __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  __m512i out = _mm512_mask_blend_epi32(nan, _mm512_castps_si512(v),
-                                        _mm512_set1_epi32(0x7FC00000));
-  if (NT && m == 0xFFFF) {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(y), out);
-  } else if (m == 0xFFFF) {
-    _mm512_storeu_si512(y, out);
-  } else {
-    _mm512_mask_storeu_epi32(y, m, out);
-  }
+  return _mm512_mask_blend_epi32(nan, _mm512_castps_si512(v), _mm512_set1_epi32(0x7FC00000));
 }
+
+// Writes consecutive vectors of 16 (the last may hold 8) output elements from y on. NT:
+// streaming stores, which skip the read for ownership of every output line (the output is far
+// larger than the caches); they need 64-byte aligned addresses, so when y is k elements past a
+// 64-byte boundary (numpy's own arrays are 16 bytes past one) each store takes the last k
+// elements of the previous vector and the first 16 - k of this one (one two-source permute),
+// and the first and last, partial lines are masked ordinary stores. Fenced by finish().
+template <bool NT>
+struct DqkOut {
+  uint32_t* y;
+  int64_t pos = 0;  // elements written (or in flight)
+  int k = 0;
+  __m512i idx, prev;
+  explicit DqkOut(uint32_t* out) : y(out) {
+    if (NT) {
+      k = static_cast<int>((reinterpret_cast<uintptr_t>(out) % 64) / 4);
+      idx = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                             _mm512_set1_epi32(16 - k));
+      prev = _mm512_setzero_si512();
+    }
+  }
+  __attribute__((always_inline)) inline void push(__m512i v, int cnt) {
+    if (!NT) {
+      if (cnt == 16) {
+        _mm512_storeu_si512(y + pos, v);
+      } else {
+        _mm512_mask_storeu_epi32(y + pos, static_cast<__mmask16>((1u << cnt) - 1), v);
+      }
+      pos += cnt;
+      return;
+    }
+    // The aligned line holding elements [pos - k, pos - k + 16); valid lanes: elements in
+    // [0, pos + cnt).
+    __m512i w = k ? _mm512_permutex2var_epi32(prev, idx, v) : v;
+    uint32_t lo = pos == 0 ? static_cast<uint32_t>(k) : 0u;
+    uint32_t hi = static_cast<uint32_t>(k + cnt < 16 ? k + cnt : 16);
+    uint32_t* line = y + pos - k;
+    if (lo == 0 && hi == 16) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(line), w);
+    } else {
+      _mm512_mask_storeu_epi32(line, static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1)), w);
+    }
+    prev = v;
+    pos += 16;
+    if (cnt < 16) {  // the last vector: elements [pos - 16 + cnt - ...) left in prev
+      int left = k + cnt - 16;
+      if (left > 0)
+        _mm512_mask_storeu_epi32(y + pos - k, static_cast<__mmask16>((1u << left) - 1),
+                                 _mm512_permutex2var_epi32(prev, idx, prev));
+      pos = -1;  // finished
+    }
+  }
+  __attribute__((always_inline)) inline void finish() {
+    if (!NT) return;
+    if (k && pos > 0)  // the last k elements, still in prev
+      _mm512_mask_storeu_epi32(y + pos - k, static_cast<__mmask16>((1u << k) - 1),
+                               _mm512_permutex2var_epi32(prev, idx, prev));
+    _mm_sfence();
+  }
+};
 
 // Each bit of m8 twice: bit i of m8 -> bits 2i and 2i + 1.
 __attribute__((always_inline)) static inline __mmask16 dqk_twice(uint32_t m8) {
@@ -190,13 +240,14 @@ __attribute__((always_inline)) static inline __mmask16 dqk_twice(uint32_t m8) {
 }
 
 // Tiles of TC (a multiple of 16, or 8 without shift bits) elements; SC 0 or 2. NT: streaming
-// stores (y 64-byte aligned), fenced at the end.
+// stores (DqkOut).
 template <int NCH, int TC, int SC, bool NT>
 static bool dqk_tiles512(const DqTab& T, const uint8_t* codes, const uint8_t* scales,
                          const uint8_t* sh, int64_t ntiles, uint32_t* y) {
   __m512 tab[16];
   for (int i = 0; i < 2 * NCH && i < 16; ++i) tab[i] = _mm512_loadu_ps(T.tq + 16 * i);
   uint32_t bad = 0;
+  DqkOut<NT> out(y);
   if (TC == 8) {
     int64_t t = 0;
     for (; t + 2 <= ntiles; t += 2) {
@@ -205,15 +256,15 @@ static bool dqk_tiles512(const DqTab& T, const uint8_t* codes, const uint8_t* sc
       __m512 f = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
           0xFF00, _mm512_set1_epi32(static_cast<int>(T.f0[a])),
           _mm512_set1_epi32(static_cast<int>(T.f0[b]))));
-      dqk_put16<NCH, NT>(tab, codes + 8 * t, f, y + 8 * t, 0xFFFF);
+      out.push(dqk_vec16<NCH, false>(tab, codes + 8 * t, f), 16);
     }
-    if (NT) _mm_sfence();
     if (t < ntiles) {
       uint32_t a = scales[t];
       bad |= T.ok[a] ^ 1u;
       __m512 f = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(T.f0[a])));
-      dqk_put16<NCH, NT>(tab, codes + 8 * t, f, y + 8 * t, 0x00FF);
+      out.push(dqk_vec16<NCH, true>(tab, codes + 8 * t, f), 8);
     }
+    out.finish();
     return bad != 0;
   }
   for (int64_t t = 0; t < ntiles; ++t) {
@@ -227,10 +278,10 @@ static bool dqk_tiles512(const DqTab& T, const uint8_t* codes, const uint8_t* sc
         __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sh + t * (TC / 2) + 8 * v));
         f = _mm512_mask_blend_ps(dqk_twice(_mm_test_epi8_mask(s8, s8)), f0, f1);
       }
-      dqk_put16<NCH, NT>(tab, codes + t * TC + 16 * v, f, y + t * TC + 16 * v, 0xFFFF);
+      out.push(dqk_vec16<NCH, false>(tab, codes + t * TC + 16 * v, f), 16);
     }
   }
-  if (NT) _mm_sfence();
+  out.finish();
   return bad != 0;
 }
 
@@ -255,7 +306,7 @@ template <int NCH>
 static bool dqk_run512_nt(bool nt, const DqTab& T, int64_t tc, int64_t sc_len,
                           const uint8_t* codes, const uint8_t* scales, const uint8_t* sh,
                           int64_t ntiles, uint32_t* y) {
-  if (nt && reinterpret_cast<uintptr_t>(y) % 64 == 0)
+  if (nt && reinterpret_cast<uintptr_t>(y) % 4 == 0)
     return dqk_run512<NCH, true>(T, tc, sc_len, codes, scales, sh, ntiles, y);
   return dqk_run512<NCH, false>(T, tc, sc_len, codes, scales, sh, ntiles, y);
 }
