@@ -5,7 +5,10 @@ Columns, each the best of ``--repeat`` timed runs after one warm-up:
   reference and Quark columns);
 - ``native out=``: the same cast into a preallocated array (``out=``), as ``np.copyto`` writes;
 - ``ort``: QuantizeMX + DequantizeMX in an onnxruntime session (``onnxq.runtime``), when the
-  custom ops are built;
+  custom ops are built, with its output Y bound (``io_binding().bind_output``) to a preallocated
+  float32 array, so that it compares with ``np.copyto`` into a preallocated array;
+- ``ort run``: the same session through plain ``sess.run``, which allocates Y and hands it to
+  numpy (what a caller that does not bind outputs pays: the page faults of a fresh 64 MiB);
 - ``reference``: the numpy reference engine (skipped with ``--no-reference``);
 - ``quark``: AMD Quark's CPU custom ops (``BFPQuantizeDequantize`` / ``MXQuantizeDequantize``,
   domain ``com.amd.quark``) where Quark has the format and ``amd-quark`` imports;
@@ -108,18 +111,13 @@ def quark_session(name: str, shape: tuple[int, ...]) -> Callable[[np.ndarray], A
     return lambda x: sess.run(None, {"x": x})[0]
 
 
-def onnxq_session(name: str, shape: tuple[int, ...]) -> Callable[[np.ndarray], Any] | None:
-    """QuantizeMX + DequantizeMX in an onnxruntime session, or None (no custom ops yet)."""
-    try:
-        from onnx import TensorProto, helper
+def qdq_model(name: str, shape: tuple[int, ...], parts: bool = False) -> Any:
+    """The QuantizeMX + DequantizeMX (or CodebookLookup) model of this format along the last
+    axis; with ``parts``, its two nodes and QuantizeMX's output names ("" for absent ones)."""
+    from onnx import TensorProto, helper
 
-        from onnxq import runtime
-        from onnxq.formats.datatype import datatype
+    from onnxq.formats.datatype import datatype
 
-        if not runtime.has_custom_ops():
-            return None
-    except Exception:
-        return None
     dt = datatype(name)
     s = dt.sspec
     names = ["q", "scale"]
@@ -140,20 +138,44 @@ def onnxq_session(name: str, shape: tuple[int, ...]) -> Callable[[np.ndarray], A
     dequant = helper.make_node(
         dequant_op, inputs, ["y"], domain="onnxq", shape=list(shape), **attrs
     )
+    if parts:
+        return (quant, dequant), names
     graph = helper.make_graph(
         [quant, dequant], "qdq",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
     )  # fmt: skip
-    model = helper.make_model(
+    return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )
+
+
+def onnxq_session(
+    name: str, shape: tuple[int, ...]
+) -> tuple[Callable[[np.ndarray], Any], Callable[[np.ndarray, np.ndarray], Any]] | None:
+    """QuantizeMX + DequantizeMX in an onnxruntime session, or None (no custom ops yet): a
+    function of x through ``sess.run`` and one of (x, y) that writes into the preallocated
+    float32 array y through io binding."""
     try:
-        sess = runtime.session(model)
+        from onnxq import runtime
+
+        if not runtime.has_custom_ops():
+            return None
+    except Exception:
+        return None
+    try:
+        sess = runtime.session(qdq_model(name, shape))
     except Exception as err:
         print(f"  (onnxq session for {name} failed: {str(err).splitlines()[0][:100]})")
         return None
-    return lambda x: sess.run(None, {"x": x})[0]
+
+    def bound(x: np.ndarray, y: np.ndarray) -> None:
+        binding = sess.io_binding()
+        binding.bind_cpu_input("x", x)
+        binding.bind_output("y", "cpu", 0, y.dtype, y.shape, y.ctypes.data)
+        sess.run_with_iobinding(binding)
+
+    return (lambda x: sess.run(None, {"x": x})[0]), bound
 
 
 def main() -> None:
@@ -169,12 +191,13 @@ def main() -> None:
     shape = (args.size, args.size)
     x = rng.standard_normal(shape, dtype=np.float32)
     dst = np.empty_like(x)
+    y = np.empty_like(x)  # the bound output of the ort column
     copy = best(lambda: np.copyto(dst, x), args.repeat * 2)
     cpu = cpu_name()
     print(f"CPU: {cpu} ({os.cpu_count()} logical cores); tensor {shape} float32")
     print(f"np.copyto: {copy * 1e3:.2f} ms; other columns as multiples of it")
-    print(f"{'format':<26} {'native':>8} {'out=':>8} {'ort':>8} {'reference':>10} {'quark':>8} "
-          f"{'quark/native':>13}")  # fmt: skip
+    print(f"{'format':<26} {'native':>8} {'out=':>8} {'ort':>8} {'ort run':>8} {'reference':>10} "
+          f"{'quark':>8} {'quark/native':>13}")  # fmt: skip
     results: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "shape": list(shape),
                                "copyto_s": copy, "formats": {}}  # fmt: skip
     for name in args.formats or FORMATS:
@@ -184,7 +207,8 @@ def main() -> None:
             lambda n=name: onnxq.cast(x, n, backend="native", out=dst), args.repeat
         )
         sess = onnxq_session(name, shape)
-        row["ort_s"] = best(lambda s=sess: s(x), args.repeat) if sess else None
+        row["ort_s"] = best(lambda s=sess: s[1](x, y), args.repeat) if sess else None
+        row["ort_run_s"] = best(lambda s=sess: s[0](x), args.repeat) if sess else None
         few = max(1, args.repeat // 3)
         row["reference_s"] = (
             None
@@ -201,8 +225,8 @@ def main() -> None:
 
         q_over_n = "-" if row["quark_s"] is None else f"{row['quark_s'] / row['native_s']:.0f}x"
         print(f"{name:<26} {ratio('native_s'):>8} {ratio('native_out_s'):>8} {ratio('ort_s'):>8} "
-              f"{ratio('reference_s'):>10} "
-              f"{ratio('quark_s'):>8} {q_over_n:>13}")  # fmt: skip
+              f"{ratio('ort_run_s'):>8} {ratio('reference_s'):>10} {ratio('quark_s'):>8} "
+              f"{q_over_n:>13}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

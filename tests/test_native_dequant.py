@@ -210,3 +210,112 @@ def test_pack_unpack_bits_capi(bits: int, count: int) -> None:
     assert lib.onnxq_unpack_bits(out.ctypes.data, nbytes, bits, count, None, back.ctypes.data,
                                  width, err, 256) == 0  # fmt: skip
     assert np.array_equal(back, codes)
+
+
+# -- the vector kernels (float32 outputs, tiles along the last axis: ops/src/fast_dequant.h) ----
+
+# Whole tiles, row tails, rows whose codes start inside a byte (70 * 5 bits...), rows longer than
+# one 4096-column segment, an odd number of 8-element tiles, one short row.
+VEC_SHAPES = [(2, 4136), (3, 8232), (5, 83), (7, 40), (1, 24), (6, 70), (4, 4097), (2, 1)]
+VEC = [*FAST, "int8_e8m0_t8", "mxfp6e2"]
+
+
+def _all_scales(q: onnxq.QTensor, seed: int) -> onnxq.QTensor:
+    """Every scale code (E8M0 0..255: NaN tiles, results that underflow to subnormals and zero
+    or overflow to inf, factors outside float32's normal range) over the tiles, shuffled."""
+    rng = np.random.default_rng(seed)
+    flat = q.scale.copy().reshape(-1)
+    flat[:] = rng.permutation(np.arange(flat.size) % 256)
+    return dataclasses.replace(q, scale=flat.reshape(q.scale.shape))
+
+
+@pytest.mark.parametrize("simd", ["avx512", "avx2", "base"])
+@pytest.mark.parametrize("dt", VEC)
+def test_vector_kernels_match_reference(dt: str, simd: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Every instruction set, streaming stores on and off, session (packed codes) and C ABI
+    (one byte a code), bit for bit with the reference, all scale codes."""
+    from onnxq.cast.api import _expand
+
+    monkeypatch.setenv("ONNXQ_SIMD", simd)
+    for i, shape in enumerate(VEC_SHAPES):
+        q = _random_q(dt, shape, -1, i)
+        if q.scale.dtype == np.uint8:
+            q = _all_scales(q, i)
+        want = _bits(_want(q, np.float32))
+        for stream in ("0", "1"):
+            monkeypatch.setenv("ONNXQ_DQ_STREAM", stream)
+            if runtime.has_custom_ops():
+                got = _bits(_session_dequant(q, np.dtype(np.float32)))
+                assert np.array_equal(got, want), (dt, shape, stream)
+            codes, meta = _expand(q)
+            args = (q.dtype, q.shape, q.axis, codes, q.scale, q.zero, q.tenscale, meta)
+            got = _bits(native.dequantize(*args, values_dtype=np.dtype(np.float32), nthreads=2))
+            assert np.array_equal(got, want), (dt, shape, stream, "capi")
+
+
+@needs_ops
+@pytest.mark.parametrize("dt", ["mxfp4", "mx6", "mxint8", "int8_e8m0_t8"])
+def test_vector_kernels_roundtrip(dt: str) -> None:
+    """QuantizeMX's own codes of data with NaN, Inf, zeros and subnormals, 4096-wide rows."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 4096)) * np.exp2(rng.integers(-140, 120, (3, 4096)))
+    x = x.astype(np.float32)
+    x[0, ::97] = np.nan
+    x[1, 5::101] = -np.inf
+    x[2, :64] = 0.0
+    x[2, 64:128] = np.float32(1e-40)
+    q = onnxq.cast(x, dt, mode="compress")
+    want = _bits(onnxq.cast(x, dt))
+    assert np.array_equal(_bits(_session_dequant(q, np.dtype(np.float32))), want), dt
+
+
+@needs_ops
+@pytest.mark.parametrize("dt", ["mxfp4", "int8_e8m0_t8", "mx6", "mxfp8e4"])
+def test_streaming_stores_any_alignment(dt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Y bound at every 4-byte offset from a cache line (streaming stores on): the same bits, and
+    not one element written outside Y."""
+    monkeypatch.setenv("ONNXQ_DQ_STREAM", "1")
+    for shape in ((3, 4136), (2, 8), (5, 24), (1, 4096 + 40)):
+        q = _random_q(dt, shape, -1, 11)
+        want = _bits(_want(q, np.float32)).reshape(-1)
+        (node,) = _dq_nodes(q)
+        sess, feeds = node
+        n = want.size
+        for off in range(16):
+            buf = np.full(n + 64, 0xDEADBEEF, np.uint32)
+            base = (-buf.ctypes.data % 64) // 4 + off
+            binding = sess.io_binding()
+            for k, v in feeds.items():
+                binding.bind_cpu_input(k, v)
+            view = buf[base : base + n]
+            binding.bind_output("y", "cpu", 0, np.float32, list(shape), view.ctypes.data)
+            sess.run_with_iobinding(binding)
+            assert np.array_equal(view, want), (dt, shape, off)
+            assert np.all(buf[:base] == 0xDEADBEEF) and np.all(buf[base + n :] == 0xDEADBEEF)
+
+
+def _dq_nodes(q: onnxq.QTensor) -> list[tuple[Any, dict[str, np.ndarray]]]:
+    """A float32 DequantizeMX session of q and its feeds."""
+    names, feeds, inputs = [], {}, []
+    for name, v in (("q", q.data), ("scale", q.scale), ("tenscale", q.tenscale), ("meta", q.meta)):
+        if v is None:
+            continue
+        names.append(name)
+        feeds[name] = v
+        inputs.append(helper.make_tensor_value_info(name, _U[v.dtype.itemsize], list(v.shape)))
+    slots = {"q": 0, "scale": 1, "zero": 2, "tenscale": 3, "meta": 4}
+    ordered = [""] * (max(slots[k] for k in names) + 1)
+    for k in names:
+        ordered[slots[k]] = k
+    node = helper.make_node(
+        "DequantizeMX", ordered, ["y"], domain="onnxq", dtype=q.dtype.name, axis=q.axis,
+        shape=list(q.shape), output_type=TensorProto.FLOAT,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "dq", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(q.shape))]
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    return [(runtime.session(model), feeds)]

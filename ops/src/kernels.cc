@@ -17,6 +17,10 @@
 #include <mutex>
 #include <thread>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 namespace onnxq {
 
 namespace {
@@ -1269,6 +1273,78 @@ void dq_lines(const FastDq& d, int64_t l0, int64_t l1) {
 
 using DqFn = void (*)(const FastDq&, int64_t, int64_t);
 
+// -- vector kernels for float32 outputs of tensors tiled along their last axis --
+// The general path rounds the exact float64 product q * 2^s (q a decoded element, 2^s the
+// exponent scale, times 2^-1 in a shifted subtile) once to float32. When q and 2^t (t = s or
+// s - 1) are both float32 values, the exact product is representable in float64 (q has at most
+// 24 significant bits and |q| < 2^128; t lies in [-126, 127]), so one IEEE float32 multiply
+// q * 2^t, which rounds the same exact product once to nearest even (overflow to inf, subnormal
+// results rounded alike), gives the same bits. So the table DqTab holds each element value as a
+// float32 (fast_dequantize checks that every one is exact) and, per scale code, f0 = 2^s and
+// f1 = 2^(s - 1) as normal float32s; a code whose powers are not normal float32s (ok = 0, scale
+// exponents below -126 or above 127) sends its tiles to the float64 code (dq_tiles_last). A NaN
+// scale code gives NaN factors (every output NaN, made canonical like store_y). Float scales
+// (NVFP4) are already float32 arithmetic: f0 = f1 = the effective scale, ok = 1. Normal factors
+// keep the result right under denormals-are-zero too.
+struct DqTab {
+  float tq[256];
+  uint32_t f0[256], f1[256];
+  uint8_t ok[256];
+  bool int8 = false;  // tq[c] == (int8_t)c for every c
+};
+
+#define DQK_ISA 0
+namespace dq_base {
+#include "fast_dequant.h"  // NOLINT(build/include)
+}  // namespace dq_base
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#undef DQK_ISA
+#define DQK_ISA 1
+namespace dq_avx2 {
+#include "fast_dequant.h"  // NOLINT(build/include)
+}  // namespace dq_avx2
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2")
+// GCC 12's _mm512_cvtepu8_epi32 reads _mm512_undefined_epi32() (a false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#undef DQK_ISA
+#define DQK_ISA 2
+namespace dq_avx512 {
+#include "fast_dequant.h"  // NOLINT(build/include)
+}  // namespace dq_avx512
+#pragma GCC pop_options
+#undef DQK_ISA
+#define ONNXQ_DQ_X86 1
+#endif
+
+struct DqKernels {
+  void (*unpack)(int, const uint8_t*, int64_t, int64_t, uint8_t*);
+  bool (*run)(const DqTab&, int, bool, int64_t, int64_t, const uint8_t*, const uint8_t*,
+              const uint8_t*, int64_t, uint32_t*);
+};
+
+// The widest instruction set this CPU has, capped by ONNXQ_SIMD=base|avx2|avx512 (as
+// pick_fast_rows).
+DqKernels pick_dq_kernels() {
+  const char* cap = std::getenv("ONNXQ_SIMD");
+  std::string want = cap ? cap : "";
+#ifdef ONNXQ_DQ_X86
+  __builtin_cpu_init();
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx512 && (want.empty() || want == "avx512"))
+    return {dq_avx512::dqk_unpack_bits, dq_avx512::dqk_run};
+  if (avx2 && (want.empty() || want == "avx512" || want == "avx2"))
+    return {dq_avx2::dqk_unpack_bits, dq_avx2::dqk_run};
+#endif
+  return {dq_base::dqk_unpack_bits, dq_base::dqk_run};
+}
+
 template <int READER, bool EXP, bool SHIFT>
 DqFn dq_pick3(bool last, int ot) {
   switch (ot) {
@@ -1282,6 +1358,64 @@ template <int READER>
 DqFn dq_pick2(bool exp, bool shift, bool last, int ot) {
   if (!exp) return dq_pick3<READER, false, false>(last, ot);
   return shift ? dq_pick3<READER, true, true>(last, ot) : dq_pick3<READER, true, false>(last, ot);
+}
+
+// Rows of a float32 output tiled along its last axis (Post == 1) with the vector kernels: each
+// unit is a segment of L columns (whole tiles, byte-aligned codes and shift bits when the row
+// starts on a byte) of one row. Codes and shift bits are unpacked into small buffers, whole
+// tiles decoded by the kernels; the row's last, partial tile and the tiles whose scale is not
+// exact in float32 go through `slow` (dq_tiles_last, the float64 arithmetic).
+void dq_rows_vec(const FastDq& d, const DqTab& T, const DqKernels& K, DqFn slow, int64_t rows,
+                 int64_t L, bool bytes, const ParallelFor& pf) {
+  const int64_t C = d.A, Tc = d.Tc, Sc = d.Sc, bits = d.bits;
+  const int64_t nseg = (C + L - 1) / L;
+  const char* nt_env = std::getenv("ONNXQ_DQ_STREAM");  // 0/1 forces; default: outputs > 8 MiB
+  const bool nt = nt_env ? nt_env[0] == '1' : rows * C * 4 > (int64_t(8) << 20);
+  pf(rows * nseg, [&](int64_t u0, int64_t u1) {
+    std::vector<uint8_t> codes(static_cast<size_t>(L)), sh(static_cast<size_t>(Sc ? L / Sc : 0));
+    for (int64_t u = u0; u < u1; ++u) {
+      int64_t r = u / nseg, c0 = (u % nseg) * L;
+      int64_t n = std::min(L, C - c0), full = n / Tc, ncodes = full * Tc;
+      int64_t o0 = r * C + c0, t0 = r * d.nC + c0 / Tc;
+      if (full > 0) {
+        int64_t done = 0;
+        const uint8_t* cp = codes.data();
+        if (bytes && bits == 8) {
+          cp = d.src + o0;  // the codes themselves
+          done = ncodes;
+        } else if (bytes) {
+          const uint8_t* src = d.src + o0;
+          uint8_t* dst = codes.data();
+          const uint8_t cmask = static_cast<uint8_t>(d.cmask);
+          for (int64_t j = 0; j < ncodes; ++j) dst[j] = src[j] & cmask;
+          done = ncodes;
+        } else if ((o0 * bits) % 8 == 0) {
+          done = ncodes / 8 * 8;
+          int64_t at = o0 * bits / 8;
+          K.unpack(static_cast<int>(bits), d.src + at, done / 8,
+                   static_cast<int64_t>(d.nbytes) - at, codes.data());
+        }
+        for (int64_t j = done; j < ncodes; ++j) codes[j] = dq_code<2>(d, o0 + j);
+        if (Sc) {
+          int64_t ns = ncodes / Sc, mb = r * d.sub_cols + c0 / Sc, sdone = 0;
+          if (d.meta) {
+            for (int64_t i = 0; i < ns; ++i) sh[i] = d.meta[mb + i] & 1u;
+            sdone = ns;
+          } else if (mb % 8 == 0) {
+            sdone = ns / 8 * 8;
+            K.unpack(1, d.meta_bits + mb / 8, sdone / 8, sdone / 8, sh.data());
+          }
+          for (int64_t i = sdone; i < ns; ++i) sh[i] = static_cast<uint8_t>(dq_meta(d, mb + i));
+        }
+        uint32_t* y = static_cast<uint32_t*>(d.y) + o0;
+        if (K.run(T, static_cast<int>(bits), nt, Tc, Sc, cp, d.scale + t0, sh.data(), full, y)) {
+          for (int64_t k = 0; k < full; ++k)
+            if (!T.ok[d.scale[t0 + k]]) slow(d, t0 + k, t0 + k + 1);
+        }
+      }
+      if (n > ncodes) slow(d, t0 + full, t0 + full + 1);  // the row's partial last tile
+    }
+  });
 }
 
 // True when the fast path ran (the output is written); false: nothing done.
@@ -1352,6 +1486,39 @@ bool fast_dequantize(const Format& f, const Geometry& g, const DequantizeIO& io,
             : reader == 1 ? dq_pick2<1>(exp, shift, last, io.values_type)
                           : dq_pick2<2>(exp, shift, last, io.values_type);
   const FastDq& dr = *d;
+  if (last && io.values_type == kF32 && (!shift || g.Tc % g.Sc == 0)) {
+    // The vector kernels, when every element value is a float32.
+    auto T = std::make_unique<DqTab>();
+    bool exact = true;
+    T->int8 = n.bits == 8;
+    for (uint32_t c = 0; c < 256; ++c) {
+      double v = d->tq_d[c];
+      T->int8 = T->int8 && v == static_cast<double>(static_cast<int8_t>(c));
+      exact = exact && (std::isnan(v) || static_cast<double>(static_cast<float>(v)) == v);
+      T->tq[c] = static_cast<float>(v);
+    }
+    for (uint32_t c = 0; c < 256; ++c) {
+      if (!exp) {
+        T->f0[c] = T->f1[c] = fbits(d->fac_f[c]);
+        T->ok[c] = 1;
+        continue;
+      }
+      int sexp = static_cast<int>(c) - f.scale.bias - int_frac_bits(n);
+      int lo = shift ? sexp - 1 : sexp;
+      bool is_nan = c == scale_nan;
+      bool ok = is_nan || (lo >= -126 && sexp <= 127);
+      T->ok[c] = ok ? 1 : 0;
+      T->f0[c] = is_nan ? kQuietNaN : ok ? static_cast<uint32_t>(sexp + 127) << 23 : 0u;
+      T->f1[c] = is_nan ? kQuietNaN : ok ? static_cast<uint32_t>(lo + 127) << 23 : 0u;
+    }
+    if (exact) {
+      int64_t unit = std::max<int64_t>(g.Tc, 8 * std::max<int64_t>(g.Sc, 1));
+      while (unit % g.Tc || unit % (8 * std::max<int64_t>(g.Sc, 1))) unit += 8;  // an lcm
+      int64_t L = unit * std::max<int64_t>(1, 4096 / unit);
+      dq_rows_vec(dr, *T, pick_dq_kernels(), fn, g.size / g.A, L, reader == 0, pf);
+      return true;
+    }
+  }
   if (last) {
     // Tiles, in chunks of about 16K elements.
     int64_t tiles = g.R * g.nC;
