@@ -531,23 +531,68 @@ FK_ALWAYS typename FkLanes<L>::vi fk_vcode(typename FkLanes<L>::vi y, typename F
   return r > 0x7F800000 ? 0 : v;
 }
 
+// Stores the `bits` low bytes of w (a switch, so each copy has a constant size: a variable
+// one is a call to memcpy).
+FK_ALWAYS void fk_store_low(uint8_t* p, uint64_t w, int bits) {
+  switch (bits) {
+    case 1: __builtin_memcpy(p, &w, 1); break;
+    case 2: __builtin_memcpy(p, &w, 2); break;
+    case 3: __builtin_memcpy(p, &w, 3); break;
+    case 4: __builtin_memcpy(p, &w, 4); break;
+    case 5: __builtin_memcpy(p, &w, 5); break;
+    case 6: __builtin_memcpy(p, &w, 6); break;
+    case 7: __builtin_memcpy(p, &w, 7); break;
+    default: __builtin_memcpy(p, &w, 8); break;
+  }
+}
+
+// Vectors of any lane type and count, and the even / odd lanes of one (N lanes -> N / 2).
+template <class T, int N>
+struct FkVec {
+  typedef T type __attribute__((vector_size(N * sizeof(T))));
+};
+template <class V, int... J>
+FK_ALWAYS auto fk_evens(V v, FkSeq<J...>) {
+  return __builtin_shufflevector(v, v, (2 * J)...);
+}
+template <class V, int... J>
+FK_ALWAYS auto fk_odds(V v, FkSeq<J...>) {
+  return __builtin_shufflevector(v, v, (2 * J + 1)...);
+}
+
 // L codes of `bits` (<= 8) each: one per byte into codes, and/or L * bits / 8 bytes of the
-// LSB-first stream into packed (every 8 codes end on a byte: one little-endian word each).
+// LSB-first stream into packed. Packing joins neighbour lanes in a tree (pairs, fours,
+// eights) in 64-bit lanes: every 8 codes end on a byte, one little-endian word each.
 template <int L>
 FK_ALWAYS void fk_vput(typename FkLanes<L>::vi c, int bits, uint8_t* codes, uint8_t* packed) {
-  if (codes) {
-    for (int i = 0; i < L; ++i) codes[i] = static_cast<uint8_t>(c[i]);
+  typedef typename FkVec<uint8_t, L>::type VB;
+  typedef typename FkVec<uint32_t, L>::type VU;
+  if (codes || (packed && bits == 8)) {
+    VB bytes = __builtin_convertvector(c, VB);
+    if (codes) __builtin_memcpy(codes, &bytes, L);
+    if (packed && bits == 8) __builtin_memcpy(packed, &bytes, L);
   }
-  if (!packed) return;
-  if (bits == 8) {
-    for (int i = 0; i < L; ++i) packed[i] = static_cast<uint8_t>(c[i]);
+  if (!packed || bits == 8) return;
+  const VU u = (VU)c & ((1u << bits) - 1u);
+  if (bits == 4) {
+    auto e = fk_evens(u, FkSeqOf<L / 2>{});
+    auto o = fk_odds(u, FkSeqOf<L / 2>{});
+    typedef typename FkVec<uint8_t, L / 2>::type VH;
+    VH bytes = __builtin_convertvector(e | (o << 4), VH);
+    __builtin_memcpy(packed, &bytes, L / 2);
     return;
   }
-  const uint64_t m = (1u << bits) - 1u;
-  for (int h = 0; h < L / 8; ++h) {
-    uint64_t acc = 0;
-    for (int i = 0; i < 8; ++i) acc |= (static_cast<uint64_t>(c[8 * h + i]) & m) << (bits * i);
-    __builtin_memcpy(packed + bits * h, &acc, static_cast<size_t>(bits));
+  typedef typename FkVec<uint64_t, L / 2>::type W2;
+  typedef typename FkVec<uint64_t, L / 4>::type W4;
+  W2 p = __builtin_convertvector(fk_evens(u, FkSeqOf<L / 2>{}), W2) |
+         (__builtin_convertvector(fk_odds(u, FkSeqOf<L / 2>{}), W2) << bits);
+  W4 q = fk_evens(p, FkSeqOf<L / 4>{}) | (fk_odds(p, FkSeqOf<L / 4>{}) << (2 * bits));
+  if constexpr (L == 8) {
+    fk_store_low(packed, q[0] | (q[1] << (4 * bits)), bits);
+  } else {
+    typedef typename FkVec<uint64_t, L / 8>::type W8;
+    W8 w = fk_evens(q, FkSeqOf<L / 8>{}) | (fk_odds(q, FkSeqOf<L / 8>{}) << (4 * bits));
+    for (int h = 0; h < L / 8; ++h) fk_store_low(packed + bits * h, w[h], bits);
   }
 }
 
