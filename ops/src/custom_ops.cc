@@ -352,6 +352,17 @@ std::vector<T> buffer(int64_t n) {
   return std::vector<T>(static_cast<size_t>(n > 0 ? n : 0));
 }
 
+// n zeroed bytes that the calling thread keeps from run to run: a fresh buffer of the same
+// size every run would pay its page faults again (one byte per MX6 pair is 8 MiB for a
+// 4096x4096 tensor). One per thread, so concurrent runs on other threads never share it.
+uint8_t* thread_scratch(int64_t n) {
+  thread_local std::vector<uint8_t> bytes;
+  size_t size = static_cast<size_t>(n > 0 ? n : 0);
+  if (bytes.size() < size) bytes.resize(size);
+  std::memset(bytes.data(), 0, size);
+  return bytes.data();
+}
+
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   In x = input(ctx, 0, "X");
   if (!x) throw OpError("input X is missing");
@@ -366,7 +377,7 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   std::string e = make_geometry(f, x.shape, axis, &g);
   if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
   int bits = f.code_bits(), code_w = code_width(bits);
-  std::vector<uint8_t> codes, scale, zero, ts, meta, mask;
+  std::vector<uint8_t> codes, scale, zero, ts, mask;
   int64_t nscale = g.scale_count(), nmeta = f.has_meta() ? g.meta_count() : 0;
   const std::string why = "dtype '" + k.parsed.code + "'";
   std::vector<int64_t> grid = grid_shape(g, x.shape, axis, g.nR, g.nC);
@@ -398,10 +409,7 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
     io.scale = field_out(1, "Scale", grid, f.scale.bits, &scale, nscale);
     if (f.has_zero) io.zero = field_out(2, "Zero", grid, f.zero.bits, &zero, nscale);
     if (f.has_ts) io.tenscale = field_out(3, "TenScale", {1}, f.ts.bits, &ts, 1);
-    if (nmeta) {
-      meta = buffer<uint8_t>(nmeta);
-      io.meta = meta.data();
-    }
+    if (nmeta) io.meta = thread_scratch(nmeta);
     if (f.sparse_m) {
       mask = buffer<uint8_t>(x.count);
       io.mask = mask.data();
@@ -434,7 +442,7 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   int mbits = f.meta_bits();
   void* m = output(ctx, 4, "Meta", {nmeta ? packed_nbytes(nmeta, mbits) : 0}, kU8, why);
   if (m && nmeta && mbits)
-    pack_bits(meta.data(), 1, nmeta, mbits, nullptr, static_cast<uint8_t*>(m), &pf);
+    pack_bits(io.meta, 1, nmeta, mbits, nullptr, static_cast<uint8_t*>(m), &pf);
   void* mk = output(ctx, 5, "Mask", {io.mask ? packed_nbytes(x.count, 1) : 0}, kU8, why);
   if (mk && io.mask) pack_bits(mask.data(), 1, x.count, 1, nullptr, static_cast<uint8_t*>(mk));
 }

@@ -562,7 +562,7 @@ FK_ALWAYS auto fk_odds(V v, FkSeq<J...>) {
 
 // L codes of `bits` (<= 8) each: one per byte into codes, and/or L * bits / 8 bytes of the
 // LSB-first stream into packed. Packing joins neighbour lanes in a tree (pairs, fours,
-// eights) in 64-bit lanes: every 8 codes end on a byte, one little-endian word each.
+// eights): every 8 codes end on a byte, one little-endian word each.
 template <int L>
 FK_ALWAYS void fk_vput(typename FkLanes<L>::vi c, int bits, uint8_t* codes, uint8_t* packed) {
   typedef typename FkVec<uint8_t, L>::type VB;
@@ -582,16 +582,15 @@ FK_ALWAYS void fk_vput(typename FkLanes<L>::vi c, int bits, uint8_t* codes, uint
     __builtin_memcpy(packed, &bytes, L / 2);
     return;
   }
-  typedef typename FkVec<uint64_t, L / 2>::type W2;
-  typedef typename FkVec<uint64_t, L / 4>::type W4;
-  W2 p = __builtin_convertvector(fk_evens(u, FkSeqOf<L / 2>{}), W2) |
-         (__builtin_convertvector(fk_odds(u, FkSeqOf<L / 2>{}), W2) << bits);
-  W4 q = fk_evens(p, FkSeqOf<L / 4>{}) | (fk_odds(p, FkSeqOf<L / 4>{}) << (2 * bits));
+  // Pairs and fours fit 32-bit lanes (4 * bits <= 32); eights take 64.
+  auto p = fk_evens(u, FkSeqOf<L / 2>{}) | (fk_odds(u, FkSeqOf<L / 2>{}) << bits);
+  auto q = fk_evens(p, FkSeqOf<L / 4>{}) | (fk_odds(p, FkSeqOf<L / 4>{}) << (2 * bits));
   if constexpr (L == 8) {
-    fk_store_low(packed, q[0] | (q[1] << (4 * bits)), bits);
+    fk_store_low(packed, q[0] | (static_cast<uint64_t>(q[1]) << (4 * bits)), bits);
   } else {
     typedef typename FkVec<uint64_t, L / 8>::type W8;
-    W8 w = fk_evens(q, FkSeqOf<L / 8>{}) | (fk_odds(q, FkSeqOf<L / 8>{}) << (4 * bits));
+    W8 w = __builtin_convertvector(fk_evens(q, FkSeqOf<L / 8>{}), W8) |
+           (__builtin_convertvector(fk_odds(q, FkSeqOf<L / 8>{}), W8) << (4 * bits));
     for (int h = 0; h < L / 8; ++h) fk_store_low(packed + bits * h, w[h], bits);
   }
 }
@@ -618,6 +617,61 @@ FK_ALWAYS typename FkLanes<L>::vi fk_vrne(typename FkLanes<L>::vi xb, typename F
   V out = mag | (xb & static_cast<int32_t>(0x80000000u));
   if (!negzero) out = mag == 0 ? 0 : out;
   return b > 0x7F800000 ? static_cast<int32_t>(0x7FC00000) : out;
+}
+
+// MX6/MX9 shift bits, one byte per pair of lanes (each pair's lanes hold the same 0/1).
+template <int L, int NV>
+FK_ALWAYS void fk_put_meta(const typename FkLanes<L>::vi* sh, uint8_t* meta) {
+  typedef typename FkVec<uint8_t, L / 2>::type VH;
+  for (int v = 0; v < NV; ++v) {
+    VH bytes = __builtin_convertvector(fk_evens(sh[v], FkSeqOf<L / 2>{}), VH);
+    __builtin_memcpy(meta + (L / 2) * v, &bytes, L / 2);
+  }
+}
+
+// fk_vrne and the element codes of the same lanes in one pass (fk_vcode's results): the
+// code magnitude is read off the rounding itself. For a grid 2^k, |x| + 2^(k + 23) holds
+// |x| / 2^k rounded in its low mantissa bits (the int code, or a float element's subnormal
+// code); a float element's normal code is the rounded bits shifted down by d = 23 - mbits,
+// less the float32 exponent offset of the tile, (127 + s - bias) << mbits (s = kint). Codes
+// clamp at the code of maxfloat (cmax_pos / cmax_neg) as values clamp at top.
+template <bool FL, int L>
+FK_ALWAYS void fk_vrne_code(typename FkLanes<L>::vi xb, typename FkLanes<L>::vi sh23,
+                            const FastTile& t, const FastFormat& ff, int d,
+                            typename FkLanes<L>::vi* y, typename FkLanes<L>::vi* code) {
+  typedef typename FkLanes<L>::vi V;
+  typedef typename FkLanes<L>::vf F;
+  const V b = xb & 0x7FFFFFFF;
+  const V neg = xb < 0;
+  const V magic = static_cast<int32_t>(t.magic) - sh23;
+  const F sum = (F)b + (F)magic;
+  V r = (V)(sum - (F)magic);
+  V cm = (V)sum - magic;
+  if (FL) {
+    const int32_t half_m1 = (1 << (d - 1)) - 1, keep = ~((1 << d) - 1);
+    const V rn = (b + half_m1 + ((b >> d) & 1)) & keep;
+    const V is_norm = b >= static_cast<int32_t>(t.norm_thr);
+    r = is_norm ? rn : r;
+    const int32_t base = (127 + t.kint - ff.ebias) << ff.mbits;
+    cm = is_norm ? (rn >> d) - base : cm;
+  }
+  V top = neg ? static_cast<int32_t>(t.top_neg) : static_cast<int32_t>(t.top_pos);
+  top -= sh23;
+  const V mag = r < top ? r : top;
+  V out = mag | (xb & static_cast<int32_t>(0x80000000u));
+  if (!ff.negzero) out = mag == 0 ? 0 : out;
+  const V isnan = b > 0x7F800000;
+  *y = isnan ? static_cast<int32_t>(0x7FC00000) : out;
+  const V cmax = neg ? ff.cmax_neg : ff.cmax_pos;
+  const V cmag = cm < cmax ? cm : cmax;
+  const V ysign = out < 0;
+  if (FL) {
+    V c = cmag | (ysign & (1 << (ff.code_bits - 1)));
+    *code = isnan ? static_cast<int32_t>(ff.nan_code) : c;
+  } else {
+    V c = (ysign ? -cmag : cmag) & ((1 << ff.code_bits) - 1);
+    *code = isnan ? 0 : c;
+  }
 }
 
 // Writes one exponent-scaled tile of TC (a multiple of L) elements whose parameters t are
@@ -649,6 +703,24 @@ FK_ALWAYS void fk_vexp_emit(const FastFormat& ff, const float* x, const FkDst& d
     }
   } else if (t.nan_tile) {
     for (int v = 0; v < NV; ++v) yv[v] = V{} + static_cast<int32_t>(0x7FC00000);
+  } else if (CODES && ff.code_direct) {
+    const int bits = ff.code_bits;
+    uint8_t* packed = d.packed ? d.packed + (d.o * bits) / 8 : nullptr;
+    uint8_t* codes = d.codes ? d.codes + d.o : nullptr;
+    const int dd = 23 - ff.mbits;
+    for (int v = 0; v < NV; ++v) {
+      V c;
+      if (ff.is_float)
+        fk_vrne_code<true, L>(xv[v], sh[v] << 23, t, ff, dd, &yv[v], &c);
+      else
+        fk_vrne_code<false, L>(xv[v], sh[v] << 23, t, ff, 0, &yv[v], &c);
+      if (d.y) __builtin_memcpy(d.y + d.o + L * v, &yv[v], 4 * L);
+      fk_vput<L>(c, bits, codes ? codes + L * v : nullptr,
+                 packed ? packed + (bits * L / 8) * v : nullptr);
+    }
+    if (d.meta && ff.sub == 2) fk_put_meta<L, NV>(sh, d.meta);
+    if (d.scale) *d.scale = static_cast<uint8_t>(t.kint + ff.scale_code_add);
+    return;
   } else {
     const int dd = 23 - ff.mbits;
     for (int v = 0; v < NV; ++v)
@@ -675,11 +747,7 @@ FK_ALWAYS void fk_vexp_emit(const FastFormat& ff, const float* x, const FkDst& d
       fk_vput<L>(c, bits, codes ? codes + L * v : nullptr,
                  packed ? packed + (bits * L / 8) * v : nullptr);
     }
-    if (d.meta && ff.sub == 2) {
-      for (int v = 0; v < NV; ++v)
-        for (int p = 0; p < L / 2; ++p)
-          d.meta[(L / 2) * v + p] = static_cast<uint8_t>(sh[v][2 * p]);
-    }
+    if (d.meta && ff.sub == 2) fk_put_meta<L, NV>(sh, d.meta);
     if (d.scale) *d.scale = static_cast<uint8_t>(t.nan_tile ? ff.scale_nan_code
                                                             : t.kint + ff.scale_code_add);
   }
@@ -743,6 +811,9 @@ FK_ALWAYS uint32_t fk_vexp_group(const FastFormat& ff, const float* x, const FkD
       ma[i] = fk_vmax(ma[i], b);
     }
   }
+  // The next groups' lines, ahead of the hardware prefetcher (row ends included: it may
+  // touch past them, prefetches do not fault).
+  for (int k = 0; k < TC * L; k += 16) __builtin_prefetch(x + 2 * TC * L + k);
   fk_treduce<L, L>(mf, L);
   fk_treduce<L, L>(ma, L);
   const V M = mf[0], A = ma[0];

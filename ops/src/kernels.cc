@@ -554,6 +554,9 @@ struct FastFormat {
   // number's grid as a tile (stile_rne: fk_rne applies to it)
   FastTile ftile, stile;
   bool stile_rne = false;
+  // codes read off the rounding (fk_vrne_code): the largest code magnitudes
+  bool code_direct = false;
+  int32_t cmax_pos = 0, cmax_neg = 0;
 };
 
 
@@ -777,6 +780,17 @@ bool fast_setup(const Ctx& c, FastFormat* ff) {
   }
   ff->code_bits = n.bits;
   ff->ebias = n.bias;
+  if (n.kind == kInt) {  // int codes: +-(2^(N-1) - 1), -2^(N-1) with the full range
+    ff->cmax_pos = (1 << (n.bits - 1)) - 1;
+    ff->cmax_neg = ff->full_int_range ? ff->cmax_pos + 1 : ff->cmax_pos;
+    ff->code_direct = n.bits <= 8 && static_cast<double>(ff->cmax_pos) ==
+                                         n.maxfloat * std::ldexp(1.0, int_frac_bits(n));
+  } else if (n.kind == kFloat && n.mbits < 23) {  // the code of maxfloat
+    int d = 23 - n.mbits;
+    ff->cmax_pos = ff->cmax_neg =
+        ((ff->top_field - 127 + n.bias) << n.mbits) | static_cast<int32_t>(ff->top_mant >> d);
+    ff->code_direct = n.bits <= 8 && (ff->top_mant & ((1u << d) - 1)) == 0;
+  }
   ff->nan_code = static_cast<uint32_t>(n.nan_code);
   if (codes) {
     // The bit formulas of fk_code_float: normals from 2^emin, codes of one byte.
