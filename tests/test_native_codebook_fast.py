@@ -166,12 +166,11 @@ def test_ties_between_mappings_take_the_first(monkeypatch) -> None:
 
 
 # Tiles (float32 bits) where the two mappings' errors are equal in exact arithmetic and the
-# float64 sums decide. numpy's einsum order (two lanes, blocks of 8 as pairs 6-7, 4-5, 2-3,
-# 0-1) picks mapping 1 for the first and 0 for the others (search: 6 plus 5 + d and 0.5 + e
-# with 2d - e = 0.75, 29 small values); a left-to-right sum, pairs in ascending order within
-# each block, four lanes, and eight lanes pick the other mapping for the first, second,
-# fourth and third tile respectively.
-EINSUM_ORDER_TILES = [
+# float64 sums decide (found by search: 6 plus 5 + d and 0.5 + e with 2d - e = 0.75, 29 small
+# values). The reference adds a unit's squared errors left to right: mappings 0, 1, 0, 0. In
+# another order the choice flips: numpy's einsum order (two lanes, blocks of 8 as pairs 6-7,
+# 4-5, 2-3, 0-1) for the first two tiles, eight lanes for the third, four for the fourth.
+SUM_ORDER_TILES = [
     [
         1023600204, 3136481049, 3179065890, 1011424401, 1086324736, 3158439472, 1009030435,
         3164107291, 1029703803, 1059777536, 1034006981, 3170722056, 1085189824, 3139306606,
@@ -229,29 +228,30 @@ def _left_to_right(sq: np.ndarray) -> float:
     return err
 
 
-def test_errors_are_summed_in_numpy_einsum_order(monkeypatch) -> None:
+def test_errors_are_summed_left_to_right(monkeypatch) -> None:
     dt = datatype("cb41fi_e2m2fnuz_e8m0_t32")
     book = dt.nspec
     assert isinstance(book, Codebook)
-    x = np.array(EINSUM_ORDER_TILES, np.uint32).view(np.float32)
+    x = np.array(SUM_ORDER_TILES, np.uint32).view(np.float32)
     ref = reference.quantize(x, dt)
-    assert ref.meta.reshape(-1).tolist() == [1, 0, 0, 0]
+    want = [0, 1, 0, 0]
+    assert ref.meta.reshape(-1).tolist() == want
     # Each tile discriminates: another summation order picks the other mapping.
     others = [
-        _left_to_right,
-        lambda sq: _sum_in_lanes(sq, 2, descending=False),
+        lambda sq: _sum_in_lanes(sq, 2),
+        lambda sq: _sum_in_lanes(sq, 2),
         lambda sq: _sum_in_lanes(sq, 8),
         lambda sq: _sum_in_lanes(sq, 4),
     ]
-    for row, other, want in zip(x, others, [1, 0, 0, 0], strict=True):
+    for row, other, choice in zip(x, others, want, strict=True):
         a = np.abs(row.astype(np.float64))
         sums = []
         for mags in book.magnitudes():
             t = np.asarray(mags)
             q = t[np.argmin(np.abs(a[:, None] - t[None, :]), axis=1)]
-            sums.append((_sum_in_lanes((a - q) ** 2, 2), other((a - q) ** 2)))
-        assert (1 if sums[1][0] < sums[0][0] else 0) == want  # einsum's order
-        assert (1 if sums[1][1] < sums[0][1] else 0) != want
+            sums.append((_left_to_right((a - q) ** 2), other((a - q) ** 2)))
+        assert int(sums[1][0] < sums[0][0]) == choice  # left to right
+        assert int(sums[1][1] < sums[0][1]) != choice  # the other order
     _check(x, dt, monkeypatch)
     # The same tiles inside bigger tensors: several tiles per row, lanes of a SIMD group.
     big = np.tile(x, (5, 3))

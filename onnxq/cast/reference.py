@@ -43,9 +43,18 @@ Metric = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def l2_metric(v: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Sum of squared errors over the last axis (the default codebook metric)."""
+    """Sum of squared errors over the last axis (the default codebook metric).
+
+    Added left to right in float64, one position at a time across every unit: the order
+    decides near-ties between mappings, and numpy's own reductions (sum, einsum) add in an
+    order that depends on how numpy was built, which the native kernels could not follow.
+    """
     d = v - q
-    return np.einsum("...i,...i->...", d, d)
+    sq = d * d
+    err = sq[..., 0].copy()
+    for i in range(1, sq.shape[-1]):
+        err += sq[..., i]
+    return err
 
 
 @dataclasses.dataclass

@@ -23,10 +23,7 @@
 //   >= 2^-125, so a below 2^-126 (inexact) is below every threshold, as is the exact a.
 // - Error. d = v - q = sign * (a64 - t) with a64 = |x| * 2^-s in float64 (always exact) and t the
 //   table entry (round to nearest is symmetric, and q = +0 for t = 0 gives d = v = -a64 for
-//   negative v); d * d in float64. l2_metric's einsum sums the squares of a unit in numpy's
-//   order (einsum_sumprod.c.src, sum_of_products_contig_contig_outstride0_two, SSE2 baseline:
-//   two float64 lanes, blocks of 8 elements added as the pairs 6-7, 4-5, 2-3, 0-1, then the
-//   tail pairs, then lane 0 + lane 1), reproduced here pair by pair (`order`).
+//   negative v); d * d in float64, added up left to right in float64 as l2_metric does.
 // - Mapping: the least error, ties to the lower mapping (strict <), as the reference.
 // - Value: float32(t * 2^s) is the float32 product t32 * 2^s (one rounding of the same exact
 //   value: t and 2^s are float32), with x's sign when t != 0 or the compute type has -0.
@@ -46,8 +43,6 @@ struct CbFast {
   int64_t R = 0, C = 0, nC = 0, tiles = 0, sub_cols = 0;
   float th[kCbMaxMaps * kCbMaxHalf] = {};   // a >= th[m * nth + k]: entry k + 1 over k
   float tab[kCbMaxMaps * kCbMaxHalf] = {};  // magnitudes
-  int order[kCbMaxT] = {};  // einsum pair order of one unit: pair start positions
-  int norder = 0;
 };
 
 // A group of tiles' working arrays, [position][lane] (allocated once per worker).
@@ -198,12 +193,6 @@ inline bool cb_setup(const Ctx& c, CbFast* F) {
   // Near a midpoint, a < 2^top and a's last bit is at least 2^(bottom - 25): a - t within 53
   // bits when top - bottom <= 28.
   if (top - bottom > 28) return false;
-  // numpy einsum order of one unit's squares (see the top of this file).
-  int n = 0, i = 0;
-  for (; U - i >= 8; i += 8)
-    for (int k = 3; k >= 0; --k) F->order[n++] = i + 2 * k;
-  for (; i < U; i += 2) F->order[n++] = i;
-  F->norder = n;
   return true;
 }
 
@@ -344,7 +333,7 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
   const cb_vf inv32 = __builtin_convertvector(inv64, cb_vf);
   const cb_vf pw32 = __builtin_convertvector(reinterpret_cast<cb_vd>((1023 + sexp) << 52), cb_vf);
   // Per element and mapping: the nearest entry (kept for the output) and its squared error,
-  // added to the unit's two einsum lanes in einsum's order; then the best mapping per unit.
+  // added to the unit's sum left to right; then the best mapping per unit.
   constexpr int kMaps = MAPS ? MAPS : kCbMaxMaps;
   cb_vl bms[kCbMaxT];
   auto score = [&](int p, cb_vd (&acc)[kMaps]) __attribute__((always_inline)) {
@@ -368,18 +357,14 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
     }
   };
   for (int u = 0; u < units; ++u) {
-    cb_vd acc0[kMaps], acc1[kMaps];
-    for (int m = 0; m < maps; ++m) { acc0[m] = cb_vd{}; acc1[m] = cb_vd{}; }
+    cb_vd acc[kMaps];
+    for (int m = 0; m < maps; ++m) acc[m] = cb_vd{};
     const int base = u * U;
-    for (int o = 0; o < F.norder; ++o) {
-      int p = F.order[o];
-      score(base + p, acc0);
-      if (p + 1 < U) score(base + p + 1, acc1);
-    }
-    cb_vd best = acc0[0] + acc1[0];
+    for (int p = 0; p < U; ++p) score(base + p, acc);
+    cb_vd best = acc[0];
     cb_vl bm = {};
     for (int m = 1; m < maps; ++m) {
-      cb_vd err = acc0[m] + acc1[m];
+      cb_vd err = acc[m];
       cb_vl better = err < best;
       best = better ? err : best;
       bm = better ? m : bm;

@@ -348,23 +348,12 @@ void gather_tile(const Ctx& c, int64_t t, Scratch& s) {
   if (c.f.sparse_m) prune_tile(c, s, Tr, Tc);
 }
 
-// The sum of reference.l2_metric: numpy's einsum adds a unit's squares in two float64 lanes,
-// blocks of 8 as the pairs 6-7, 4-5, 2-3, 0-1, then the tail pairs, then lane 0 + lane 1
-// (einsum_sumprod.c.src, SSE2 baseline). Another order can pick another mapping.
-inline double einsum_sum(const double* sq, int64_t n) {
-  double a0 = 0.0, a1 = 0.0;
-  int64_t i = 0;
-  for (; n - i >= 8; i += 8) {
-    for (int k = 3; k >= 0; --k) {
-      a0 += sq[i + 2 * k];
-      a1 += sq[i + 2 * k + 1];
-    }
-  }
-  for (; i < n; i += 2) {
-    a0 += sq[i];
-    if (i + 1 < n) a1 += sq[i + 1];
-  }
-  return a0 + a1;
+// The sum of reference.l2_metric: left to right in float64 (its order decides near-ties
+// between mappings).
+inline double unit_sum(const double* sq, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) acc += sq[i];
+  return acc;
 }
 
 void process_tile(const Ctx& c, int64_t t, Scratch& s) {
@@ -467,7 +456,7 @@ void process_tile(const Ctx& c, int64_t t, Scratch& s) {
             double d = s.v[u] - q;
             s.q[u] = d * d;
           }
-          double err = einsum_sum(s.q.data(), usize);
+          double err = unit_sum(s.q.data(), usize);
           if (map == 0 || err < best) { best = err; best_map = map; }
         }
         meta = static_cast<uint8_t>(best_map);
