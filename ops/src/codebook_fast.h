@@ -336,6 +336,19 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
   // added to the unit's sum left to right; then the best mapping per unit.
   constexpr int kMaps = MAPS ? MAPS : kCbMaxMaps;
   cb_vl bms[kCbMaxT];
+  // A mapping's thresholds and magnitudes as vectors (lane k: threshold / entry k, thresholds
+  // padded with +inf) when they fit the lanes: the nearest entry is then a binary search of
+  // log2(half) steps, each one lane permute and one compare, instead of nth compares.
+  const bool bsearch = half <= W;
+  cb_vf thv[kMaps], tbv[kMaps];
+  if (bsearch) {
+    for (int m = 0; m < maps; ++m) {
+      for (int k = 0; k < W; ++k) {
+        thv[m][k] = k < nth ? F.th[m * nth + k] : INFINITY;
+        tbv[m][k] = k < half ? F.tab[m * half + k] : 0.0f;
+      }
+    }
+  }
   auto score = [&](int p, cb_vd (&acc)[kMaps]) __attribute__((always_inline)) {
     cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
     cb_vf a = ax * inv32;
@@ -345,10 +358,20 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
       const float* tb = F.tab + m * half;
       cb_vf tv = {};
       cb_vi iv = {};
-      for (int k = 0; k < nth; ++k) {
-        cb_vi up = a >= th[k];
-        tv = up ? tb[k + 1] : tv;
-        if (CODES) iv -= up;
+      if (bsearch) {
+        // The entry is the count of thresholds <= a: step by half / 2, half / 4, ..., 1.
+        for (int step = half / 2; step >= 1; step /= 2) {
+          cb_vi probe = iv + (step - 1);
+          cb_vi up = a >= __builtin_shuffle(thv[m], probe);
+          iv += up & step;
+        }
+        tv = __builtin_shuffle(tbv[m], iv);
+      } else {
+        for (int k = 0; k < nth; ++k) {
+          cb_vi up = a >= th[k];
+          tv = up ? tb[k + 1] : tv;
+          if (CODES) iv -= up;
+        }
       }
       TM[m * T + p] = tv;
       if (CODES) IM[m * T + p] = iv;
