@@ -37,6 +37,8 @@ def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
     flat = np.ascontiguousarray(codes).reshape(-1)
     if flat.size and bits < 64 and int(flat.max()) >> bits:
         raise ValueError(f"code {int(flat.max())} does not fit in {bits} bits")
+    if bits == 0:  # zero-width codes (a codebook with one mapping: no meta bits) take no bytes
+        return np.zeros(0, dtype=np.uint8)
     if bits % 8 == 0:
         # Whole bytes: little-endian byte order of each code.
         return flat.astype(f"<u{bits // 8}").view(np.uint8).copy()
@@ -65,6 +67,8 @@ def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
         raise ValueError(
             f"packed stream has {stream.size} bytes; {count} codes of {bits} bits need {need}"
         )
+    if bits == 0:
+        return np.zeros(count, dtype=np.uint8)
     out_dtype = code_dtype(bits)
     if bits % 8 == 0:
         return stream[:need].view(f"<u{bits // 8}").astype(out_dtype)

@@ -1135,3 +1135,103 @@ static void fk_rows(const FastFormat& ff, const float* x, const FastOut& out, in
     fk_rows_c<false>(ff, x, out, r0, r1, C, slow, slow_ctx);
   }
 }
+
+// -- codebook lookup (DequantizeMX / CodebookLookup of codebook data types) ------------------
+// Rows [r0, r1) of a (rows, C) tensor tiled along its last axis with exponent scales of one
+// byte: y = table[meta][code] * 2^s per element. Tables are float32 values and 2^s a normal
+// float32, so one float32 multiply rounds the exact product as the general path's float64
+// product rounded to float32 does. Units (one meta each) of U elements, U a multiple of L.
+// FkCbDq is defined in kernels.cc.
+
+template <int L>
+FK_ALWAYS typename FkLanes<L>::vi fk_cb_codes(const FkCbDq& p, int64_t o) {
+  typedef typename FkLanes<L>::vi V;
+  V c;
+  if (p.codes) {
+    typedef typename FkVec<uint8_t, L>::type VB;
+    VB b;
+    __builtin_memcpy(&b, p.codes + o, L);
+    return __builtin_convertvector(b, V);
+  }
+  const uint8_t* q = p.packed + (o * p.ib) / 8;
+  if (p.ib == 8) {
+    typedef typename FkVec<uint8_t, L>::type VB;
+    VB b;
+    __builtin_memcpy(&b, q, L);
+    return __builtin_convertvector(b, V);
+  }
+  if (p.ib == 4) {
+    typedef typename FkVec<uint8_t, L / 2>::type VH;
+    typedef typename FkVec<int32_t, L / 2>::type VI;
+    VH b;
+    __builtin_memcpy(&b, q, L / 2);
+    VI w = __builtin_convertvector(b, VI);
+    VI lo = w & 15, hi = w >> 4;
+    if constexpr (L == 16)
+      return __builtin_shufflevector(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7,
+                                     15);
+    else
+      return __builtin_shufflevector(lo, hi, 0, 4, 1, 5, 2, 6, 3, 7);
+  }
+  const uint64_t m = (1u << p.ib) - 1u;
+  for (int h = 0; h < L / 8; ++h) {
+    uint64_t w = 0;
+    for (int k = 0; k < p.ib; ++k) w |= static_cast<uint64_t>(q[p.ib * h + k]) << (8 * k);
+    for (int i = 0; i < 8; ++i) c[8 * h + i] = static_cast<int32_t>((w >> (p.ib * i)) & m);
+  }
+  return c;
+}
+
+// One row (the caller checked that every scale code present has a factor).
+template <int L>
+static void fk_cb_dequant_row(const FkCbDq& p, int64_t r) {
+  typedef typename FkLanes<L>::vi V;
+  typedef typename FkLanes<L>::vf F;
+  const int w = 1 << p.ib;
+  const int64_t units = p.units_per_row;
+  for (int64_t u = 0; u < units; ++u) {
+    int64_t c0 = u * p.U;
+    int64_t tile = r * p.nC + c0 / p.Tc;
+    uint32_t fb = p.factor[p.scale[tile]];
+    int64_t mi = r * units + u;
+    int m;
+    if (p.meta) {
+      m = p.meta[mi];
+    } else {  // mb bits at bit mi * mb of the stream, perhaps across two bytes
+      int64_t bit = mi * p.mb;
+      int sh = static_cast<int>(bit % 8);
+      uint32_t word = p.meta_packed[bit / 8];
+      if (sh + p.mb > 8) word |= static_cast<uint32_t>(p.meta_packed[bit / 8 + 1]) << 8;
+      m = static_cast<int>((word >> sh) & ((1u << p.mb) - 1u));
+    }
+    const float* tb = p.table + static_cast<size_t>(m) * w;
+    float f;
+    __builtin_memcpy(&f, &fb, 4);
+    F tv = {};
+    const bool lanes = w <= L;
+    if (lanes)
+      for (int k = 0; k < w; ++k) tv[k] = tb[k];
+    for (int64_t j = 0; j < p.U; j += L) {
+      int64_t o = r * p.C + c0 + j;
+      V c = fk_cb_codes<L>(p, o);
+      F q;
+      if (lanes) {
+        q = __builtin_shuffle(tv, c);
+      } else {
+        for (int i = 0; i < L; ++i) q[i] = tb[c[i]];
+      }
+      F y = q * f;
+      V yi = y != y ? V{} + static_cast<int32_t>(0x7FC00000) : (V)y;
+      __builtin_memcpy(p.y + o, &yi, 4 * L);
+    }
+  }
+}
+
+static void fk_cb_dequant_rows(const FkCbDq& p, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    if (kFkLanes == 16 && p.U % 16 == 0)
+      fk_cb_dequant_row<(kFkLanes == 16 ? 16 : 8)>(p, r);
+    else
+      fk_cb_dequant_row<8>(p, r);
+  }
+}

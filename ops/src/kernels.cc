@@ -559,6 +559,20 @@ struct FastOut {
   int64_t nC = 0, sub_cols = 0;
 };
 
+// The arguments of fast_impl.h's codebook lookup (fk_cb_dequant_rows).
+struct FkCbDq {
+  const float* table = nullptr;   // maps x 2^ib entries
+  const uint8_t* packed = nullptr;  // codes, ib bits each, every tile on a byte
+  const uint8_t* codes = nullptr;   // or one byte each
+  const uint8_t* meta = nullptr;    // one byte per unit
+  const uint8_t* meta_packed = nullptr;  // or mb bits per unit
+  const uint8_t* scale = nullptr;
+  const uint32_t* factor = nullptr;  // float32 bits of 2^s per scale code; 0: general path
+  float* y = nullptr;
+  int ib = 0, mb = 0, U = 0;
+  int64_t C = 0, Tc = 0, nC = 0, units_per_row = 0;
+};
+
 // The float32 bits of 2^field-127 * (1 + mant) scaled by 2^s, when that is a normal float32
 // with room for one more halving (subtile shifts); false otherwise.
 inline bool fast_top(int field, uint32_t mant, int s, int room, uint32_t* out) {
@@ -1423,6 +1437,83 @@ void dq_rows_vec(const FastDq& d, const DqTab& T, const DqKernels& K, DqFn slow,
 }
 
 // True when the fast path ran (the output is written); false: nothing done.
+struct FkTables {
+  std::vector<float> table;
+  uint32_t factor[256] = {};
+};
+
+// Codebook lookups of float32 tensors tiled along their last axis (fk_cb_dequant_rows): units
+// of a multiple of 8 elements starting on bytes of the code stream, one-byte exponent scales
+// whose 2^s are float32 numbers (subnormal ones only where the FPU keeps subnormals), float32
+// table values, float32 output. False: the general path runs.
+bool fast_cb_dequantize(const Format& f, const Geometry& g, const DequantizeIO& io,
+                        const ParallelFor& pf) {
+  const char* simd = std::getenv("ONNXQ_SIMD");
+  if (simd && std::string(simd) == "none") return false;
+  if (!f.codebook() || !f.scaled || f.sparse_m || io.mask || f.has_zero) return false;
+  if (f.scale.kind != kExponent || f.scale.bits > 8) return false;
+  if (g.kind != 1 || g.Post != 1 || g.size == 0 || io.values_type != kF32) return false;
+  if (!io.scale || (!io.meta && !io.meta_packed) || (!io.codes && !io.packed)) return false;
+  if (f.cb_ib > 8 || f.cb_mb > 8 || (io.codes && code_width(f.cb_ib) != 1)) return false;
+  int64_t U = g.Sc ? g.Sc : g.Tc;
+  if (g.Sc && (g.Sr != 1 || g.Tc % g.Sc)) return false;
+  if (U % 8 || g.C % U || (U * f.cb_ib) % 8) return false;
+  FkTables t;
+  size_t w = size_t(1) << f.cb_ib;
+  if (f.table.size() < (size_t(1) << f.cb_mb) * w) return false;
+  t.table.resize(f.table.size());
+  for (size_t i = 0; i < f.table.size(); ++i) {
+    t.table[i] = static_cast<float>(f.table[i]);
+    if (static_cast<double>(t.table[i]) != f.table[i] && !std::isnan(f.table[i])) return false;
+  }
+  // 2^s per scale code as float32 bits; codes present whose power is no float32 (or is a
+  // subnormal under denormals-are-zero) send the whole cast to the general path.
+  bool exact = (__builtin_ia32_stmxcsr() & 0x8040u) == 0;
+  uint32_t nan_code = (1u << f.scale.ebits) - 1;
+  for (uint32_t c = 0; c < 256; ++c) {
+    int s = static_cast<int>(c) - f.scale.bias - int_frac_bits(f.elem);
+    uint32_t fb = 0;
+    if (c == nan_code) fb = kQuietNaN;
+    else if (s >= -126 && s <= 127) fb = static_cast<uint32_t>(s + 127) << 23;
+    else if (s >= -149 && s < -126 && exact) fb = 1u << (s + 149);
+    t.factor[c] = fb;
+  }
+  const uint8_t* scale = static_cast<const uint8_t*>(io.scale);
+  int64_t nscale = g.B * g.nR * g.nC;
+  bool seen[256] = {};
+  for (int64_t i = 0; i < nscale; ++i) seen[scale[i]] = true;
+  for (int c = 0; c < 256; ++c)
+    if (seen[c] && t.factor[c] == 0) return false;
+  FkCbDq p;
+  p.table = t.table.data();
+  p.codes = io.codes ? static_cast<const uint8_t*>(io.codes) : nullptr;
+  p.packed = io.codes ? nullptr : io.packed;
+  p.meta = io.meta;
+  p.meta_packed = io.meta ? nullptr : io.meta_packed;
+  p.scale = scale;
+  p.factor = t.factor;
+  p.y = static_cast<float*>(io.values);
+  p.ib = f.cb_ib;
+  p.mb = f.cb_mb;
+  p.U = static_cast<int>(U);
+  p.C = g.C;
+  p.Tc = g.Tc;
+  p.nC = g.nC;
+  p.units_per_row = g.C / U;
+  if (p.mb == 0 && !p.meta) return false;
+  void (*rows_fn)(const FkCbDq&, int64_t, int64_t) = fast_base::fk_cb_dequant_rows;
+#ifdef ONNXQ_FAST_X86
+  if (pick_fast_rows() == fast_avx512::fk_rows) rows_fn = fast_avx512::fk_cb_dequant_rows;
+  else if (pick_fast_rows() == fast_avx2::fk_rows) rows_fn = fast_avx2::fk_cb_dequant_rows;
+#endif
+  int64_t rows = g.B * g.R;
+  int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(g.C, 1));
+  pf((rows + per - 1) / per, [&](int64_t b0, int64_t b1) {
+    rows_fn(p, b0 * per, std::min(rows, b1 * per));
+  });
+  return true;
+}
+
 bool fast_dequantize(const Format& f, const Geometry& g, const DequantizeIO& io,
                      const ParallelFor& pf) {
   const char* simd = std::getenv("ONNXQ_SIMD");
@@ -1548,6 +1639,7 @@ std::string dequantize(const Format& f, const std::vector<int64_t>& shape, int a
   std::string e = make_geometry(f, shape, axis, &g);
   if (!e.empty()) return e;
   int code_w = code_width(f.code_bits());
+  if (fast_cb_dequantize(f, g, io_in, pf)) return "";
   if (fast_dequantize(f, g, io_in, pf)) return "";
   // The general path reads unpacked codes and meta.
   DequantizeIO io = io_in;
