@@ -165,3 +165,18 @@ def test_mxfp6_costs_6_25_bits_per_value() -> None:
     c = a.data[:4].astype(np.int64)
     word = int(c[0] | c[1] << 6 | c[2] << 12 | c[3] << 18)
     assert q.data[:3].tolist() == [word & 0xFF, (word >> 8) & 0xFF, word >> 16]
+
+
+def test_zero_width_codes_take_no_bytes() -> None:
+    # A codebook with a single mapping has 0 meta bits: its meta stream is empty.
+    assert pack_bits(np.zeros(7, np.uint8), 0).size == 0
+    assert unpack_bits(np.zeros(0, np.uint8), 0, 7).tolist() == [0] * 7
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_bits(np.ones(3, np.uint8), 0)
+
+
+def test_compress_of_a_codebook_without_meta_bits_round_trips() -> None:
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    q = onnxq.cast(x, "cb40f_e2m3fnuz_e8m0_t64", mode="compress")
+    assert q.meta is not None and q.meta.size == 0
+    assert np.array_equal(onnxq.upcast(q).view(np.uint32), onnxq.cast(x, q.dtype).view(np.uint32))
