@@ -349,10 +349,16 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
       }
     }
   }
-  auto score = [&](int p, cb_vd (&acc)[kMaps]) __attribute__((always_inline)) {
+  // Nearest entries (kept for the output) and squared errors summed in float32 first. Each
+  // float32 term is within 3 * 2^-24 of the exact square (a - t exact or rounded once, squared
+  // and rounded once) and a sequential sum of U <= 256 terms within (U - 1) * 2^-24 of exact, so
+  // a float32 sum is within 2^-16 of the exact error, as is the reference's float64 sum. Where
+  // two mappings' float32 errors differ by more than 2^-15 of their sum (plus 2^-120 for
+  // squares lost to underflow), the exact, the float64 and the float32 orders agree; a unit
+  // with any closer (or non-finite) pair is scored again in float64 as the reference scores it.
+  auto score32 = [&](int p, cb_vf (&acc)[kMaps]) __attribute__((always_inline)) {
     cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
     cb_vf a = ax * inv32;
-    cb_vd a64 = __builtin_convertvector(ax, cb_vd) * inv64;
     for (int m = 0; m < maps; ++m) {
       const float* th = F.th + m * nth;
       const float* tb = F.tab + m * half;
@@ -375,24 +381,54 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
       }
       TM[m * T + p] = tv;
       if (CODES) IM[m * T + p] = iv;
-      cb_vd d = a64 - __builtin_convertvector(tv, cb_vd);
+      cb_vf d = a - tv;
+      acc[m] += d * d;
+    }
+  };
+  // The reference's own arithmetic: d = a64 - t in float64, squares added left to right.
+  auto score64 = [&](int p, cb_vd (&acc)[kMaps]) __attribute__((always_inline)) {
+    cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
+    cb_vd a64 = __builtin_convertvector(ax, cb_vd) * inv64;
+    for (int m = 0; m < maps; ++m) {
+      cb_vd d = a64 - __builtin_convertvector(TM[m * T + p], cb_vd);
       acc[m] += d * d;
     }
   };
   for (int u = 0; u < units; ++u) {
-    cb_vd acc[kMaps];
-    for (int m = 0; m < maps; ++m) acc[m] = cb_vd{};
     const int base = u * U;
-    for (int p = 0; p < U; ++p) score(base + p, acc);
-    cb_vd best = acc[0];
-    cb_vl bm = {};
+    cb_vf acc[kMaps];
+    for (int m = 0; m < maps; ++m) acc[m] = cb_vf{};
+    for (int p = 0; p < U; ++p) score32(base + p, acc);
+    cb_vf best = acc[0];
+    cb_vi bm = {}, close = {};
     for (int m = 1; m < maps; ++m) {
-      cb_vd err = acc[m];
-      cb_vl better = err < best;
+      cb_vf err = acc[m];
+      cb_vf gap = err - best;
+      gap = gap < 0 ? -gap : gap;
+      close |= !(gap > (err + best) * 0x1p-15f + 0x1p-120f) | !(err < 0x1p100f) |
+               !(best < 0x1p100f);
+      cb_vi better = err < best;
       best = better ? err : best;
       bm = better ? m : bm;
     }
-    bms[u] = bm;
+    bool any_close = false;
+    for (int l = 0; l < W; ++l) any_close |= close[l] != 0;
+    if (!any_close) {
+      bms[u] = __builtin_convertvector(bm, cb_vl);
+      continue;
+    }
+    cb_vd acc64[kMaps];
+    for (int m = 0; m < maps; ++m) acc64[m] = cb_vd{};
+    for (int p = 0; p < U; ++p) score64(base + p, acc64);
+    cb_vd best64 = acc64[0];
+    cb_vl bm64 = {};
+    for (int m = 1; m < maps; ++m) {
+      cb_vd err = acc64[m];
+      cb_vl better = err < best64;
+      best64 = better ? err : best64;
+      bm64 = better ? m : bm64;
+    }
+    bms[u] = bm64;
   }
   // Values and codes of the chosen mapping.
   cb_vi* __restrict CD = reinterpret_cast<cb_vi*>(B.codes);
