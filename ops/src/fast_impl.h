@@ -1189,6 +1189,16 @@ static void fk_cb_dequant_row(const FkCbDq& p, int64_t r) {
   typedef typename FkLanes<L>::vf F;
   const int w = 1 << p.ib;
   const int64_t units = p.units_per_row;
+  // Each mapping's entries as one vector (lane k: entry k) where they fit the lanes.
+  const bool lanes = w <= L;
+  const int maps = 1 << p.mb;
+  F tabs[16];  // at most 16 mappings (meta_bits <= 4, fast_cb_dequantize)
+  if (lanes) {
+    for (int m = 0; m < maps; ++m) {
+      tabs[m] = F{};
+      for (int k = 0; k < w; ++k) tabs[m][k] = p.table[m * w + k];
+    }
+  }
   for (int64_t u = 0; u < units; ++u) {
     int64_t c0 = u * p.U;
     int64_t tile = r * p.nC + c0 / p.Tc;
@@ -1207,10 +1217,7 @@ static void fk_cb_dequant_row(const FkCbDq& p, int64_t r) {
     const float* tb = p.table + static_cast<size_t>(m) * w;
     float f;
     __builtin_memcpy(&f, &fb, 4);
-    F tv = {};
-    const bool lanes = w <= L;
-    if (lanes)
-      for (int k = 0; k < w; ++k) tv[k] = tb[k];
+    const F tv = lanes ? tabs[m] : F{};
     for (int64_t j = 0; j < p.U; j += L) {
       int64_t o = r * p.C + c0 + j;
       V c = fk_cb_codes<L>(p, o);

@@ -1454,7 +1454,7 @@ bool fast_cb_dequantize(const Format& f, const Geometry& g, const DequantizeIO& 
   if (f.scale.kind != kExponent || f.scale.bits > 8) return false;
   if (g.kind != 1 || g.Post != 1 || g.size == 0 || io.values_type != kF32) return false;
   if (!io.scale || (!io.meta && !io.meta_packed) || (!io.codes && !io.packed)) return false;
-  if (f.cb_ib > 8 || f.cb_mb > 8 || (io.codes && code_width(f.cb_ib) != 1)) return false;
+  if (f.cb_ib > 8 || f.cb_mb > 4 || (io.codes && code_width(f.cb_ib) != 1)) return false;
   int64_t U = g.Sc ? g.Sc : g.Tc;
   if (g.Sc && (g.Sr != 1 || g.Tc % g.Sc)) return false;
   if (U % 8 || g.C % U || (U * f.cb_ib) % 8) return false;
