@@ -147,6 +147,8 @@ def test_session_packed_in_place(name: str, policy: str, monkeypatch: pytest.Mon
         want = _session_outputs(name, x, nan_policy=policy)
         ref = _cast(x, name, "compress", "reference", nan_policy=policy)
         assert np.array_equal(want["q"].view(np.uint8), ref["data"].view(np.uint8).reshape(-1))
+        if ref.get("meta") is not None and "meta" in want:
+            assert np.array_equal(want["meta"].view(np.uint8), ref["meta"].reshape(-1)), name
         for simd in SIMD:
             monkeypatch.setenv("ONNXQ_SIMD", simd)
             got = _session_outputs(name, x, nan_policy=policy)

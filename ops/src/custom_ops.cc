@@ -352,17 +352,6 @@ std::vector<T> buffer(int64_t n) {
   return std::vector<T>(static_cast<size_t>(n > 0 ? n : 0));
 }
 
-// n zeroed bytes that the calling thread keeps from run to run: a fresh buffer of the same
-// size every run would pay its page faults again (one byte per MX6 pair is 8 MiB for a
-// 4096x4096 tensor). One per thread, so concurrent runs on other threads never share it.
-uint8_t* thread_scratch(int64_t n) {
-  thread_local std::vector<uint8_t> bytes;
-  size_t size = static_cast<size_t>(n > 0 ? n : 0);
-  if (bytes.size() < size) bytes.resize(size);
-  std::memset(bytes.data(), 0, size);
-  return bytes.data();
-}
-
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   In x = input(ctx, 0, "X");
   if (!x) throw OpError("input X is missing");
@@ -409,7 +398,11 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
     io.scale = field_out(1, "Scale", grid, f.scale.bits, &scale, nscale);
     if (f.has_zero) io.zero = field_out(2, "Zero", grid, f.zero.bits, &zero, nscale);
     if (f.has_ts) io.tenscale = field_out(3, "TenScale", {1}, f.ts.bits, &ts, 1);
-    if (nmeta) io.meta = thread_scratch(nmeta);
+    // Meta (packed) is written in place when the node names it; otherwise it is not made.
+    if (nmeta && f.meta_bits()) {
+      void* m = output(ctx, 4, "Meta", {packed_nbytes(nmeta, f.meta_bits())}, kU8, why);
+      io.meta_packed = static_cast<uint8_t*>(m);
+    }
     if (f.sparse_m) {
       mask = buffer<uint8_t>(x.count);
       io.mask = mask.data();
@@ -439,10 +432,8 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   field(1, "Scale", f.scaled, grid, f.scale.bits, scale);
   field(2, "Zero", f.has_zero, grid, f.has_zero ? f.zero.bits : 8, zero);
   field(3, "TenScale", f.has_ts, {1}, f.has_ts ? f.ts.bits : 8, ts);
-  int mbits = f.meta_bits();
-  void* m = output(ctx, 4, "Meta", {nmeta ? packed_nbytes(nmeta, mbits) : 0}, kU8, why);
-  if (m && nmeta && mbits)
-    pack_bits(io.meta, 1, nmeta, mbits, nullptr, static_cast<uint8_t*>(m), &pf);
+  if (!(f.scaled && nmeta && f.meta_bits()))
+    output(ctx, 4, "Meta", {0}, kU8, why);  // a zero-size tensor when the node names it
   void* mk = output(ctx, 5, "Mask", {io.mask ? packed_nbytes(x.count, 1) : 0}, kU8, why);
   if (mk && io.mask) pack_bits(mask.data(), 1, x.count, 1, nullptr, static_cast<uint8_t*>(mk));
 }

@@ -341,7 +341,18 @@ struct FkDst {
   int64_t o;         // the tile's first element
   uint8_t* scale;    // this tile's scale code, or null
   uint8_t* meta;     // this tile's first subtile's shift bit (one byte each), or null
+  uint8_t* meta_bits = nullptr;  // or the byte of the 1-bit stream where its bits start
 };
+
+// n shift bits (one byte each, 0/1) into the 1-bit stream at dst (dst's first bit is the
+// first; a last partial byte is written whole).
+static inline void fk_meta_to_bits(const uint8_t* bytes, int n, uint8_t* dst) {
+  for (int u = 0; u < n; u += 8) {
+    uint32_t b = 0;
+    for (int k = u; k < n && k < u + 8; ++k) b |= static_cast<uint32_t>(bytes[k] & 1) << (k - u);
+    dst[u / 8] = static_cast<uint8_t>(b);
+  }
+}
 
 static inline void fk_put_codes(const FastFormat& ff, const FkDst& d, const uint8_t* cb, int n) {
   if (d.codes) __builtin_memcpy(d.codes + d.o, cb, static_cast<size_t>(n));
@@ -400,7 +411,8 @@ static inline bool fk_exp_tile(const FastFormat& ff, const float* x, const FkDst
   uint32_t yb[TC > 0 ? TC : 1024];
   uint8_t cb[TC > 0 ? TC : 1024];
   uint32_t below[TC > 0 ? TC : 1024];
-  uint8_t* meta = CODES ? d.meta : nullptr;
+  uint8_t mloc[TC > 0 ? TC : 1024];
+  uint8_t* meta = CODES ? (d.meta ? d.meta : d.meta_bits ? mloc : nullptr) : nullptr;
   if (t.zero_tile) {
     // Every element is +-0: the result keeps the sign where the format has -0.
     uint32_t keep = ff.negzero ? 0x80000000u : 0u;
@@ -426,6 +438,7 @@ static inline bool fk_exp_tile(const FastFormat& ff, const float* x, const FkDst
   }
   if (d.y) __builtin_memcpy(d.y + d.o, yb, static_cast<size_t>(n) * 4);
   if (CODES) {
+    if (d.meta_bits && ff.sub) fk_meta_to_bits(mloc, (n + ff.sub - 1) / ff.sub, d.meta_bits);
     fk_put_codes(ff, d, cb, n);
     if (d.scale) *d.scale = static_cast<uint8_t>(t.nan_tile ? ff.scale_nan_code
                                                             : t.kint + ff.scale_code_add);
@@ -628,6 +641,16 @@ FK_ALWAYS void fk_put_meta(const typename FkLanes<L>::vi* sh, uint8_t* meta) {
     __builtin_memcpy(meta + (L / 2) * v, &bytes, L / 2);
   }
 }
+// The same as bits: NV * L / 2 shift bits (a whole number of bytes) from meta_bits on.
+template <int L, int NV>
+FK_ALWAYS void fk_put_meta_bits(const typename FkLanes<L>::vi* sh, uint8_t* meta_bits) {
+  static_assert(NV * L / 2 <= 64 && (NV * L / 2) % 8 == 0, "whole bytes of one word");
+  uint64_t bits = 0;
+  for (int v = 0; v < NV; ++v)
+    for (int p = 0; p < L / 2; ++p)
+      bits |= static_cast<uint64_t>(sh[v][2 * p] & 1) << ((L / 2) * v + p);
+  __builtin_memcpy(meta_bits, &bits, NV * L / 16);
+}
 
 // fk_vrne and the element codes of the same lanes in one pass (fk_vcode's results): the
 // code magnitude is read off the rounding itself. For a grid 2^k, |x| + 2^(k + 23) holds
@@ -719,6 +742,8 @@ FK_ALWAYS void fk_vexp_emit(const FastFormat& ff, const float* x, const FkDst& d
                  packed ? packed + (bits * L / 8) * v : nullptr);
     }
     if (d.meta && ff.sub == 2) fk_put_meta<L, NV>(sh, d.meta);
+    if constexpr ((NV * L / 2) % 8 == 0 && NV * L / 2 <= 64)
+      if (d.meta_bits && ff.sub == 2) fk_put_meta_bits<L, NV>(sh, d.meta_bits);
     if (d.scale) *d.scale = static_cast<uint8_t>(t.kint + ff.scale_code_add);
     return;
   } else {
@@ -748,6 +773,8 @@ FK_ALWAYS void fk_vexp_emit(const FastFormat& ff, const float* x, const FkDst& d
                  packed ? packed + (bits * L / 8) * v : nullptr);
     }
     if (d.meta && ff.sub == 2) fk_put_meta<L, NV>(sh, d.meta);
+    if constexpr ((NV * L / 2) % 8 == 0 && NV * L / 2 <= 64)
+      if (d.meta_bits && ff.sub == 2) fk_put_meta_bits<L, NV>(sh, d.meta_bits);
     if (d.scale) *d.scale = static_cast<uint8_t>(t.nan_tile ? ff.scale_nan_code
                                                             : t.kint + ff.scale_code_add);
   }
@@ -868,6 +895,7 @@ FK_ALWAYS uint32_t fk_vexp_group(const FastFormat& ff, const float* x, const FkD
     if (CODES) {
       if (d.scale) di.scale = d.scale + i;
       if (d.meta) di.meta = d.meta + (TC / 2) * i;
+      if (d.meta_bits) di.meta_bits = d.meta_bits + (TC / 16) * i;
     }
     fk_vexp_emit<TC, CODES, L>(ff, x + TC * i, di, t);
   }
@@ -1081,6 +1109,7 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
       if (CODES) {
         d.scale = out.scale ? out.scale + r * nC + c0 / tc : nullptr;
         d.meta = out.meta && S ? out.meta + r * sub_cols + c0 / S : nullptr;
+        d.meta_bits = out.meta_bits && S ? out.meta_bits + (r * sub_cols + c0 / S) / 8 : nullptr;
       }
       if (kGroup && group && c0 + kGroup * tc <= C) {  // kGroup tiles at once
         uint32_t undone =
@@ -1094,6 +1123,8 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
           if (CODES) {
             di.scale = out.scale ? out.scale + r * nC + ci / tc : nullptr;
             di.meta = out.meta && S ? out.meta + r * sub_cols + ci / S : nullptr;
+            di.meta_bits =
+                out.meta_bits && S ? out.meta_bits + (r * sub_cols + ci / S) / 8 : nullptr;
           }
           if (!fk_tile<TC, CODES>(ff, xr + ci, di, tc, rne)) slow(slow_ctx, r, ci);
         }
@@ -1108,6 +1139,7 @@ static void fk_rows_t(const FastFormat& ff, const float* x, const FastOut& out, 
       if (CODES) {
         d.scale = out.scale ? out.scale + r * nC + c0 / tc : nullptr;
         d.meta = out.meta && S ? out.meta + r * sub_cols + c0 / S : nullptr;
+        d.meta_bits = out.meta_bits && S ? out.meta_bits + (r * sub_cols + c0 / S) / 8 : nullptr;
       }
       // The tail tile: zero padding does not change the statistics, so it is a shorter tile.
       if (!fk_tile<0, CODES>(ff, xr + c0, d, n, rne)) slow(slow_ctx, r, c0);

@@ -109,6 +109,7 @@ struct Ctx {
   float ts = 0.0f;  // tensor scale (NVFP4)
   float nan_f;
   int64_t codes_base = 0;  // io.codes holds the codes from this element on
+  int64_t meta_base = 0;   // and io.meta the meta from this unit on
 };
 
 // reference._int_frac_bits: an int element of N bits is fixed point with N - 2 fraction bits.
@@ -476,9 +477,10 @@ void process_tile(const Ctx& c, int64_t t, Scratch& s) {
       if (io.meta) {
         if (g.Sc) {
           int64_t gr = rt * ur + ui, gc = ct * uc + uj;
-          if (gr < sub_rows && gc < sub_cols) io.meta[g.grid(b, gr, gc, sub_rows, sub_cols)] = meta;
+          if (gr < sub_rows && gc < sub_cols)
+            io.meta[g.grid(b, gr, gc, sub_rows, sub_cols) - c.meta_base] = meta;
         } else {
-          io.meta[gi] = meta;
+          io.meta[gi - c.meta_base] = meta;
         }
       }
     }
@@ -556,6 +558,7 @@ struct FastOut {
   uint8_t* packed = nullptr;   // or the packing.py stream (every tile starts on a byte)
   uint8_t* scale = nullptr;    // scale codes, one byte per tile (row * nC + tile), or null
   uint8_t* meta = nullptr;     // MX shift bits, one byte per subtile (row * sub_cols + s)
+  uint8_t* meta_bits = nullptr;  // or one bit each (every tile's bits start on a byte)
   int64_t nC = 0, sub_cols = 0;
 };
 
@@ -820,28 +823,47 @@ struct SlowCtx {
   const Ctx* c;
   Scratch s;
   uint8_t* packed = nullptr;  // the fast path writes packed codes: the tile's go there
+  uint8_t* meta_bits = nullptr;  // and 1-bit meta: the tile's go there
 };
 
 void slow_tile(void* p, int64_t r, int64_t c0) {
   auto* sc = static_cast<SlowCtx*>(p);
   const Geometry& g = sc->c->g;
   int64_t t = r * g.nC + c0 / g.Tc;
-  if (!sc->packed) {
+  if (!sc->packed && !sc->meta_bits) {
     process_tile(*sc->c, t, sc->s);
     return;
   }
-  // The tile's codes into a buffer of its own, then packed into the stream.
+  // The tile's codes and meta into buffers of their own, then packed into the streams.
   int bits = sc->c->f.code_bits();
   int64_t n = std::min<int64_t>(g.Tc, g.C - c0);
   std::vector<uint8_t> buf(static_cast<size_t>(n));
+  int64_t units = sc->meta_bits ? (n + g.Sc - 1) / g.Sc : 0;
+  std::vector<uint8_t> mbuf(static_cast<size_t>(units));
   QuantizeIO io = sc->c->io;
-  io.codes = buf.data();
-  io.packed = nullptr;
+  if (sc->packed) {
+    io.codes = buf.data();
+    io.packed = nullptr;
+  }
+  if (sc->meta_bits) {
+    io.meta = mbuf.data();
+    io.meta_packed = nullptr;
+  }
   Ctx c = *sc->c;
   Ctx local{c.f, c.m, c.g, io, c.path, c.key, c.stochastic, c.code_w, c.scale_w, c.zero_w,
-            c.ts, c.nan_f, r * g.C + c0};
+            c.ts, c.nan_f, sc->packed ? r * g.C + c0 : c.codes_base,
+            sc->meta_bits ? r * g.sub_cols() + c0 / g.Sc : c.meta_base};
   process_tile(local, t, sc->s);
-  pack_range(buf.data(), 1, 0, n, bits, sc->packed + ((r * g.C + c0) * bits) / 8);
+  if (sc->packed) pack_range(buf.data(), 1, 0, n, bits, sc->packed + ((r * g.C + c0) * bits) / 8);
+  if (sc->meta_bits) {
+    uint8_t* dst = sc->meta_bits + (r * g.sub_cols() + c0 / g.Sc) / 8;
+    for (int64_t u = 0; u < units; u += 8) {
+      uint8_t byte = 0;
+      for (int64_t k = u; k < std::min<int64_t>(units, u + 8); ++k)
+        byte |= static_cast<uint8_t>((mbuf[static_cast<size_t>(k)] & 1) << (k - u));
+      dst[u / 8] = byte;
+    }
+  }
 }
 
 #include "codebook_fast.h"  // NOLINT(build/include): codebooks along the last axis
@@ -1005,6 +1027,14 @@ bool fast_packs(const Format& f, const Modes& m, const Geometry& g, const Quanti
   return fast_setup(c, &ff);
 }
 
+// Whether the fast row kernels run this cast (so they can write 1-bit meta in place).
+bool fast_meta_bits(const Format& f, const Modes& m, const Geometry& g, const QuantizeIO& io) {
+  if (!f.scaled || g.kind != 1 || io.mask || f.sparse_m) return false;
+  Ctx c{f, m, g, io, pick_path(f, g), 0, m.round_mode == kStochastic, 1, 1, 1, 0.0f, 0.0f};
+  FastFormat ff;
+  return fast_setup(c, &ff) && ff.sub > 0;
+}
+
 std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
                           const QuantizeIO& io, const ParallelFor& pf);
 
@@ -1016,6 +1046,23 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
   std::string e = make_geometry(f, shape, axis, &g);
   if (!e.empty()) return e;
   if (g.size == 0) return "cannot cast an empty tensor";
+  if (io.meta_packed && !io.meta) {
+    // 1-bit meta straight into the stream where the fast row kernels write every tile's bits
+    // from a byte on; otherwise one byte per unit, packed afterwards.
+    bool direct = f.meta_bits() == 1 && g.kind == 1 && g.Sc > 0 && g.Sr == 1 &&
+                  (g.Tc / g.Sc) % 8 == 0 && g.sub_cols() % 8 == 0 && fast_meta_bits(f, m, g, io);
+    if (!direct) {
+      int64_t nmeta = f.has_meta() ? g.meta_count() : 0;
+      std::unique_ptr<uint8_t[]> buf(new uint8_t[static_cast<size_t>(std::max<int64_t>(nmeta, 1))]());
+      QuantizeIO io2 = io;
+      io2.meta = buf.get();
+      io2.meta_packed = nullptr;
+      e = quantize(f, m, shape, axis, io2, pf);
+      if (!e.empty()) return e;
+      if (nmeta) pack_bits(buf.get(), 1, nmeta, f.meta_bits(), nullptr, io.meta_packed, &pf);
+      return "";
+    }
+  }
   if (io.packed && !io.codes) {
     if (io.mask) return "packed codes need no mask";
     if (!fast_packs(f, m, g, io)) {  // codes one per element, then packed
@@ -1139,13 +1186,14 @@ std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
     if (io.codes || io.packed) {
       out.scale = static_cast<uint8_t*>(io.scale);
       out.meta = ff.sub ? io.meta : nullptr;
+      out.meta_bits = ff.sub ? io.meta_packed : nullptr;
     }
     out.nC = g.nC;
     out.sub_cols = g.sub_cols();
     int64_t rows = g.R, cols = g.C;
     int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(cols, 1));
     pf((rows + per - 1) / per, [&](int64_t b0, int64_t b1) {
-      SlowCtx sc{&c, Scratch(), out.packed};
+      SlowCtx sc{&c, Scratch(), out.packed, out.meta_bits};
       rows_fn(ff, xf, out, b0 * per, std::min(rows, b1 * per), cols, slow_tile, &sc);
     });
     return "";

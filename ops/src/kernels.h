@@ -75,7 +75,8 @@ struct QuantizeIO {
   void* scale = nullptr;     // code_width(scale.bits) per tile
   void* zero = nullptr;
   void* tenscale = nullptr;
-  uint8_t* meta = nullptr;   // one byte per unit
+  uint8_t* meta = nullptr;   // one byte per unit, or:
+  uint8_t* meta_packed = nullptr;  // 1-bit meta (MX shift bits) as packing.py's stream
   uint8_t* mask = nullptr;   // one byte per element
 };
 
