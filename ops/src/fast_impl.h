@@ -916,7 +916,7 @@ FK_ALWAYS void fk_vfloat_emit(const FastFormat& ff, const float* x, const FkDst&
                    : fk_code_float(fbits(t.sc), 0, ff.scale_mbits, ff.scale_emin,
                                    ff.scale_bias, ff.scale_bits, ff.scale_nan_code));
   }
-  V rv[NV];
+  V rv[NV], cv[NV];
   const float eff = t.eff;
   const int dd = 23 - ff.mbits;
   for (int v = 0; v < NV; ++v) {
@@ -924,9 +924,19 @@ FK_ALWAYS void fk_vfloat_emit(const FastFormat& ff, const float* x, const FkDst&
     F xf = (F)xi;
     // eff > 0: x / eff; else x where NaN, 0 elsewhere (the reference's where(scale > 0, ...))
     F q = eff > 0.0f ? xf / eff : (F)(xf != xf ? xi : V{});
+    if (CODES && ff.code_direct && !t.nan_tile) {
+      V c;
+      if (ff.is_float)
+        fk_vrne_code<true, L>((V)q, V{}, t, ff, dd, &rv[v], &c);
+      else
+        fk_vrne_code<false, L>((V)q, V{}, t, ff, 0, &rv[v], &c);
+      cv[v] = c;
+      continue;
+    }
     rv[v] = ff.is_float ? fk_vrne<true, L>((V)q, V{}, t, dd, ff.negzero)
                         : fk_vrne<false, L>((V)q, V{}, t, 0, ff.negzero);
     if (t.nan_tile) rv[v] = V{} + static_cast<int32_t>(0x7FC00000);
+    if (CODES) cv[v] = t.nan_tile ? V{} : fk_vcode<L>(rv[v], V{}, ff);
   }
   if (d.y) {
     for (int v = 0; v < NV; ++v) {
@@ -939,11 +949,9 @@ FK_ALWAYS void fk_vfloat_emit(const FastFormat& ff, const float* x, const FkDst&
     const int bits = ff.code_bits;
     uint8_t* packed = d.packed ? d.packed + (d.o * bits) / 8 : nullptr;
     uint8_t* codes = d.codes ? d.codes + d.o : nullptr;
-    for (int v = 0; v < NV; ++v) {
-      V c = t.nan_tile ? V{} : fk_vcode<L>(rv[v], V{}, ff);
-      fk_vput<L>(c, bits, codes ? codes + L * v : nullptr,
+    for (int v = 0; v < NV; ++v)
+      fk_vput<L>(cv[v], bits, codes ? codes + L * v : nullptr,
                  packed ? packed + (bits * L / 8) * v : nullptr);
-    }
   }
 }
 
