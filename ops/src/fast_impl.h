@@ -595,6 +595,17 @@ FK_ALWAYS void fk_vput(typename FkLanes<L>::vi c, int bits, uint8_t* codes, uint
     __builtin_memcpy(packed, &bytes, L / 2);
     return;
   }
+  if constexpr (kFkBmi2) {
+    // Eight codes as eight bytes, their low `bits` bits gathered by one parallel bit extract.
+    typedef typename FkVec<uint8_t, L>::type VB8;
+    VB8 bytes = __builtin_convertvector(u, VB8);
+    uint64_t words[L / 8];
+    __builtin_memcpy(words, &bytes, L);
+    const uint64_t sel = 0x0101010101010101ull * ((1u << bits) - 1u);
+    for (int h = 0; h < L / 8; ++h)
+      fk_store_low(packed + bits * h, __builtin_ia32_pext_di(words[h], sel), bits);
+    return;
+  }
   // Pairs and fours fit 32-bit lanes (4 * bits <= 32); eights take 64.
   auto p = fk_evens(u, FkSeqOf<L / 2>{}) | (fk_odds(u, FkSeqOf<L / 2>{}) << bits);
   auto q = fk_evens(p, FkSeqOf<L / 4>{}) | (fk_odds(p, FkSeqOf<L / 4>{}) << (2 * bits));
@@ -646,9 +657,19 @@ template <int L, int NV>
 FK_ALWAYS void fk_put_meta_bits(const typename FkLanes<L>::vi* sh, uint8_t* meta_bits) {
   static_assert(NV * L / 2 <= 64 && (NV * L / 2) % 8 == 0, "whole bytes of one word");
   uint64_t bits = 0;
-  for (int v = 0; v < NV; ++v)
-    for (int p = 0; p < L / 2; ++p)
-      bits |= static_cast<uint64_t>(sh[v][2 * p] & 1) << ((L / 2) * v + p);
+  if constexpr (kFkBmi2 && L == 16) {  // one byte per pair, the low bits gathered at once
+    typedef typename FkVec<uint8_t, 8>::type VB8;
+    for (int v = 0; v < NV; ++v) {
+      VB8 b = __builtin_convertvector(fk_evens(sh[v], FkSeqOf<8>{}), VB8);
+      uint64_t w;
+      __builtin_memcpy(&w, &b, 8);
+      bits |= __builtin_ia32_pext_di(w, 0x0101010101010101ull) << (8 * v);
+    }
+  } else {
+    for (int v = 0; v < NV; ++v)
+      for (int p = 0; p < L / 2; ++p)
+        bits |= static_cast<uint64_t>(sh[v][2 * p] & 1) << ((L / 2) * v + p);
+  }
   __builtin_memcpy(meta_bits, &bits, NV * L / 16);
 }
 

@@ -638,6 +638,7 @@ bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinit
 
 namespace fast_base {
 constexpr int kFkLanes = 8;  // vector lanes of fast_impl.h's explicit vectors
+constexpr bool kFkBmi2 = false;  // BMI2's parallel bit extract (pext) available
 #include "fast_impl.h"  // NOLINT(build/include)
 }  // namespace fast_base
 
@@ -646,13 +647,15 @@ constexpr int kFkLanes = 8;  // vector lanes of fast_impl.h's explicit vectors
 #pragma GCC target("avx2")
 namespace fast_avx2 {
 constexpr int kFkLanes = 8;
+constexpr bool kFkBmi2 = false;
 #include "fast_impl.h"  // NOLINT(build/include)
 }  // namespace fast_avx2
 #pragma GCC pop_options
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi2")
 namespace fast_avx512 {
 constexpr int kFkLanes = 16;
+constexpr bool kFkBmi2 = true;  // every AVX-512 CPU has BMI2 (pick_fast_rows checks)
 #include "fast_impl.h"  // NOLINT(build/include)
 }  // namespace fast_avx512
 #pragma GCC pop_options
@@ -683,7 +686,8 @@ FastRows pick_fast_rows() {
 #ifdef ONNXQ_FAST_X86
   __builtin_cpu_init();
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                __builtin_cpu_supports("bmi2");
   bool avx2 = __builtin_cpu_supports("avx2");
   if (avx512 && (want.empty() || want == "avx512")) return fast_avx512::fk_rows;
   if (avx2 && (want.empty() || want == "avx512" || want == "avx2")) return fast_avx2::fk_rows;
