@@ -128,7 +128,9 @@ inline bool cb_setup(const Ctx& c, CbFast* F) {
   if (c.m.round_mode > kZero) return false;
   if (g.kind != 1 || g.Post != 1 || io.x_type != kF32) return false;
   if (io.values && io.values_type != kF32) return false;
-  if (io.packed || io.mask) return false;
+  if (io.mask) return false;
+  // Packed codes are written in place: every tile starts on a byte of the stream.
+  if (io.packed && !io.codes && ((g.C * f.cb_ib) % 8 || (g.Tc * f.cb_ib) % 8)) return false;
   if (io.codes && c.code_w != 1) return false;
   if (g.Tc < 1 || g.Tc > kCbMaxT) return false;
   int U = g.Sc ? static_cast<int>(g.Sc) : static_cast<int>(g.Tc);
@@ -476,9 +478,24 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
     int64_t t = t0 + l;
     int64_t o = row[l] * F.C + col[l] * T;
     if (VALUES && n < T) std::memcpy(static_cast<float*>(io.values) + o, orow[l], sizeof(float) * n);
-    if (CODES) {
+    if (CODES && io.codes) {
       uint8_t* dst = static_cast<uint8_t*>(io.codes) + o;
       for (int p = 0; p < n; ++p) dst[p] = static_cast<uint8_t>(CD[p][l]);
+    } else if (CODES) {  // packed in place, ib bits each, the tile from a byte on
+      const int ib = F.ib;
+      uint8_t* dst = io.packed + (o * ib) / 8;
+      uint32_t acc = 0;
+      int nacc = 0;
+      for (int p = 0; p < n; ++p) {
+        acc |= (static_cast<uint32_t>(CD[p][l]) & ((1u << ib) - 1u)) << nacc;
+        nacc += ib;
+        while (nacc >= 8) {
+          *dst++ = static_cast<uint8_t>(acc);
+          acc >>= 8;
+          nacc -= 8;
+        }
+      }
+      if (nacc > 0) *dst = static_cast<uint8_t>(acc);
     }
     uint64_t sc = static_cast<uint64_t>(sexp[l] + F.frac + F.bias);
     if (scale8) scale8[t] = static_cast<uint8_t>(sc);
@@ -494,7 +511,20 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
         io.meta[t] = static_cast<uint8_t>(bms[0][l]);
       }
     }
-    if (nonfin[l]) process_tile(c, t, scr);
+    if (nonfin[l]) {
+      if (CODES && !io.codes) {  // the general path's codes into a buffer, then packed
+        uint8_t buf[kCbMaxT];
+        QuantizeIO io2 = io;
+        io2.codes = buf;
+        io2.packed = nullptr;
+        Ctx local{c.f, c.m, c.g, io2, c.path, c.key, c.stochastic, c.code_w, c.scale_w,
+                  c.zero_w, c.ts, c.nan_f, o, c.meta_base};
+        process_tile(local, t, scr);
+        pack_range(buf, 1, 0, n, F.ib, io.packed + (o * F.ib) / 8);
+      } else {
+        process_tile(c, t, scr);
+      }
+    }
   }
 }
 
@@ -511,7 +541,8 @@ static void cb_groups_t(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scrat
 // Tiles [t0, t1), W at a time.
 static void cb_groups(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch& scr) {
   B.setup(F.T, W, F.maps, F.units);
-  bool values = F.c->io.values != nullptr, codes = F.c->io.codes != nullptr;
+  bool values = F.c->io.values != nullptr;
+  bool codes = F.c->io.codes != nullptr || F.c->io.packed != nullptr;
   if (values && codes) cb_groups_t<true, true>(F, t0, t1, B, scr);
   else if (values) cb_groups_t<true, false>(F, t0, t1, B, scr);
   else cb_groups_t<false, true>(F, t0, t1, B, scr);

@@ -1028,7 +1028,9 @@ bool fast_packs(const Format& f, const Modes& m, const Geometry& g, const Quanti
   if ((g.C * bits) % 8 || (g.Tc * bits) % 8) return false;
   Ctx c{f, m, g, io, pick_path(f, g), 0, m.round_mode == kStochastic, 1, 1, 1, 0.0f, 0.0f};
   FastFormat ff;
-  return fast_setup(c, &ff);
+  if (fast_setup(c, &ff)) return true;
+  CbFast cbf;  // codebooks: codebook_fast.h packs in place too
+  return cb_setup(c, &cbf);
 }
 
 // Whether the fast row kernels run this cast (so they can write 1-bit meta in place).
