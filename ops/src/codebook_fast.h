@@ -481,6 +481,12 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
     if (CODES && io.codes) {
       uint8_t* dst = static_cast<uint8_t*>(io.codes) + o;
       for (int p = 0; p < n; ++p) dst[p] = static_cast<uint8_t>(CD[p][l]);
+    } else if (CODES && F.ib == 4) {  // packed in place: nibble pairs, the tile from a byte on
+      uint8_t* dst = io.packed + o / 2;
+      int p = 0;
+      for (; p + 1 < n; p += 2)
+        dst[p / 2] = static_cast<uint8_t>((CD[p][l] & 15) | ((CD[p + 1][l] & 15) << 4));
+      if (p < n) dst[p / 2] = static_cast<uint8_t>(CD[p][l] & 15);
     } else if (CODES) {  // packed in place, ib bits each, the tile from a byte on
       const int ib = F.ib;
       uint8_t* dst = io.packed + (o * ib) / 8;
