@@ -124,6 +124,9 @@ inline bool cb_setup(const Ctx& c, CbFast* F) {
   const QuantizeIO& io = c.io;
   const char* simd = std::getenv("ONNXQ_SIMD");
   if (simd && std::string(simd) == "none") return false;
+  // float32 products with subnormal powers of two and the float32 error filter need an FPU
+  // that keeps subnormals (no flush-to-zero / denormals-are-zero).
+  if (fpu_flushes()) return false;
   if (c.path != kExpBook || !f.codebook() || f.sparse_m || c.stochastic) return false;
   if (c.m.round_mode > kZero) return false;
   if (g.kind != 1 || g.Post != 1 || io.x_type != kF32) return false;
@@ -407,8 +410,8 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
       cb_vf err = acc[m];
       cb_vf gap = err - best;
       gap = gap < 0 ? -gap : gap;
-      close |= !(gap > (err + best) * 0x1p-15f + 0x1p-120f) | !(err < 0x1p100f) |
-               !(best < 0x1p100f);
+      close |= ~(gap > (err + best) * 0x1p-15f + 0x1p-120f) | ~(err < 0x1p100f) |
+               ~(best < 0x1p100f);  // NaN compares false: close
       cb_vi better = err < best;
       best = better ? err : best;
       bm = better ? m : bm;

@@ -28,6 +28,19 @@ namespace {
 
 constexpr uint32_t kQuietNaN = 0x7FC00000u;
 
+// Vector arguments of the per-ISA kernels are internal (always inlined): no ABI to keep.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// Whether this thread's FPU flushes subnormals (x86 MXCSR flush-to-zero or
+// denormals-are-zero); kernels that rely on float32 subnormal arithmetic then step aside.
+inline bool fpu_flushes() {
+#if defined(__x86_64__) || defined(__i386__)
+  return (__builtin_ia32_stmxcsr() & 0x8040u) != 0;
+#else
+  return true;
+#endif
+}
+
 inline float from_fbits_nan() {
   float f;
   std::memcpy(&f, &kQuietNaN, sizeof f);
@@ -1522,7 +1535,10 @@ bool fast_cb_dequantize(const Format& f, const Geometry& g, const DequantizeIO& 
   }
   // 2^s per scale code as float32 bits; codes present whose power is no float32 (or is a
   // subnormal under denormals-are-zero) send the whole cast to the general path.
-  bool exact = (__builtin_ia32_stmxcsr() & 0x8040u) == 0;
+  // A flushing FPU (flush-to-zero / denormals-are-zero) would lose subnormal factors and
+  // results: the general path's float64 products then.
+  if (fpu_flushes()) return false;
+  const bool exact = true;
   uint32_t nan_code = (1u << f.scale.ebits) - 1;
   for (uint32_t c = 0; c < 256; ++c) {
     int s = static_cast<int>(c) - f.scale.bias - int_frac_bits(f.elem);
