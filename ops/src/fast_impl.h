@@ -718,6 +718,21 @@ FK_ALWAYS void fk_vrne_code(typename FkLanes<L>::vi xb, typename FkLanes<L>::vi 
   }
 }
 
+// A tile's statistics (fk_stats on vectors): the largest finite magnitude and the largest
+// magnitude of all (> 0x7F800000: a NaN, >= : a NaN or an Inf), as float32 bits.
+template <int TC, int L>
+FK_ALWAYS void fk_vstats(const float* x, int32_t* amax, int32_t* all) {
+  typedef typename FkLanes<L>::vi V;
+  V mf = {}, ma = {};
+  for (int v = 0; v < TC / L; ++v) {
+    V b = fk_vload<L>(x + L * v) & 0x7FFFFFFF;
+    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
+    ma = fk_vmax(ma, b);
+  }
+  *amax = fk_hmax<L>(mf);
+  *all = fk_hmax<L>(ma);
+}
+
 // Writes one exponent-scaled tile of TC (a multiple of L) elements whose parameters t are
 // known (fk_exp_params): values, codes, shift bits and the scale code.
 template <int TC, bool CODES, int L>
@@ -804,18 +819,11 @@ FK_ALWAYS void fk_vexp_emit(const FastFormat& ff, const float* x, const FkDst& d
 // Exponent-scaled tile of TC (a multiple of L) elements by fk_vrne; false: general path.
 template <int TC, bool CODES, int L>
 FK_ALWAYS bool fk_vexp_tile(const FastFormat& ff, const float* x, const FkDst& d) {
-  typedef typename FkLanes<L>::vi V;
-  constexpr int NV = TC / L;
-  V mf = {}, ma = {};
-  for (int v = 0; v < NV; ++v) {
-    V b = fk_vload<L>(x + L * v) & 0x7FFFFFFF;
-    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
-    ma = fk_vmax(ma, b);
-  }
-  int32_t all = fk_hmax<L>(ma);
+  int32_t amax, all;
+  fk_vstats<TC, L>(x, &amax, &all);
   FastTile t;
-  if (!fk_exp_params(ff, static_cast<uint32_t>(fk_hmax<L>(mf)), all > 0x7F800000,
-                     all >= 0x7F800000, &t))
+  if (!fk_exp_params(ff, static_cast<uint32_t>(amax), all > 0x7F800000, all >= 0x7F800000,
+                     &t))
     return false;
   fk_vexp_emit<TC, CODES, L>(ff, x, d, t);
   return true;
@@ -842,18 +850,16 @@ FK_ALWAYS void fk_treduce(V* m, int n) {
   if constexpr (W > 2) fk_treduce<L, W / 2>(m, n / 2);
 }
 
-// L consecutive tiles of TC elements from x (tile i at x + i * TC, destinations from d with
-// d.o, d.scale and d.meta those of tile 0). Returns a bit mask of the tiles left undone (their
-// parameters need fk_exp_params' special cases or the general path).
-template <int TC, bool CODES, int L>
-FK_ALWAYS uint32_t fk_vexp_group(const FastFormat& ff, const float* x, const FkDst& d) {
+// fk_vstats of L consecutive tiles at once: lane i of M and A holds tile i's.
+template <int TC, int L>
+FK_ALWAYS void fk_vgroup_stats(const float* x, typename FkLanes<L>::vi* M,
+                               typename FkLanes<L>::vi* A) {
   typedef typename FkLanes<L>::vi V;
-  constexpr int NV = TC / L;
   V mf[L], ma[L];
   for (int i = 0; i < L; ++i) {
     mf[i] = V{};
     ma[i] = V{};
-    for (int v = 0; v < NV; ++v) {
+    for (int v = 0; v < TC / L; ++v) {
       V b = fk_vload<L>(x + TC * i + L * v) & 0x7FFFFFFF;
       mf[i] = fk_vmax(mf[i], b < 0x7F800000 ? b : 0);
       ma[i] = fk_vmax(ma[i], b);
@@ -864,7 +870,18 @@ FK_ALWAYS uint32_t fk_vexp_group(const FastFormat& ff, const float* x, const FkD
   for (int k = 0; k < TC * L; k += 16) __builtin_prefetch(x + 2 * TC * L + k);
   fk_treduce<L, L>(mf, L);
   fk_treduce<L, L>(ma, L);
-  const V M = mf[0], A = ma[0];
+  *M = mf[0];
+  *A = ma[0];
+}
+
+// L consecutive tiles of TC elements from x (tile i at x + i * TC, destinations from d with
+// d.o, d.scale and d.meta those of tile 0). Returns a bit mask of the tiles left undone (their
+// parameters need fk_exp_params' special cases or the general path).
+template <int TC, bool CODES, int L>
+FK_ALWAYS uint32_t fk_vexp_group(const FastFormat& ff, const float* x, const FkDst& d) {
+  typedef typename FkLanes<L>::vi V;
+  V M, A;
+  fk_vgroup_stats<TC, L>(x, &M, &A);
   // fk_exp_params for normal amax and no NaN/Inf in the tile; every other tile is left undone.
   V ok = (M >= 0x800000) & (A < 0x7F800000);
   const V e = (M >> 23) - 127;
@@ -979,19 +996,12 @@ FK_ALWAYS void fk_vfloat_emit(const FastFormat& ff, const float* x, const FkDst&
 // Float-scaled tile of TC (a multiple of L) elements by fk_vrne (fk_float_tile's arithmetic).
 template <int TC, bool CODES, int L>
 FK_ALWAYS bool fk_vfloat_tile(const FastFormat& ff, const float* x, const FkDst& d) {
-  typedef typename FkLanes<L>::vi V;
-  constexpr int NV = TC / L;
-  V mf = {}, ma = {};
-  for (int v = 0; v < NV; ++v) {
-    V b = fk_vload<L>(x + L * v) & 0x7FFFFFFF;
-    mf = fk_vmax(mf, b < 0x7F800000 ? b : 0);
-    ma = fk_vmax(ma, b);
-  }
-  int32_t all = fk_hmax<L>(ma);
+  int32_t amax, all;
+  fk_vstats<TC, L>(x, &amax, &all);
   // fast_tile's float-scale branch, inline: the scale cast by fk_rne_elem when it applies.
   FastTile t = ff.ftile;
   t.nan_tile = ff.policy == 1 ? all >= 0x7F800000 : (ff.nan_on_nan && all > 0x7F800000);
-  float raw = from_fbits(static_cast<uint32_t>(fk_hmax<L>(mf))) / ff.maxfloat_f;
+  float raw = from_fbits(static_cast<uint32_t>(amax)) / ff.maxfloat_f;
   if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
   uint32_t scb = ff.stile_rne ? fk_rne_elem<true, false>(fbits(raw), 0u, ff.stile,
                                                          23 - ff.scale_mbits, ff.scale_negzero)
@@ -1008,22 +1018,10 @@ template <int TC, bool CODES, int L>
 FK_ALWAYS uint32_t fk_vfloat_group(const FastFormat& ff, const float* x, const FkDst& d) {
   typedef typename FkLanes<L>::vi V;
   typedef typename FkLanes<L>::vf F;
-  constexpr int NV = TC / L;
-  V mf[L], ma[L];
-  for (int i = 0; i < L; ++i) {
-    mf[i] = V{};
-    ma[i] = V{};
-    for (int v = 0; v < NV; ++v) {
-      V b = fk_vload<L>(x + TC * i + L * v) & 0x7FFFFFFF;
-      mf[i] = fk_vmax(mf[i], b < 0x7F800000 ? b : 0);
-      ma[i] = fk_vmax(ma[i], b);
-    }
-  }
-  fk_treduce<L, L>(mf, L);
-  fk_treduce<L, L>(ma, L);
-  const V A = ma[0];
+  V M, A;
+  fk_vgroup_stats<TC, L>(x, &M, &A);
   const V nan_tile = ff.policy == 1 ? A >= 0x7F800000 : (ff.nan_on_nan ? A > 0x7F800000 : V{});
-  F raw = (F)mf[0] / ff.maxfloat_f;
+  F raw = (F)M / ff.maxfloat_f;
   if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : F{};
   const F sc = (F)fk_vrne<true, L>((V)raw, V{}, ff.stile, 23 - ff.scale_mbits,
                                    ff.scale_negzero);

@@ -615,37 +615,17 @@ inline bool fk_rne_grid(const FastFormat& ff, int k, int room, uint32_t* magic, 
   return rne_grid(ff.is_float, ff.mbits, k, room, magic, norm);
 }
 
+// A float-scaled tile's parameters (the element grid's tile of fast_setup, the scale cast);
+// exponent scales take fk_exp_params in fast_impl.h.
 bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinite, FastTile* t) {
-  t->nan_tile = ff.policy == 1 ? nonfinite : (ff.nan_on_nan && nan);
-  float amax = from_fbits(amax_bits);
-  if (ff.float_scale) {
-    bool nan_tile = t->nan_tile;
-    *t = ff.ftile;
-    t->nan_tile = nan_tile;
-    float raw = amax / ff.maxfloat_f;
-    if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
-    float sc = from_fbits(fast_scale_cast(ff, fbits(raw)));
-    t->sc = sc;
-    t->eff = ff.has_ts ? sc * ff.ts : sc;
-    return true;
-  }
-  const Ctx& c = *ff.c;
-  int s = scale_exponent(amax, c.f.elem, c.f.scale, c.m.scale_mode);
-  int room = ff.sub ? 1 : 0;
-  t->kint = s;
-  t->kmin = ff.emin - ff.mbits + s;
-  if (s > 128 || t->kmin > 128) return false;
-  // Floats: subnormal x must fall in the element's subnormal range (fk_floor_log2).
-  if (ff.is_float && t->kmin < -126 - ff.mbits) return false;
-  if (!fast_top(ff.top_field, ff.top_mant, s, room, &t->top_pos)) return false;
-  t->top_neg = t->top_pos;
-  if (ff.full_int_range && !ff.is_float && !fast_top(ff.neg_field, 0, s, room, &t->top_neg))
-    return false;
-  if (ff.sub) {  // 2^floor(log2 amax) as float32 bits (0 for amax = 0)
-    int fl = floor_log2(static_cast<double>(amax));
-    t->thr = amax_bits == 0 ? 0u : fl >= -126 ? static_cast<uint32_t>(fl + 127) << 23
-                                             : 1u << (fl + 149);
-  }
+  bool nan_tile = ff.policy == 1 ? nonfinite : (ff.nan_on_nan && nan);
+  *t = ff.ftile;
+  t->nan_tile = nan_tile;
+  float raw = from_fbits(amax_bits) / ff.maxfloat_f;
+  if (ff.has_ts) raw = ff.ts > 0 ? raw / ff.ts : 0.0f;
+  float sc = from_fbits(fast_scale_cast(ff, fbits(raw)));
+  t->sc = sc;
+  t->eff = ff.has_ts ? sc * ff.ts : sc;
   return true;
 }
 
