@@ -156,3 +156,20 @@ def test_session_packed_in_place(name: str, policy: str, monkeypatch: pytest.Mon
                 assert np.array_equal(want[k].view(np.uint8), got[k].view(np.uint8)), (
                     f"{name} {shape} {simd}: {k}"
                 )
+
+
+@pytest.mark.parametrize(
+    "name", ["int5_e8m0_t16s2", "int8_e8m0_t64s2", "int4_e8m0_t16s4", "int8_e8m0_t8s2", "mx4"]
+)
+def test_session_shift_bits_in_place_or_packed_afterwards(name: str) -> None:
+    # MX shift bits go straight into Meta where every tile's bits start on a byte (t16s2,
+    # t64s2 on rows of a multiple of 16 pairs), through a byte buffer elsewhere (t8s2: four
+    # bits a tile; odd rows; subtiles of 4); both must equal the reference's packed stream.
+    for shape in [(3, 96), (2, 272), (4, 200), (3, 61)]:
+        for kind in ("random", "special"):
+            x = edge_data(shape, kind, seed=shape[1])
+            got = _session_outputs(name, x)
+            ref = _cast(x, name, "compress", "reference")
+            where = (name, shape, kind)
+            assert np.array_equal(got["q"].view(np.uint8), ref["data"].reshape(-1)), where
+            assert np.array_equal(got["meta"].view(np.uint8), ref["meta"].reshape(-1)), where
