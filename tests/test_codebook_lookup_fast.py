@@ -73,6 +73,14 @@ def test_scales_whose_power_is_a_float32_subnormal(monkeypatch) -> None:
         assert np.array_equal(got.view(np.uint32), ref.values.view(np.uint32)), simd
 
 
+def _one_node_session(node, inputs, outputs):
+    graph = helper.make_graph([node], "one", inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    return runtime.session(model)
+
+
 def _lookup_session(name: str, shape: tuple[int, ...]):
     inputs = [
         helper.make_tensor_value_info(n, TensorProto.UINT8, None) for n in ("q", "meta", "scale")
@@ -81,13 +89,9 @@ def _lookup_session(name: str, shape: tuple[int, ...]):
         "CodebookLookup", ["q", "meta", "scale"], ["y"], domain="onnxq", dtype=name, axis=-1,
         shape=list(shape),
     )  # fmt: skip
-    graph = helper.make_graph(
-        [node], "lookup", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)]
+    return _one_node_session(
+        node, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)]
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
-    )
-    return runtime.session(model)
 
 
 @pytest.mark.skipif(not runtime.has_custom_ops(), reason="custom ops not built")
@@ -111,13 +115,9 @@ def _quantize_session(name: str, shape: tuple[int, ...]):
     )
     outs = [helper.make_tensor_value_info(n, TensorProto.UINT8, None) for n in ("q", "scale")]
     outs.append(helper.make_tensor_value_info("meta", TensorProto.UINT8, None))
-    graph = helper.make_graph(
-        [node], "quantize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)], outs
+    return _one_node_session(
+        node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)], outs
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
-    )
-    return runtime.session(model)
 
 
 @pytest.mark.skipif(not runtime.has_custom_ops(), reason="custom ops not built")

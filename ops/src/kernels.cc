@@ -1518,14 +1518,13 @@ bool fast_cb_dequantize(const Format& f, const Geometry& g, const DequantizeIO& 
   // A flushing FPU (flush-to-zero / denormals-are-zero) would lose subnormal factors and
   // results: the general path's float64 products then.
   if (fpu_flushes()) return false;
-  const bool exact = true;
   uint32_t nan_code = (1u << f.scale.ebits) - 1;
   for (uint32_t c = 0; c < 256; ++c) {
     int s = static_cast<int>(c) - f.scale.bias - int_frac_bits(f.elem);
     uint32_t fb = 0;
     if (c == nan_code) fb = kQuietNaN;
     else if (s >= -126 && s <= 127) fb = static_cast<uint32_t>(s + 127) << 23;
-    else if (s >= -149 && s < -126 && exact) fb = 1u << (s + 149);
+    else if (s >= -149 && s < -126) fb = 1u << (s + 149);
     t.factor[c] = fb;
   }
   const uint8_t* scale = static_cast<const uint8_t*>(io.scale);
@@ -1553,8 +1552,9 @@ bool fast_cb_dequantize(const Format& f, const Geometry& g, const DequantizeIO& 
   if (p.mb == 0 && !p.meta) return false;
   void (*rows_fn)(const FkCbDq&, int64_t, int64_t) = fast_base::fk_cb_dequant_rows;
 #ifdef ONNXQ_FAST_X86
-  if (pick_fast_rows() == fast_avx512::fk_rows) rows_fn = fast_avx512::fk_cb_dequant_rows;
-  else if (pick_fast_rows() == fast_avx2::fk_rows) rows_fn = fast_avx2::fk_cb_dequant_rows;
+  const FastRows isa = pick_fast_rows();  // the same instruction set as the row kernels
+  if (isa == fast_avx512::fk_rows) rows_fn = fast_avx512::fk_cb_dequant_rows;
+  else if (isa == fast_avx2::fk_rows) rows_fn = fast_avx2::fk_cb_dequant_rows;
 #endif
   int64_t rows = g.B * g.R;
   int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(g.C, 1));
