@@ -39,11 +39,83 @@ struct CbFast {
   const Ctx* c = nullptr;
   int T = 0, U = 0, units = 0, maps = 0, half = 0, nth = 0, ib = 0;
   bool negzero = false, floor_mode = false, subtiles = false;
+  bool stream = false;  // values written with streaming stores (large outputs)
   int emax = 0, frac = 0, low = 0, high = 0, bias = 0;
   int64_t R = 0, C = 0, nC = 0, tiles = 0, sub_cols = 0;
   float th[kCbMaxMaps * kCbMaxHalf] = {};   // a >= th[m * nth + k]: entry k + 1 over k
   float tab[kCbMaxMaps * kCbMaxHalf] = {};  // magnitudes
+  // Mappings whose nearest entry is a rounding on a grid (cb_grid_nearest), with its
+  // parameters: clamp bounds of a's biased exponent, the offset to the magic number's exponent
+  // and the largest entry.
+  bool grid[kCbMaxMaps] = {};
+  int32_t grid_lo[kCbMaxMaps] = {}, grid_hi[kCbMaxMaps] = {}, grid_c[kCbMaxMaps] = {};
+  float grid_max[kCbMaxMaps] = {};
 };
+
+// The nearest entry of a grid mapping: a rounded to nearest even on the grid of quantum
+// 2^(e + c - 150), e = a's biased exponent clamped to [lo, hi] (the magic number M = 2^(e + c
+// - 127): a + M rounds a to M's last place), then capped at the largest entry. Float32
+// arithmetic only, as the vector kernels compute it (no contraction, no reassociation).
+inline float cb_grid_nearest(float a, int32_t lo, int32_t hi, int32_t c, float top) {
+  uint32_t b;
+  std::memcpy(&b, &a, 4);
+  int32_t e = static_cast<int32_t>(b >> 23);
+  e = e < lo ? lo : e;
+  e = e > hi ? hi : e;
+  uint32_t mb = static_cast<uint32_t>(e + c) << 23;
+  float m;
+  std::memcpy(&m, &mb, 4);
+  float t = (a + m) - m;
+  return t > top ? top : t;
+}
+
+// Whether mapping `m` of F (thresholds and magnitudes set) is a grid mapping, and its
+// parameters. The parameters are guessed from the table (the quanta at its top and bottom);
+// the guess is then proven: cb_grid_nearest is nondecreasing on every stretch of a where the
+// clamped exponent is constant (a rounding, then a subtraction and a min), so it is
+// nondecreasing everywhere if it does not drop where the clamped exponent steps, which is
+// checked; a nondecreasing function that gives entry k just below threshold k and entry k + 1
+// at it, entry 0 at 0 and at most the largest entry everywhere gives the threshold count's
+// entry for every a >= 0.
+inline bool cb_grid_setup(CbFast* F, int m) {
+  const float* tab = F->tab + m * F->half;
+  const float* th = F->th + m * F->nth;
+  const int half = F->half;
+  auto log2_exact = [](double v, int* out) {
+    int ex = 0;
+    double fr = std::frexp(v, &ex);
+    if (fr != 0.5) return false;
+    *out = ex - 1;
+    return true;
+  };
+  double top = tab[half - 1];
+  int ehi = 0, lq = 0, lq0 = 0;
+  std::frexp(top, &ehi);
+  ehi -= 1;  // top in [2^ehi, 2^(ehi + 1))
+  if (!log2_exact(top - tab[half - 2], &lq) || !log2_exact(tab[1], &lq0)) return false;
+  // Biased exponents: M's is e + c; at e = hi its last place is the top quantum 2^lq, at
+  // e = lo the bottom one 2^lq0. M must be a normal float32.
+  const int32_t hi = ehi + 127, c = lq + 23 - ehi;
+  const int32_t lo = std::max(lq0 + 150 - c, 0);
+  if (lo > hi || lo + c < 1 || hi + c > 254) return false;
+  auto f = [&](float a) { return cb_grid_nearest(a, lo, hi, c, tab[half - 1]); };
+  if (f(0.0f) != tab[0]) return false;
+  for (int k = 0; k < F->nth; ++k) {
+    if (f(th[k]) != tab[k + 1] || f(std::nextafter(th[k], 0.0f)) != tab[k]) return false;
+  }
+  for (int32_t e = lo + 1; e <= hi; ++e) {
+    uint32_t b = static_cast<uint32_t>(e) << 23;
+    float at;
+    std::memcpy(&at, &b, 4);
+    if (f(std::nextafter(at, 0.0f)) > f(at)) return false;
+  }
+  F->grid[m] = true;
+  F->grid_lo[m] = lo;
+  F->grid_hi[m] = hi;
+  F->grid_c[m] = c;
+  F->grid_max[m] = tab[half - 1];
+  return true;
+}
 
 // A group of tiles' working arrays, [position][lane] (allocated once per worker).
 struct CbBuf {
@@ -198,6 +270,12 @@ inline bool cb_setup(const Ctx& c, CbFast* F) {
   // Near a midpoint, a < 2^top and a's last bit is at least 2^(bottom - 25): a - t within 53
   // bits when top - bottom <= 28.
   if (top - bottom > 28) return false;
+  const char* grid_env = std::getenv("ONNXQ_CB_GRID");  // 0: every mapping by its thresholds
+  for (int m = 0; m < maps; ++m) {
+    if (!(grid_env && grid_env[0] == '0') && half >= 2) cb_grid_setup(F, m);
+  }
+  const char* nt_env = std::getenv("ONNXQ_DQ_STREAM");  // 0/1 forces; default: outputs > 8 MiB
+  F->stream = io.values && (nt_env ? nt_env[0] == '1' : g.R * g.C * 4 > (int64_t(8) << 20));
   return true;
 }
 
@@ -233,6 +311,52 @@ static inline void cb_store(void* p, const V& v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+// Whether any lane of v is nonzero.
+static inline bool cb_any(const cb_vi& v) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (W == 16) {
+    __m512i m;
+    std::memcpy(&m, &v, 64);
+    return _mm512_test_epi32_mask(m, m) != 0;
+  } else if constexpr (W == 8) {
+    __m256i m;
+    std::memcpy(&m, &v, 32);
+    return !_mm256_testz_si256(m, m);
+  }
+#endif
+  {
+    uint64_t w[sizeof v / 8];
+    std::memcpy(w, &v, sizeof v);
+    uint64_t o = 0;
+    for (uint64_t x : w) o |= x;
+    return o != 0;
+  }
+}
+
+// n floats from src to dst with streaming stores (they skip the read for ownership of every
+// output line) on the whole vectors of dst's aligned middle, ordinary copies at its ends.
+// Fenced by cb_groups before its chunk is reported done.
+static inline void cb_stream_copy(float* dst, const float* src, int64_t n) {
+  constexpr uintptr_t kAlign = W * 4;
+  int64_t head = static_cast<int64_t>(((kAlign - reinterpret_cast<uintptr_t>(dst) % kAlign) %
+                                       kAlign) / 4);
+  head = std::min(head, n);
+  std::memcpy(dst, src, sizeof(float) * head);
+  int64_t i = head;
+#if defined(__x86_64__) && defined(__GNUC__)
+  for (; i + W <= n; i += W) {
+    if constexpr (W == 16) {
+      _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+    } else if constexpr (W == 8) {
+      _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+    } else {
+      _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+    }
+  }
+#endif
+  std::memcpy(dst + i, src + i, sizeof(float) * (n - i));
+}
+
 // The lo / hi interleave masks of a W x W transpose (log2 W rounds of perfect shuffles).
 static inline cb_vi cb_mask(bool hi) {
   cb_vi m;
@@ -256,11 +380,37 @@ static inline void cb_transpose(cb_vf* r) {
   }
 }
 
+// A cast's per-mapping constants as vectors (lane k: threshold k, entry k, entry k + 1; padded
+// with +inf / 0 / +inf), and the grid mappings' parameters (a constant magic number where the
+// exponent clamp is one value).
+struct CbVec {
+  cb_vf thv[kCbMaxMaps], tbv[kCbMaxMaps], ctv[kCbMaxMaps];
+  cb_vi glo[kCbMaxMaps], ghi[kCbMaxMaps], gc[kCbMaxMaps];
+  cb_vf gmax[kCbMaxMaps], gmag[kCbMaxMaps];
+  bool gflat[kCbMaxMaps];
+  explicit CbVec(const CbFast& F) {
+    for (int m = 0; m < F.maps; ++m) {
+      for (int k = 0; k < W; ++k) {
+        thv[m][k] = k < F.nth ? F.th[m * F.nth + k] : INFINITY;
+        tbv[m][k] = k < F.half ? F.tab[m * F.half + k] : 0.0f;
+        ctv[m][k] = k < F.nth ? F.tab[m * F.half + k + 1] : INFINITY;
+      }
+      glo[m] = cb_vi{} + F.grid_lo[m];
+      ghi[m] = cb_vi{} + F.grid_hi[m];
+      gc[m] = cb_vi{} + F.grid_c[m];
+      gmax[m] = cb_vf{} + F.grid_max[m];
+      gflat[m] = F.grid_lo[m] == F.grid_hi[m];
+      gmag[m] = reinterpret_cast<cb_vf>((ghi[m] + gc[m]) << 23);
+    }
+  }
+};
+
 // Tiles [t0, min(t0 + W, t1)) through the buffers; the group's outputs written. TT (tile
 // elements), UU (unit elements), NTH (thresholds per mapping) and MAPS are compile-time
 // constants for the common formats, 0 for "read F".
 template <bool VALUES, bool CODES, int TT, int UU, int NTH, int MAPS>
-static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch& scr) {
+static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, CbBuf& B,
+                     Scratch& scr) {
   const Ctx& c = *F.c;
   const QuantizeIO& io = c.io;
   const int T = TT ? TT : F.T, U = UU ? UU : F.U, nth = NTH ? NTH : F.nth;
@@ -275,7 +425,18 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
   int valid[W];
   int64_t row[W], col[W];
   int64_t r = t0 / F.nC, ct = t0 - r * F.nC;
-  for (int l = 0; l < W; ++l, ++ct) {
+  // The common case: W whole tiles of one row.
+  const bool full = t0 + W <= t1 && (ct + W) * T <= F.C;
+  if (full) {
+    const float* s = xin + r * F.C + ct * T;
+    for (int l = 0; l < W; ++l) {
+      row[l] = r;
+      col[l] = ct + l;
+      valid[l] = T;
+      src[l] = s + static_cast<size_t>(l) * T;
+    }
+  }
+  for (int l = 0; l < W && !full; ++l, ++ct) {
     if (ct == F.nC) { ct = 0; ++r; }
     row[l] = r;
     col[l] = ct;
@@ -345,15 +506,8 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
   // padded with +inf) when they fit the lanes: the nearest entry is then a binary search of
   // log2(half) steps, each one lane permute and one compare, instead of nth compares.
   const bool bsearch = half <= W;
-  cb_vf thv[kMaps], tbv[kMaps];
-  if (bsearch) {
-    for (int m = 0; m < maps; ++m) {
-      for (int k = 0; k < W; ++k) {
-        thv[m][k] = k < nth ? F.th[m * nth + k] : INFINITY;
-        tbv[m][k] = k < half ? F.tab[m * half + k] : 0.0f;
-      }
-    }
-  }
+  const cb_vf* thv = V.thv;
+  const cb_vf* tbv = V.tbv;
   // Nearest entries (kept for the output) and squared errors summed in float32 first. Each
   // float32 term is within 3 * 2^-24 of the exact square (a - t exact or rounded once, squared
   // and rounded once) and a sequential sum of U <= 256 terms within (U - 1) * 2^-24 of exact, so
@@ -361,15 +515,33 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
   // two mappings' float32 errors differ by more than 2^-15 of their sum (plus 2^-120 for
   // squares lost to underflow), the exact, the float64 and the float32 orders agree; a unit
   // with any closer (or non-finite) pair is scored again in float64 as the reference scores it.
+  // Without codes kept from here (CHAIN), codes are found after the mapping is chosen.
+  const bool chain = !bsearch;
+  const cb_vi* glo = V.glo;
+  const cb_vi* ghi = V.ghi;
+  const cb_vi* gc = V.gc;
+  const cb_vf* gmax = V.gmax;
+  const cb_vf* gmag = V.gmag;
+  const bool* gflat = V.gflat;
   auto score32 = [&](int p, cb_vf (&acc)[kMaps]) __attribute__((always_inline)) {
     cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
     cb_vf a = ax * inv32;
+    const cb_vi ea = reinterpret_cast<cb_vi>(a) >> 23;  // a >= 0: its biased exponent
     for (int m = 0; m < maps; ++m) {
       const float* th = F.th + m * nth;
       const float* tb = F.tab + m * half;
       cb_vf tv = {};
       cb_vi iv = {};
-      if (bsearch) {
+      if (!chain && F.grid[m]) {  // cb_grid_nearest, lane by lane
+        cb_vf mg = gmag[m];
+        if (!gflat[m]) {
+          cb_vi e = ea < glo[m] ? glo[m] : ea;
+          e = e > ghi[m] ? ghi[m] : e;
+          mg = reinterpret_cast<cb_vf>((e + gc[m]) << 23);
+        }
+        tv = (a + mg) - mg;
+        tv = tv > gmax[m] ? gmax[m] : tv;
+      } else if (bsearch) {
         // The entry is the count of thresholds <= a: step by half / 2, half / 4, ..., 1.
         for (int step = half / 2; step >= 1; step /= 2) {
           cb_vi probe = iv + (step - 1);
@@ -385,7 +557,7 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
         }
       }
       TM[m * T + p] = tv;
-      if (CODES) IM[m * T + p] = iv;
+      if (CODES && chain) IM[m * T + p] = iv;
       cb_vf d = a - tv;
       acc[m] += d * d;
     }
@@ -416,9 +588,7 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
       best = better ? err : best;
       bm = better ? m : bm;
     }
-    bool any_close = false;
-    for (int l = 0; l < W; ++l) any_close |= close[l] != 0;
-    if (!any_close) {
+    if (!cb_any(close)) {
       bms[u] = __builtin_convertvector(bm, cb_vl);
       continue;
     }
@@ -435,18 +605,35 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
     }
     bms[u] = bm64;
   }
-  // Values and codes of the chosen mapping.
+  // Values and codes of the chosen mapping. Codes not kept by the scoring: the count of the
+  // chosen mapping's entries 1.. at or below its value (entries increase strictly), by binary
+  // search; with two mappings both tables are one two-source permute.
   cb_vi* __restrict CD = reinterpret_cast<cb_vi*>(B.codes);
   const cb_vi negzero = F.negzero ? cb_vi{} - 1 : cb_vi{};
+  const cb_vf* ctv = V.ctv;
   for (int u = 0; u < units; ++u) {
     cb_vi bm = __builtin_convertvector(bms[u], cb_vi);
+    const cb_vi sel = bm * W;  // the second table's lanes in a two-source permute
     for (int p = u * U; p < (u + 1) * U; ++p) {
       cb_vf tv = TM[p];
-      cb_vi iv = CODES ? IM[p] : cb_vi{};
+      cb_vi iv = CODES && chain ? IM[p] : cb_vi{};
       for (int m = 1; m < maps; ++m) {
         cb_vi pick = bm == m;
         tv = pick ? TM[m * T + p] : tv;
-        if (CODES) iv = pick ? IM[m * T + p] : iv;
+        if (CODES && chain) iv = pick ? IM[m * T + p] : iv;
+      }
+      if (CODES && !chain) {
+        for (int step = half / 2; step >= 1; step /= 2) {
+          cb_vi probe = iv + (step - 1);
+          cb_vf at;
+          if (maps == 2) {
+            at = __builtin_shuffle(ctv[0], ctv[1], probe + sel);
+          } else {
+            at = __builtin_shuffle(ctv[0], probe);
+            for (int m = 1; m < maps; ++m) at = bm == m ? __builtin_shuffle(ctv[m], probe) : at;
+          }
+          iv += (tv >= at) & step;
+        }
       }
       cb_vu xb = reinterpret_cast<cb_vu>(X[p]);
       cb_vu neg = (xb >> 31) & reinterpret_cast<cb_vu>((tv != 0.0f) | negzero);
@@ -454,10 +641,14 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
       if (CODES) CD[p] = reinterpret_cast<cb_vi>(neg << (F.ib - 1)) | iv;
     }
   }
-  // Store, transposed, with the scale and meta codes; Inf/NaN tiles redone by process_tile.
+  // Outputs. A full group (W whole tiles) writes its codes, scales and meta with vector
+  // transposes; lanes of a partial group, and Inf/NaN tiles (redone by process_tile), lane by
+  // lane. Values of a full group in one row are one contiguous run: streamed when F.stream.
+  const bool any_nonfin = cb_any(nonfin);
+  const bool stream = VALUES && F.stream && full && !any_nonfin;
   float* orow[W];
   for (int l = 0; l < W; ++l) {
-    orow[l] = valid[l] == T && VALUES
+    orow[l] = valid[l] == T && VALUES && !stream
                   ? static_cast<float*>(io.values) + row[l] * F.C + col[l] * T
                   : rows + static_cast<size_t>(l) * T;
   }
@@ -473,15 +664,55 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
       for (int p = 0; p < T; ++p)
         for (int l = 0; l < W; ++l) orow[l][p] = Y[p][l];
     }
+    if (stream)
+      cb_stream_copy(static_cast<float*>(io.values) + row[0] * F.C + col[0] * T, rows,
+                     static_cast<int64_t>(W) * T);
+  }
+  // Codes of whole tiles: each tile's codes (or packed nibble pairs) are a column of CD,
+  // transposed W codes at a time and narrowed to bytes.
+  typedef uint8_t cb_vb __attribute__((vector_size(W)));
+  const bool vec_codes = CODES && (io.codes || F.ib == 4) && T % (io.codes ? W : 2 * W) == 0;
+  if (vec_codes) {
+    const int per = io.codes ? T : T / 2;  // bytes per tile
+    for (int q0 = 0; q0 < per; q0 += W) {
+      cb_vf blk[W];
+      for (int j = 0; j < W; ++j) {
+        cb_vi v = io.codes ? CD[q0 + j] : (CD[2 * (q0 + j)] & 15) | ((CD[2 * (q0 + j) + 1] & 15) << 4);
+        blk[j] = reinterpret_cast<cb_vf>(v);
+      }
+      cb_transpose(blk);
+      for (int l = 0; l < W; ++l) {
+        if (valid[l] != T) continue;
+        int64_t o = row[l] * F.C + col[l] * T;
+        uint8_t* dst = io.codes ? static_cast<uint8_t*>(io.codes) + o : io.packed + o / 2;
+        cb_vb b = __builtin_convertvector(reinterpret_cast<cb_vi>(blk[l]), cb_vb);
+        std::memcpy(dst + q0, &b, W);
+      }
+    }
   }
   uint8_t* scale8 = c.scale_w == 1 ? static_cast<uint8_t*>(io.scale) : nullptr;
-  for (int l = 0; l < W; ++l) {
+  const bool vec_tile = t0 + W <= t1;  // W consecutive tiles t0.. (codes may be partial)
+  if (vec_tile && scale8) {
+    cb_vb sc = __builtin_convertvector(sexp + (F.frac + F.bias), cb_vb);
+    std::memcpy(scale8 + t0, &sc, W);
+  }
+  const bool vec_meta = vec_tile && io.meta && !F.subtiles;
+  if (vec_meta) {
+    cb_vb mb = __builtin_convertvector(bms[0], cb_vb);
+    std::memcpy(io.meta + t0, &mb, W);
+  }
+  // Nothing left lane by lane in a full group with all of that written.
+  const bool lanes_done = full && !any_nonfin && (!CODES || vec_codes) &&
+                          (!io.scale || scale8) && (!io.meta || vec_meta);
+  for (int l = 0; l < W && !lanes_done; ++l) {
     int n = valid[l];
     if (n == 0) continue;
     int64_t t = t0 + l;
     int64_t o = row[l] * F.C + col[l] * T;
     if (VALUES && n < T) std::memcpy(static_cast<float*>(io.values) + o, orow[l], sizeof(float) * n);
-    if (CODES && io.codes) {
+    if (CODES && vec_codes && n == T) {
+      // written above
+    } else if (CODES && io.codes) {
       uint8_t* dst = static_cast<uint8_t*>(io.codes) + o;
       for (int p = 0; p < n; ++p) dst[p] = static_cast<uint8_t>(CD[p][l]);
     } else if (CODES && F.ib == 4) {  // packed in place: nibble pairs, the tile from a byte on
@@ -506,10 +737,12 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
       }
       if (nacc > 0) *dst = static_cast<uint8_t>(acc);
     }
-    uint64_t sc = static_cast<uint64_t>(sexp[l] + F.frac + F.bias);
-    if (scale8) scale8[t] = static_cast<uint8_t>(sc);
-    else if (io.scale) store_code(io.scale, c.scale_w, t, sc);
-    if (io.meta) {
+    if (!(vec_tile && scale8)) {
+      uint64_t sc = static_cast<uint64_t>(sexp[l] + F.frac + F.bias);
+      if (scale8) scale8[t] = static_cast<uint8_t>(sc);
+      else if (io.scale) store_code(io.scale, c.scale_w, t, sc);
+    }
+    if (io.meta && !vec_meta) {
       if (F.subtiles) {
         for (int u = 0; u < units; ++u) {
           int64_t gc = col[l] * units + u;
@@ -520,7 +753,7 @@ static void cb_group(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch&
         io.meta[t] = static_cast<uint8_t>(bms[0][l]);
       }
     }
-    if (nonfin[l]) {
+    if (any_nonfin && nonfin[l]) {
       if (CODES && !io.codes) {  // the general path's codes into a buffer, then packed
         uint8_t buf[kCbMaxT];
         QuantizeIO io2 = io;
@@ -541,10 +774,14 @@ template <bool VALUES, bool CODES>
 static void cb_groups_t(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scratch& scr) {
   // The common formats (4-bit index, two mappings, 32-element tiles) with constants.
   bool common = F.T == 32 && F.U == 32 && F.nth == 7 && F.maps == 2;
+  const CbVec V(F);
   for (int64_t t = t0; t < t1; t += W) {
-    if (common) cb_group<VALUES, CODES, 32, 32, 7, 2>(F, t, t1, B, scr);
-    else cb_group<VALUES, CODES, 0, 0, 0, 0>(F, t, t1, B, scr);
+    if (common) cb_group<VALUES, CODES, 32, 32, 7, 2>(F, V, t, t1, B, scr);
+    else cb_group<VALUES, CODES, 0, 0, 0, 0>(F, V, t, t1, B, scr);
   }
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (VALUES && F.stream) _mm_sfence();  // streamed values visible before the chunk is done
+#endif
 }
 
 // Tiles [t0, t1), W at a time.
