@@ -44,78 +44,7 @@ struct CbFast {
   int64_t R = 0, C = 0, nC = 0, tiles = 0, sub_cols = 0;
   float th[kCbMaxMaps * kCbMaxHalf] = {};   // a >= th[m * nth + k]: entry k + 1 over k
   float tab[kCbMaxMaps * kCbMaxHalf] = {};  // magnitudes
-  // Mappings whose nearest entry is a rounding on a grid (cb_grid_nearest), with its
-  // parameters: clamp bounds of a's biased exponent, the offset to the magic number's exponent
-  // and the largest entry.
-  bool grid[kCbMaxMaps] = {};
-  int32_t grid_lo[kCbMaxMaps] = {}, grid_hi[kCbMaxMaps] = {}, grid_c[kCbMaxMaps] = {};
-  float grid_max[kCbMaxMaps] = {};
 };
-
-// The nearest entry of a grid mapping: a rounded to nearest even on the grid of quantum
-// 2^(e + c - 150), e = a's biased exponent clamped to [lo, hi] (the magic number M = 2^(e + c
-// - 127): a + M rounds a to M's last place), then capped at the largest entry. Float32
-// arithmetic only, as the vector kernels compute it (no contraction, no reassociation).
-inline float cb_grid_nearest(float a, int32_t lo, int32_t hi, int32_t c, float top) {
-  uint32_t b;
-  std::memcpy(&b, &a, 4);
-  int32_t e = static_cast<int32_t>(b >> 23);
-  e = e < lo ? lo : e;
-  e = e > hi ? hi : e;
-  uint32_t mb = static_cast<uint32_t>(e + c) << 23;
-  float m;
-  std::memcpy(&m, &mb, 4);
-  float t = (a + m) - m;
-  return t > top ? top : t;
-}
-
-// Whether mapping `m` of F (thresholds and magnitudes set) is a grid mapping, and its
-// parameters. The parameters are guessed from the table (the quanta at its top and bottom);
-// the guess is then proven: cb_grid_nearest is nondecreasing on every stretch of a where the
-// clamped exponent is constant (a rounding, then a subtraction and a min), so it is
-// nondecreasing everywhere if it does not drop where the clamped exponent steps, which is
-// checked; a nondecreasing function that gives entry k just below threshold k and entry k + 1
-// at it, entry 0 at 0 and at most the largest entry everywhere gives the threshold count's
-// entry for every a >= 0.
-inline bool cb_grid_setup(CbFast* F, int m) {
-  const float* tab = F->tab + m * F->half;
-  const float* th = F->th + m * F->nth;
-  const int half = F->half;
-  auto log2_exact = [](double v, int* out) {
-    int ex = 0;
-    double fr = std::frexp(v, &ex);
-    if (fr != 0.5) return false;
-    *out = ex - 1;
-    return true;
-  };
-  double top = tab[half - 1];
-  int ehi = 0, lq = 0, lq0 = 0;
-  std::frexp(top, &ehi);
-  ehi -= 1;  // top in [2^ehi, 2^(ehi + 1))
-  if (!log2_exact(top - tab[half - 2], &lq) || !log2_exact(tab[1], &lq0)) return false;
-  // Biased exponents: M's is e + c; at e = hi its last place is the top quantum 2^lq, at
-  // e = lo the bottom one 2^lq0. M must be a normal float32.
-  const int32_t hi = ehi + 127, c = lq + 23 - ehi;
-  const int32_t lo = std::max(lq0 + 150 - c, 0);
-  if (lo > hi || lo + c < 1 || hi + c > 254) return false;
-  auto f = [&](float a) { return cb_grid_nearest(a, lo, hi, c, tab[half - 1]); };
-  if (f(0.0f) != tab[0]) return false;
-  for (int k = 0; k < F->nth; ++k) {
-    if (f(th[k]) != tab[k + 1] || f(std::nextafter(th[k], 0.0f)) != tab[k]) return false;
-  }
-  for (int32_t e = lo + 1; e <= hi; ++e) {
-    uint32_t b = static_cast<uint32_t>(e) << 23;
-    float at;
-    std::memcpy(&at, &b, 4);
-    if (f(std::nextafter(at, 0.0f)) > f(at)) return false;
-  }
-  F->grid[m] = true;
-  F->grid_lo[m] = lo;
-  F->grid_hi[m] = hi;
-  F->grid_c[m] = c;
-  F->grid_max[m] = tab[half - 1];
-  return true;
-}
 
 // A group of tiles' working arrays, [position][lane] (allocated once per worker).
 struct CbBuf {
@@ -270,10 +199,6 @@ inline bool cb_setup(const Ctx& c, CbFast* F) {
   // Near a midpoint, a < 2^top and a's last bit is at least 2^(bottom - 25): a - t within 53
   // bits when top - bottom <= 28.
   if (top - bottom > 28) return false;
-  const char* grid_env = std::getenv("ONNXQ_CB_GRID");  // 0: every mapping by its thresholds
-  for (int m = 0; m < maps; ++m) {
-    if (!(grid_env && grid_env[0] == '0') && half >= 2) cb_grid_setup(F, m);
-  }
   const char* nt_env = std::getenv("ONNXQ_DQ_STREAM");  // 0/1 forces; default: outputs > 8 MiB
   F->stream = io.values && (nt_env ? nt_env[0] == '1' : g.R * g.C * 4 > (int64_t(8) << 20));
   return true;
@@ -381,13 +306,9 @@ static inline void cb_transpose(cb_vf* r) {
 }
 
 // A cast's per-mapping constants as vectors (lane k: threshold k, entry k, entry k + 1; padded
-// with +inf / 0 / +inf), and the grid mappings' parameters (a constant magic number where the
-// exponent clamp is one value).
+// with +inf / 0 / +inf), built once per chunk rather than per group.
 struct CbVec {
   cb_vf thv[kCbMaxMaps], tbv[kCbMaxMaps], ctv[kCbMaxMaps];
-  cb_vi glo[kCbMaxMaps], ghi[kCbMaxMaps], gc[kCbMaxMaps];
-  cb_vf gmax[kCbMaxMaps], gmag[kCbMaxMaps];
-  bool gflat[kCbMaxMaps];
   explicit CbVec(const CbFast& F) {
     for (int m = 0; m < F.maps; ++m) {
       for (int k = 0; k < W; ++k) {
@@ -395,12 +316,6 @@ struct CbVec {
         tbv[m][k] = k < F.half ? F.tab[m * F.half + k] : 0.0f;
         ctv[m][k] = k < F.nth ? F.tab[m * F.half + k + 1] : INFINITY;
       }
-      glo[m] = cb_vi{} + F.grid_lo[m];
-      ghi[m] = cb_vi{} + F.grid_hi[m];
-      gc[m] = cb_vi{} + F.grid_c[m];
-      gmax[m] = cb_vf{} + F.grid_max[m];
-      gflat[m] = F.grid_lo[m] == F.grid_hi[m];
-      gmag[m] = reinterpret_cast<cb_vf>((ghi[m] + gc[m]) << 23);
     }
   }
 };
@@ -517,31 +432,15 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
   // with any closer (or non-finite) pair is scored again in float64 as the reference scores it.
   // Without codes kept from here (CHAIN), codes are found after the mapping is chosen.
   const bool chain = !bsearch;
-  const cb_vi* glo = V.glo;
-  const cb_vi* ghi = V.ghi;
-  const cb_vi* gc = V.gc;
-  const cb_vf* gmax = V.gmax;
-  const cb_vf* gmag = V.gmag;
-  const bool* gflat = V.gflat;
   auto score32 = [&](int p, cb_vf (&acc)[kMaps]) __attribute__((always_inline)) {
     cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
     cb_vf a = ax * inv32;
-    const cb_vi ea = reinterpret_cast<cb_vi>(a) >> 23;  // a >= 0: its biased exponent
     for (int m = 0; m < maps; ++m) {
       const float* th = F.th + m * nth;
       const float* tb = F.tab + m * half;
       cb_vf tv = {};
       cb_vi iv = {};
-      if (!chain && F.grid[m]) {  // cb_grid_nearest, lane by lane
-        cb_vf mg = gmag[m];
-        if (!gflat[m]) {
-          cb_vi e = ea < glo[m] ? glo[m] : ea;
-          e = e > ghi[m] ? ghi[m] : e;
-          mg = reinterpret_cast<cb_vf>((e + gc[m]) << 23);
-        }
-        tv = (a + mg) - mg;
-        tv = tv > gmax[m] ? gmax[m] : tv;
-      } else if (bsearch) {
+      if (bsearch) {
         // The entry is the count of thresholds <= a: step by half / 2, half / 4, ..., 1.
         for (int step = half / 2; step >= 1; step /= 2) {
           cb_vi probe = iv + (step - 1);
