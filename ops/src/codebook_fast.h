@@ -305,16 +305,15 @@ static inline void cb_transpose(cb_vf* r) {
   }
 }
 
-// A cast's per-mapping constants as vectors (lane k: threshold k, entry k, entry k + 1; padded
-// with +inf / 0 / +inf), built once per chunk rather than per group.
+// A cast's per-mapping constants as vectors (lane k: threshold k, entry k; padded with +inf /
+// 0), built once per chunk rather than per group.
 struct CbVec {
-  cb_vf thv[kCbMaxMaps], tbv[kCbMaxMaps], ctv[kCbMaxMaps];
+  cb_vf thv[kCbMaxMaps], tbv[kCbMaxMaps];
   explicit CbVec(const CbFast& F) {
     for (int m = 0; m < F.maps; ++m) {
       for (int k = 0; k < W; ++k) {
         thv[m][k] = k < F.nth ? F.th[m * F.nth + k] : INFINITY;
         tbv[m][k] = k < F.half ? F.tab[m * F.half + k] : 0.0f;
-        ctv[m][k] = k < F.nth ? F.tab[m * F.half + k + 1] : INFINITY;
       }
     }
   }
@@ -383,14 +382,21 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
     for (int p = 0; p < T; ++p)
       for (int l = 0; l < W; ++l) X[p][l] = src[l][p];
   }
-  // Absmax over finite values, and whether the tile holds Inf or NaN.
-  cb_vi amax = {}, nonfin = {};
+  // Absmax over finite values, and whether the tile holds Inf or NaN (the plain absmax of the
+  // bits first: Inf and NaN are above every finite value, and rare).
+  cb_vi amax = {};
   for (int p = 0; p < T; ++p) {
     cb_vi b = reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF;
-    cb_vi inf = b >= 0x7F800000;
-    nonfin |= inf;
-    cb_vi fin = inf ? 0 : b;
-    amax = fin > amax ? fin : amax;
+    amax = b > amax ? b : amax;
+  }
+  const cb_vi nonfin = amax >= 0x7F800000;
+  if (cb_any(nonfin)) {
+    amax = cb_vi{};
+    for (int p = 0; p < T; ++p) {
+      cb_vi b = reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF;
+      cb_vi fin = b >= 0x7F800000 ? 0 : b;
+      amax = fin > amax ? fin : amax;
+    }
   }
   // The scale exponent s per tile: 2^-s (float32 and float64) and 2^s (float32).
   cb_vl sexp;
@@ -430,8 +436,6 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
   // two mappings' float32 errors differ by more than 2^-15 of their sum (plus 2^-120 for
   // squares lost to underflow), the exact, the float64 and the float32 orders agree; a unit
   // with any closer (or non-finite) pair is scored again in float64 as the reference scores it.
-  // Without codes kept from here (CHAIN), codes are found after the mapping is chosen.
-  const bool chain = !bsearch;
   auto score32 = [&](int p, cb_vf (&acc)[kMaps]) __attribute__((always_inline)) {
     cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
     cb_vf a = ax * inv32;
@@ -456,7 +460,7 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
         }
       }
       TM[m * T + p] = tv;
-      if (CODES && chain) IM[m * T + p] = iv;
+      if (CODES) IM[m * T + p] = iv;
       cb_vf d = a - tv;
       acc[m] += d * d;
     }
@@ -504,35 +508,18 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
     }
     bms[u] = bm64;
   }
-  // Values and codes of the chosen mapping. Codes not kept by the scoring: the count of the
-  // chosen mapping's entries 1.. at or below its value (entries increase strictly), by binary
-  // search; with two mappings both tables are one two-source permute.
+  // Values and codes of the chosen mapping.
   cb_vi* __restrict CD = reinterpret_cast<cb_vi*>(B.codes);
   const cb_vi negzero = F.negzero ? cb_vi{} - 1 : cb_vi{};
-  const cb_vf* ctv = V.ctv;
   for (int u = 0; u < units; ++u) {
     cb_vi bm = __builtin_convertvector(bms[u], cb_vi);
-    const cb_vi sel = bm * W;  // the second table's lanes in a two-source permute
     for (int p = u * U; p < (u + 1) * U; ++p) {
       cb_vf tv = TM[p];
-      cb_vi iv = CODES && chain ? IM[p] : cb_vi{};
+      cb_vi iv = CODES ? IM[p] : cb_vi{};
       for (int m = 1; m < maps; ++m) {
         cb_vi pick = bm == m;
         tv = pick ? TM[m * T + p] : tv;
-        if (CODES && chain) iv = pick ? IM[m * T + p] : iv;
-      }
-      if (CODES && !chain) {
-        for (int step = half / 2; step >= 1; step /= 2) {
-          cb_vi probe = iv + (step - 1);
-          cb_vf at;
-          if (maps == 2) {
-            at = __builtin_shuffle(ctv[0], ctv[1], probe + sel);
-          } else {
-            at = __builtin_shuffle(ctv[0], probe);
-            for (int m = 1; m < maps; ++m) at = bm == m ? __builtin_shuffle(ctv[m], probe) : at;
-          }
-          iv += (tv >= at) & step;
-        }
+        if (CODES) iv = pick ? IM[m * T + p] : iv;
       }
       cb_vu xb = reinterpret_cast<cb_vu>(X[p]);
       cb_vu neg = (xb >> 31) & reinterpret_cast<cb_vu>((tv != 0.0f) | negzero);
@@ -674,7 +661,18 @@ static void cb_groups_t(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scrat
   // The common formats (4-bit index, two mappings, 32-element tiles) with constants.
   bool common = F.T == 32 && F.U == 32 && F.nth == 7 && F.maps == 2;
   const CbVec V(F);
+  // Software prefetch of the group two ahead (tiles of a row are contiguous), which keeps the
+  // loads of the transposes from waiting on memory.
+  const float* xin = static_cast<const float*>(F.c->io.x);
+  const int64_t total = F.R * F.C;
   for (int64_t t = t0; t < t1; t += W) {
+    int64_t ta = t + 2 * W;
+    if (ta < t1) {
+      int64_t r = ta / F.nC;
+      int64_t o = r * F.C + (ta - r * F.nC) * F.T;
+      int64_t end = std::min<int64_t>(total, o + static_cast<int64_t>(W) * F.T);
+      for (int64_t i = o; i < end; i += 16) __builtin_prefetch(xin + i);
+    }
     if (common) cb_group<VALUES, CODES, 32, 32, 7, 2>(F, V, t, t1, B, scr);
     else cb_group<VALUES, CODES, 0, 0, 0, 0>(F, V, t, t1, B, scr);
   }
