@@ -661,18 +661,7 @@ static void cb_groups_t(const CbFast& F, int64_t t0, int64_t t1, CbBuf& B, Scrat
   // The common formats (4-bit index, two mappings, 32-element tiles) with constants.
   bool common = F.T == 32 && F.U == 32 && F.nth == 7 && F.maps == 2;
   const CbVec V(F);
-  // Software prefetch of the group two ahead (tiles of a row are contiguous), which keeps the
-  // loads of the transposes from waiting on memory.
-  const float* xin = static_cast<const float*>(F.c->io.x);
-  const int64_t total = F.R * F.C;
   for (int64_t t = t0; t < t1; t += W) {
-    int64_t ta = t + 2 * W;
-    if (ta < t1) {
-      int64_t r = ta / F.nC;
-      int64_t o = r * F.C + (ta - r * F.nC) * F.T;
-      int64_t end = std::min<int64_t>(total, o + static_cast<int64_t>(W) * F.T);
-      for (int64_t i = o; i < end; i += 16) __builtin_prefetch(xin + i);
-    }
     if (common) cb_group<VALUES, CODES, 32, 32, 7, 2>(F, V, t, t1, B, scr);
     else cb_group<VALUES, CODES, 0, 0, 0, 0>(F, V, t, t1, B, scr);
   }
