@@ -1293,7 +1293,7 @@ static void fk_cb_dequant_row(const FkCbDq& p, int64_t r) {
   }
 }
 
-static void fk_cb_dequant_rows(const FkCbDq& p, int64_t r0, int64_t r1) {
+[[maybe_unused]] static void fk_cb_dequant_rows(const FkCbDq& p, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     if (kFkLanes == 16 && p.U % 16 == 0)
       fk_cb_dequant_row<(kFkLanes == 16 ? 16 : 8)>(p, r);
