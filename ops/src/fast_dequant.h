@@ -310,6 +310,182 @@ static bool dqk_run512_nt(bool nt, const DqTab& T, int64_t tc, int64_t sc_len,
     return dqk_run512<NCH, true>(T, tc, sc_len, codes, scales, sh, ntiles, y);
   return dqk_run512<NCH, false>(T, tc, sc_len, codes, scales, sh, ntiles, y);
 }
+
+// -- codebook lookups (kernels.cc fast_cb_dequantize; FkCbDq) --
+// y = table[meta][code] * 2^s. Exactness as fk_cb_dequant_row (fast_impl.h): every table entry
+// is a float32 and 2^s a float32 (normal, or subnormal while the FPU keeps subnormals), so one
+// float32 multiply rounds the exact product once, as the general path's float64 product
+// rounded to float32 does. The lookup only moves table entries (permutes, blends, a gather).
+// The mapping is folded into the index: entry meta * 2^ib + code of the table as one array, so
+// one permute (2 x 16 entries for cb41) serves every unit, with no per-unit table pick.
+
+// Turns 2 * ib bytes of codes (broadcast into all four 128-bit lanes) into 16 codes, one per
+// 32-bit lane, still to be masked: lane i takes the (one or two) bytes holding bits
+// [i * ib, i * ib + ib), shifted right by (i * ib) % 8. One-byte codes are ib = 8.
+struct DqkCbUnpack {
+  __m512i shuf, shift;
+};
+static DqkCbUnpack dqk_cb_unpack_consts(int ib) {
+  alignas(64) uint8_t sb[64];
+  alignas(64) int32_t sh[16];
+  for (int i = 0; i < 16; ++i) {
+    int bit = i * ib, k = bit / 8;
+    sh[i] = bit % 8;
+    sb[4 * i] = static_cast<uint8_t>(k);
+    sb[4 * i + 1] = bit % 8 + ib > 8 ? static_cast<uint8_t>(k + 1) : 0x80;  // 0x80: a zero
+    sb[4 * i + 2] = sb[4 * i + 3] = 0x80;
+  }
+  return {_mm512_load_si512(sb), _mm512_load_si512(sh)};
+}
+
+// The 16 (cnt 16) or 8 (cnt 8) raw codes at q; `left` bytes of the stream from q on. A full
+// 16-byte load where 16 bytes remain, else a masked one (no read past the stream).
+__attribute__((always_inline)) static inline __m512i dqk_cb_raw(const DqkCbUnpack& k,
+                                                               const uint8_t* q, int64_t left,
+                                                               int nb) {
+  __m128i b = left >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(q))
+                         : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << nb) - 1), q);
+  return _mm512_srlv_epi32(_mm512_shuffle_epi8(_mm512_broadcast_i32x4(b), k.shuf), k.shift);
+}
+
+// NCH: the combined table's 32-entry chunks (dqk_lookup), 16: more than 256 entries (gather).
+// NANS: a NaN can occur (a NaN table entry or NaN scale code present): made canonical.
+template <int NCH, bool NANS>
+__attribute__((always_inline)) static inline __m512i dqk_cb_vec(const __m512* tab,
+                                                               const float* table, __m512i idx,
+                                                               __m512 f) {
+  __m512 q;
+  if constexpr (NCH == 16)
+    q = _mm512_i32gather_ps(idx, table, 4);
+  else
+    q = dqk_lookup<NCH>(tab, idx);
+  __m512 v = _mm512_mul_ps(q, f);
+  if (!NANS) return _mm512_castps_si512(v);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(nan, _mm512_castps_si512(v), _mm512_set1_epi32(0x7FC00000));
+}
+
+// The mapping (meta) of unit mi, masked to mb bits.
+__attribute__((always_inline)) static inline uint32_t dqk_cb_meta(const FkCbDq& p, int64_t mi,
+                                                                 uint32_t mmask) {
+  if (p.meta) return p.meta[mi] & mmask;
+  int64_t bit = mi * p.mb;  // mb bits at bit mi * mb of the stream, perhaps across two bytes
+  int sh = static_cast<int>(bit % 8);
+  uint32_t word = p.meta_packed[bit / 8];
+  if (sh + p.mb > 8) word |= static_cast<uint32_t>(p.meta_packed[bit / 8 + 1]) << 8;
+  return (word >> sh) & mmask;
+}
+
+// Rows [r0, r1), whose outputs are one contiguous run of (r1 - r0) * C elements: one DqkOut.
+// Units of a multiple of 16 elements take their factor and mapping once (broadcast); other
+// units (a multiple of 8) go by 8-element halves, two to a vector, each with its own.
+template <int NCH, bool NANS, bool NT>
+static void dqk_cb_rows512(const FkCbDq& p, int64_t r0, int64_t r1) {
+  const DqkCbUnpack k = dqk_cb_unpack_consts(p.codes ? 8 : p.ib);
+  const uint8_t* src = p.codes ? p.codes : p.packed;
+  const int sb = p.codes ? 8 : p.ib;  // stored bits per code
+  const int64_t maps = int64_t(1) << p.mb, n = maps << p.ib;
+  __m512 tab[16];
+  if (NCH != 16) {
+    alignas(64) float t[256] = {};
+    for (int64_t i = 0; i < n; ++i) t[i] = p.table[i];
+    for (int i = 0; i < 2 * NCH && i < 16; ++i) tab[i] = _mm512_load_ps(t + 16 * i);
+  }
+  const __m512i cmask = _mm512_set1_epi32((1 << p.ib) - 1);
+  const uint32_t mmask = static_cast<uint32_t>(maps - 1);
+  const int64_t units = p.units_per_row, upt = p.Tc / p.U;  // units per tile (Tc % U == 0)
+  DqkOut<NT> out(reinterpret_cast<uint32_t*>(p.y + r0 * p.C));
+  // (a & b) | c: the code's ib bits, the mapping above them.
+  auto idx = [&](int64_t o, int cnt, __m512i mv) {
+    int64_t at = o * sb / 8;
+    __m512i raw = dqk_cb_raw(k, src + at, p.nbytes - at, cnt * sb / 8);
+    return _mm512_ternarylogic_epi32(raw, cmask, mv, 0xEA);
+  };
+  if (p.U % 16 == 0) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t tile = r * p.nC, uu = 0;
+      for (int64_t u = 0; u < units; ++u) {
+        const int64_t gu = r * units + u;
+        __m512 f = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(p.factor[p.scale[tile]])));
+        __m512i mv = _mm512_set1_epi32(static_cast<int>(dqk_cb_meta(p, gu, mmask) << p.ib));
+        for (int64_t j = 0; j < p.U; j += 16)
+          out.push(dqk_cb_vec<NCH, NANS>(tab, p.table, idx(gu * p.U + j, 16, mv), f), 16);
+        if (++uu == upt) {
+          uu = 0;
+          ++tile;
+        }
+      }
+    }
+  } else {
+    // A cursor over the 8-element halves: unit (r, u), its tile, halves left in it.
+    const int64_t hpu = p.U / 8;
+    int64_t r = r0, u = 0, uu = 0, tile = r0 * p.nC, hleft = 0;
+    uint32_t fb = 0, mvb = 0;
+    auto half = [&](uint32_t* f, uint32_t* m) {
+      if (hleft == 0) {
+        if (u == units) {
+          ++r;
+          u = uu = 0;
+          tile = r * p.nC;
+        }
+        fb = p.factor[p.scale[tile]];
+        mvb = dqk_cb_meta(p, r * units + u, mmask) << p.ib;
+        hleft = hpu;
+        ++u;
+        if (++uu == upt) {
+          uu = 0;
+          ++tile;
+        }
+      }
+      --hleft;
+      *f = fb;
+      *m = mvb;
+    };
+    const int64_t halves = (r1 - r0) * p.C / 8, o0 = r0 * p.C;
+    int64_t h = 0;
+    for (; h + 2 <= halves; h += 2) {
+      uint32_t fa, ma, fc, mc;
+      half(&fa, &ma);
+      half(&fc, &mc);
+      __m512 f = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
+          0xFF00, _mm512_set1_epi32(static_cast<int>(fa)), _mm512_set1_epi32(static_cast<int>(fc))));
+      __m512i mv = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(static_cast<int>(ma)),
+                                           _mm512_set1_epi32(static_cast<int>(mc)));
+      out.push(dqk_cb_vec<NCH, NANS>(tab, p.table, idx(o0 + 8 * h, 16, mv), f), 16);
+    }
+    if (h < halves) {
+      uint32_t fa, ma;
+      half(&fa, &ma);
+      __m512 f = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(fa)));
+      __m512i mv = _mm512_set1_epi32(static_cast<int>(ma));
+      out.push(dqk_cb_vec<NCH, NANS>(tab, p.table, idx(o0 + 8 * h, 8, mv), f), 8);
+    }
+  }
+  out.finish();
+}
+
+template <int NCH>
+static void dqk_cb_rows_nch(const FkCbDq& p, int64_t r0, int64_t r1) {
+  const bool nt = p.nt && reinterpret_cast<uintptr_t>(p.y) % 4 == 0;
+  if (p.nan) {
+    if (nt) dqk_cb_rows512<NCH, true, true>(p, r0, r1);
+    else dqk_cb_rows512<NCH, true, false>(p, r0, r1);
+  } else {
+    if (nt) dqk_cb_rows512<NCH, false, true>(p, r0, r1);
+    else dqk_cb_rows512<NCH, false, false>(p, r0, r1);
+  }
+}
+
+// Rows [r0, r1) of a codebook lookup (fast_cb_dequantize has checked the shapes and factors).
+static void dqk_cb_rows(const FkCbDq& p, int64_t r0, int64_t r1) {
+  if (r0 >= r1) return;
+  const int64_t n = int64_t(1) << (p.mb + p.ib);  // entries of the combined table
+  if (n <= 32) dqk_cb_rows_nch<1>(p, r0, r1);
+  else if (n <= 64) dqk_cb_rows_nch<2>(p, r0, r1);
+  else if (n <= 128) dqk_cb_rows_nch<4>(p, r0, r1);
+  else if (n <= 256) dqk_cb_rows_nch<8>(p, r0, r1);
+  else dqk_cb_rows_nch<16>(p, r0, r1);
+}
 #endif
 
 // Decodes ntiles whole tiles (see dqk_tiles); bits: the element code width; nt: the output is

@@ -1241,8 +1241,9 @@ FK_ALWAYS typename FkLanes<L>::vi fk_cb_codes(const FkCbDq& p, int64_t o) {
   return c;
 }
 
-// One row (the caller checked that every scale code present has a factor).
-template <int L>
+// One row (the caller checked that every scale code present has a factor). NANS: a NaN can
+// occur (p.nan): the NaN results made canonical.
+template <int L, bool NANS>
 static void fk_cb_dequant_row(const FkCbDq& p, int64_t r) {
   typedef typename FkLanes<L>::vi V;
   typedef typename FkLanes<L>::vf F;
@@ -1287,17 +1288,19 @@ static void fk_cb_dequant_row(const FkCbDq& p, int64_t r) {
         for (int i = 0; i < L; ++i) q[i] = tb[c[i]];
       }
       F y = q * f;
-      V yi = y != y ? V{} + static_cast<int32_t>(0x7FC00000) : (V)y;
+      V yi = (V)y;
+      if (NANS) yi = y != y ? V{} + static_cast<int32_t>(0x7FC00000) : yi;
       __builtin_memcpy(p.y + o, &yi, 4 * L);
     }
   }
 }
 
-static void fk_cb_dequant_rows(const FkCbDq& p, int64_t r0, int64_t r1) {
+[[maybe_unused]] static void fk_cb_dequant_rows(const FkCbDq& p, int64_t r0, int64_t r1) {
+  constexpr int W = kFkLanes == 16 ? 16 : 8;
   for (int64_t r = r0; r < r1; ++r) {
     if (kFkLanes == 16 && p.U % 16 == 0)
-      fk_cb_dequant_row<(kFkLanes == 16 ? 16 : 8)>(p, r);
+      p.nan ? fk_cb_dequant_row<W, true>(p, r) : fk_cb_dequant_row<W, false>(p, r);
     else
-      fk_cb_dequant_row<8>(p, r);
+      p.nan ? fk_cb_dequant_row<8, true>(p, r) : fk_cb_dequant_row<8, false>(p, r);
   }
 }

@@ -587,6 +587,9 @@ struct FkCbDq {
   float* y = nullptr;
   int ib = 0, mb = 0, U = 0;
   int64_t C = 0, Tc = 0, nC = 0, units_per_row = 0;
+  int64_t nbytes = 0;  // bytes of the code stream (codes or packed)
+  bool nan = true;     // a NaN table entry or NaN scale code present (else no NaN can occur)
+  bool nt = false;     // streaming stores (a large output)
 };
 
 // The float32 bits of 2^field-127 * (1 + mant) scaled by 2^s, when that is a normal float32
@@ -1533,7 +1536,15 @@ bool fast_cb_dequantize(const Format& f, const Geometry& g, const DequantizeIO& 
   for (int64_t i = 0; i < nscale; ++i) seen[scale[i]] = true;
   for (int c = 0; c < 256; ++c)
     if (seen[c] && t.factor[c] == 0) return false;
+  // A product is NaN only from a NaN entry or a NaN factor: table entries are never 0 * inf
+  // partners of a factor (factors are finite, nonzero).
+  bool nan = nan_code < 256 && seen[nan_code];
+  for (size_t i = 0; i < (size_t(1) << f.cb_mb) * w; ++i) nan = nan || std::isnan(t.table[i]);
   FkCbDq p;
+  p.nan = nan;
+  p.nbytes = io.codes ? g.size : (g.size * f.cb_ib + 7) / 8;
+  const char* nt_env = std::getenv("ONNXQ_DQ_STREAM");  // as dq_rows_vec
+  p.nt = nt_env ? nt_env[0] == '1' : g.size * 4 > (int64_t(8) << 20);
   p.table = t.table.data();
   p.codes = io.codes ? static_cast<const uint8_t*>(io.codes) : nullptr;
   p.packed = io.codes ? nullptr : io.packed;
@@ -1553,7 +1564,7 @@ bool fast_cb_dequantize(const Format& f, const Geometry& g, const DequantizeIO& 
   void (*rows_fn)(const FkCbDq&, int64_t, int64_t) = fast_base::fk_cb_dequant_rows;
 #ifdef ONNXQ_FAST_X86
   const FastRows isa = pick_fast_rows();  // the same instruction set as the row kernels
-  if (isa == fast_avx512::fk_rows) rows_fn = fast_avx512::fk_cb_dequant_rows;
+  if (isa == fast_avx512::fk_rows) rows_fn = dq_avx512::dqk_cb_rows;
   else if (isa == fast_avx2::fk_rows) rows_fn = fast_avx2::fk_cb_dequant_rows;
 #endif
   int64_t rows = g.B * g.R;
