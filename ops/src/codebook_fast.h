@@ -307,17 +307,42 @@ static inline void cb_transpose(cb_vf* r) {
 
 // A cast's per-mapping constants as vectors (lane k: threshold k, entry k; padded with +inf /
 // 0), built once per chunk rather than per group.
+// For the binary search, step j's thresholds shifted so that lane i holds threshold
+// i + step - 1 (step = half >> (j + 1)): the probe is then the index itself, no add.
+constexpr int kCbMaxSteps = 5;  // log2(kCbMaxHalf)
 struct CbVec {
-  cb_vf thv[kCbMaxMaps], tbv[kCbMaxMaps];
+  cb_vf tbv[kCbMaxMaps];
+  cb_vf thv[kCbMaxMaps][kCbMaxSteps];
   explicit CbVec(const CbFast& F) {
     for (int m = 0; m < F.maps; ++m) {
-      for (int k = 0; k < W; ++k) {
-        thv[m][k] = k < F.nth ? F.th[m * F.nth + k] : INFINITY;
-        tbv[m][k] = k < F.half ? F.tab[m * F.half + k] : 0.0f;
+      for (int k = 0; k < W; ++k) tbv[m][k] = k < F.half ? F.tab[m * F.half + k] : 0.0f;
+      int j = 0;
+      for (int step = F.half / 2; step >= 1 && j < kCbMaxSteps; step /= 2, ++j) {
+        for (int k = 0; k < W; ++k) {
+          int at = k + step - 1;
+          thv[m][j][k] = at < F.nth ? F.th[m * F.nth + at] : INFINITY;
+        }
       }
     }
   }
 };
+
+// acc + d * d: fused on AVX-512 (every AVX-512 CPU has FMA), two roundings elsewhere. Both
+// keep the float32 filter's error bound (see cb_group), so the choice never changes a result.
+static inline cb_vf cb_sq_add(const cb_vf& acc, const cb_vf& d) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (W == 16) {
+    __m512 a, x;
+    std::memcpy(&a, &acc, 64);
+    std::memcpy(&x, &d, 64);
+    __m512 r = _mm512_fmadd_ps(x, x, a);
+    cb_vf out;
+    std::memcpy(&out, &r, 64);
+    return out;
+  }
+#endif
+  return acc + d * d;
+}
 
 // Tiles [t0, min(t0 + W, t1)) through the buffers; the group's outputs written. TT (tile
 // elements), UU (unit elements), NTH (thresholds per mapping) and MAPS are compile-time
@@ -427,11 +452,11 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
   // padded with +inf) when they fit the lanes: the nearest entry is then a binary search of
   // log2(half) steps, each one lane permute and one compare, instead of nth compares.
   const bool bsearch = half <= W;
-  const cb_vf* thv = V.thv;
   const cb_vf* tbv = V.tbv;
   // Nearest entries (kept for the output) and squared errors summed in float32 first. Each
   // float32 term is within 3 * 2^-24 of the exact square (a - t exact or rounded once, squared
-  // and rounded once) and a sequential sum of U <= 256 terms within (U - 1) * 2^-24 of exact, so
+  // and rounded once; fused into the sum, the square is not rounded at all) and a sequential
+  // sum of U <= 256 terms within (U - 1) * 2^-24 of exact, so
   // a float32 sum is within 2^-16 of the exact error, as is the reference's float64 sum. Where
   // two mappings' float32 errors differ by more than 2^-15 of their sum (plus 2^-120 for
   // squares lost to underflow), the exact, the float64 and the float32 orders agree; a unit
@@ -445,12 +470,12 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
       cb_vf tv = {};
       cb_vi iv = {};
       if (bsearch) {
-        // The entry is the count of thresholds <= a: step by half / 2, half / 4, ..., 1.
-        for (int step = half / 2; step >= 1; step /= 2) {
-          cb_vi probe = iv + (step - 1);
-          cb_vi up = a >= __builtin_shuffle(thv[m], probe);
-          iv += up & step;
-        }
+        // The entry is the count of thresholds <= a: step by half / 2, half / 4, ..., 1,
+        // probing threshold iv + step - 1 (the first one a constant).
+        iv = a >= th[half / 2 - 1] ? half / 2 : iv;
+        int j = 1;
+        for (int step = half / 4; step >= 1; step /= 2, ++j)
+          iv = a >= __builtin_shuffle(V.thv[m][j], iv) ? iv + step : iv;
         tv = __builtin_shuffle(tbv[m], iv);
       } else {
         for (int k = 0; k < nth; ++k) {
@@ -461,8 +486,7 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
       }
       TM[m * T + p] = tv;
       if (CODES) IM[m * T + p] = iv;
-      cb_vf d = a - tv;
-      acc[m] += d * d;
+      acc[m] = cb_sq_add(acc[m], a - tv);
     }
   };
   // The reference's own arithmetic: d = a64 - t in float64, squares added left to right.
