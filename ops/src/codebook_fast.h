@@ -423,16 +423,18 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
       amax = fin > amax ? fin : amax;
     }
   }
-  // The scale exponent s per tile: 2^-s (float32 and float64) and 2^s (float32).
-  cb_vl sexp;
+  // The scale exponent s per tile, in int32 lanes: floor(log2(amax)) from amax's bits (a
+  // subnormal amax scaled by 2^23 first, exactly: the FPU keeps subnormals, cb_setup).
+  cb_vi sexp;
   if (F.floor_mode) {
-    cb_vd a = __builtin_convertvector(reinterpret_cast<cb_vf>(amax), cb_vd);
-    cb_vl maxexp = ((reinterpret_cast<cb_vl>(a) >> 52) & 0x7FF) - 1023;
-    cb_vl st = maxexp - F.emax + F.frac;
+    const cb_vi sub = amax < 0x00800000;
+    const cb_vf af = reinterpret_cast<cb_vf>(amax);
+    const cb_vf norm = sub ? af * 0x1p23f : af;
+    const cb_vi maxexp = (reinterpret_cast<cb_vi>(norm) >> 23) - 127 - (sub & 23);
+    cb_vi st = maxexp - F.emax + F.frac;
     st = st < F.low ? F.low : st;
     st = st > F.high ? F.high : st;
-    cb_vl amax64 = __builtin_convertvector(amax, cb_vl);
-    sexp = (amax64 > 0 ? st : F.low) - F.frac;
+    sexp = (amax > 0 ? st : F.low) - F.frac;
   } else {
     for (int l = 0; l < W; ++l) {
       uint32_t ab = static_cast<uint32_t>(amax[l]);
@@ -441,13 +443,19 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
       sexp[l] = scale_exponent(af, c.f.elem, c.f.scale, c.m.scale_mode);
     }
   }
-  const cb_vd inv64 = reinterpret_cast<cb_vd>((1023 - sexp) << 52);
-  const cb_vf inv32 = __builtin_convertvector(inv64, cb_vf);
-  const cb_vf pw32 = __builtin_convertvector(reinterpret_cast<cb_vd>((1023 + sexp) << 52), cb_vf);
+  // 2^-s and 2^s as float32 bits: biased exponent q, or a subnormal 2^(q - 127) when q <= 0
+  // (cb_setup keeps both within float32).
+  auto pow2 = [](const cb_vi& q) __attribute__((always_inline)) {
+    cb_vi sh = q + 22;
+    sh = sh > 31 ? 31 : sh;
+    return reinterpret_cast<cb_vf>(q >= 1 ? q << 23 : (cb_vi{} + 1) << sh);
+  };
+  const cb_vf inv32 = pow2(127 - sexp);
+  const cb_vf pw32 = pow2(127 + sexp);
   // Per element and mapping: the nearest entry (kept for the output) and its squared error,
   // added to the unit's sum left to right; then the best mapping per unit.
   constexpr int kMaps = MAPS ? MAPS : kCbMaxMaps;
-  cb_vl bms[kCbMaxT];
+  cb_vi bms[kCbMaxT];
   // A mapping's thresholds and magnitudes as vectors (lane k: threshold / entry k, thresholds
   // padded with +inf) when they fit the lanes: the nearest entry is then a binary search of
   // log2(half) steps, each one lane permute and one compare, instead of nth compares.
@@ -492,7 +500,7 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
   // The reference's own arithmetic: d = a64 - t in float64, squares added left to right.
   auto score64 = [&](int p, cb_vd (&acc)[kMaps]) __attribute__((always_inline)) {
     cb_vf ax = reinterpret_cast<cb_vf>(reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF);
-    cb_vd a64 = __builtin_convertvector(ax, cb_vd) * inv64;
+    cb_vd a64 = __builtin_convertvector(ax, cb_vd) * __builtin_convertvector(inv32, cb_vd);
     for (int m = 0; m < maps; ++m) {
       cb_vd d = a64 - __builtin_convertvector(TM[m * T + p], cb_vd);
       acc[m] += d * d;
@@ -516,7 +524,7 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
       bm = better ? m : bm;
     }
     if (!cb_any(close)) {
-      bms[u] = __builtin_convertvector(bm, cb_vl);
+      bms[u] = bm;
       continue;
     }
     cb_vd acc64[kMaps];
@@ -530,13 +538,13 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
       best64 = better ? err : best64;
       bm64 = better ? m : bm64;
     }
-    bms[u] = bm64;
+    bms[u] = __builtin_convertvector(bm64, cb_vi);
   }
   // Values and codes of the chosen mapping.
   cb_vi* __restrict CD = reinterpret_cast<cb_vi*>(B.codes);
   const cb_vi negzero = F.negzero ? cb_vi{} - 1 : cb_vi{};
   for (int u = 0; u < units; ++u) {
-    cb_vi bm = __builtin_convertvector(bms[u], cb_vi);
+    const cb_vi bm = bms[u];
     for (int p = u * U; p < (u + 1) * U; ++p) {
       cb_vf tv = TM[p];
       cb_vi iv = CODES ? IM[p] : cb_vi{};
