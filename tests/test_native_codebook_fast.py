@@ -117,6 +117,18 @@ def test_zeros_subnormals_powers_of_two_and_extremes(dt: DataType, monkeypatch) 
         _check(x, dt, monkeypatch, round_mode=rm)
 
 
+@pytest.mark.parametrize("dt", _types(), ids=lambda d: d.name)
+def test_tiles_scaled_at_the_bottom_keep_subnormal_values(dt: DataType, monkeypatch) -> None:
+    # Tiles whose absmax lies near 2^-126: the scale clamps at its lowest power, 2^s is then
+    # a float32 subnormal (E8M0: s = -127 minus the element's fraction bits), and the values
+    # tv * 2^s are nonzero subnormals, so a wrong 2^s shows in the values.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    for i, e in enumerate((-118, -122, -125, -127, -129, -133)):
+        x[i] *= np.float32(2.0**e)
+    _check(x, dt, monkeypatch)
+
+
 @pytest.mark.parametrize("policy", list(NanPolicy), ids=lambda p: p.name)
 @pytest.mark.parametrize("dt", _types()[:6], ids=lambda d: d.name)
 def test_nan_and_inf_tiles(dt: DataType, policy: NanPolicy, monkeypatch) -> None:
