@@ -290,3 +290,22 @@ def test_many_tiles_and_rows(monkeypatch) -> None:
     # Several chunks of the parallel loop, rows that are not a multiple of the lane count.
     _check(_data((517, 96), 2), datatype("cb41fi_e2m2fnuz_e8m0_t32"), monkeypatch)
     _check(_data((300, 33), 2), datatype("cb42fi012_e2m2fnuz_e8m0_t16s4"), monkeypatch)
+
+
+@pytest.mark.parametrize("simd", SIMD[:3])
+@pytest.mark.parametrize("offset", range(0, 16, 3))
+def test_streamed_values_at_every_output_offset(simd: str, offset: int, monkeypatch) -> None:
+    # ONNXQ_DQ_STREAM=1 forces the streaming stores that large outputs take: whole groups of
+    # tiles are copied out with aligned streaming stores in the middle and plain copies at the
+    # ends, wherever the output starts relative to a cache line; nothing outside it is touched.
+    monkeypatch.setenv("ONNXQ_DQ_STREAM", "1")
+    monkeypatch.setenv("ONNXQ_SIMD", simd)
+    dt = datatype("cb41fi_e2m2fnuz_e8m0_t32")
+    x = _data((5, 32 * 40 + 7), 17)
+    ref = reference.quantize(x, dt)
+    buf = np.full(x.size + 32, np.float32(7.0))
+    start = (-buf.ctypes.data // 4) % 16 + offset  # `offset` floats past a 64-byte line
+    out = buf[start : start + x.size].reshape(x.shape)
+    native.quantize(x, dt, want_codes=False, values_out=out)
+    assert np.array_equal(out.view(np.uint32), ref.values.view(np.uint32)), (simd, offset)
+    assert np.all(buf[:start] == 7.0) and np.all(buf[start + x.size :] == 7.0)
