@@ -12,7 +12,9 @@ Columns, each the best of ``--repeat`` timed runs after one warm-up:
 - ``reference``: the numpy reference engine (skipped with ``--no-reference``);
 - ``quark``: AMD Quark's CPU custom ops (``BFPQuantizeDequantize`` / ``MXQuantizeDequantize``,
   domain ``com.amd.quark``) where Quark has the format and ``amd-quark`` imports;
-- ``np.copyto`` of the same tensor into a preallocated array, the yardstick.
+- ``np.copyto`` of the same tensor into a preallocated array, the yardstick; ``x.copy()``,
+  which allocates its output as the ``native`` column does, is printed beside it to show what
+  the fresh 64 MiB (its page faults and zeroing) costs numpy itself.
 
 Reported as ratios: time / np.copyto, and Quark / native. Issue 3's targets on the 2-core
 development machine: native within 2x of np.copyto and at least 20x faster than Quark; the
@@ -193,13 +195,16 @@ def main() -> None:
     dst = np.empty_like(x)
     y = np.empty_like(x)  # the bound output of the ort column
     copy = best(lambda: np.copyto(dst, x), args.repeat * 2)
+    copy_alloc = best(lambda: x.copy(), args.repeat)
     cpu = cpu_name()
     print(f"CPU: {cpu} ({os.cpu_count()} logical cores); tensor {shape} float32")
-    print(f"np.copyto: {copy * 1e3:.2f} ms; other columns as multiples of it")
+    print(f"np.copyto: {copy * 1e3:.2f} ms; other columns as multiples of it "
+          f"(x.copy(), allocating: {copy_alloc / copy:.1f}x)")  # fmt: skip
     print(f"{'format':<26} {'native':>8} {'out=':>8} {'ort':>8} {'ort run':>8} {'reference':>10} "
           f"{'quark':>8} {'quark/native':>13}")  # fmt: skip
     results: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "shape": list(shape),
-                               "copyto_s": copy, "formats": {}}  # fmt: skip
+                               "copyto_s": copy, "copy_alloc_s": copy_alloc,
+                               "formats": {}}  # fmt: skip
     for name in args.formats or FORMATS:
         row: dict[str, float | None] = {}
         row["native_s"] = best(lambda n=name: onnxq.cast(x, n, backend="native"), args.repeat)
