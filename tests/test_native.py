@@ -220,3 +220,32 @@ def test_one_element_and_large_tensor_threads_agree() -> None:
 def test_bad_arguments_raise_value_error_with_the_shape() -> None:
     with pytest.raises(ValueError, match=r"out of range"):
         native.quantize(np.ones((2, 3), np.float32), datatype("mxfp4"), axis=5)
+
+
+@pytest.mark.parametrize("out", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("src", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("name", NAMES)
+def test_native_half_data_along_the_last_axis(name: str, src: type, out: type) -> None:
+    # float16 / bfloat16 tiled along the last axis go through the float32 fast paths (converted
+    # exactly first, values rounded afterwards); the bits must stay the reference's.
+    dt = datatype(name)
+    for kind, seed in (("special", 1), ("random", 2), ("subnormal", 3)):
+        x = _data((6, 96), kind, seed=seed).astype(src)
+        modes = [RoundMode.EVEN] if name.startswith("cb") else [RoundMode.EVEN, RoundMode.STOCHASTIC]
+        for rm in modes:
+            ref, nat = _both(x, dt, out=out, axis=1, round_mode=rm, seed=4)
+            _assert_same(ref, nat, FIELDS, f"{name} {kind} {src.__name__}->{out.__name__} {rm}")
+
+
+@pytest.mark.parametrize("name", ["mxfp8e4", "mx6", "nvfp4", "cb41fi_e2m2fnuz_e8m0_t32"])
+def test_native_every_float16_input_and_rounding_to_float16(name: str) -> None:
+    # Every float16 bit pattern as input (NaNs, Infs, subnormals, both zeros), and float32
+    # results across float16's subnormal and overflow range rounded to float16 (ties included).
+    dt = datatype(name)
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).reshape(512, 128)
+    ref, nat = _both(every, dt, out=np.float16, axis=1)
+    _assert_same(ref, nat, FIELDS, f"{name} every float16")
+    rng = np.random.default_rng(8)
+    wide = (rng.standard_normal((64, 128)) * np.exp2(rng.integers(-40, 20, (64, 128))))
+    ref, nat = _both(wide.astype(np.float32), dt, out=np.float16, axis=1)
+    _assert_same(ref, nat, FIELDS, f"{name} float32 -> float16 values")

@@ -21,6 +21,9 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace onnxq {
 
@@ -1048,6 +1051,65 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
   std::string e = make_geometry(f, shape, axis, &g);
   if (!e.empty()) return e;
   if (g.size == 0) return "cannot cast an empty tensor";
+  const bool half_in = io.x_type != kF32, half_out = io.values && io.values_type != kF32;
+  if ((half_in || half_out) && g.kind == 1 && g.Post == 1) {
+    // float16 / bfloat16 data along the last axis through the float32 fast paths: the input
+    // converted exactly first (as load_x reads it), the float32 values rounded afterwards (as
+    // store_y writes them): the general path's bits, for a tensor-sized buffer or two. Values
+    // may overwrite x: x is read whole first.
+    constexpr int64_t kChunk = int64_t(1) << 16;
+    const int64_t chunks = (g.size + kChunk - 1) / kChunk;
+    // Uninitialized (every element is written first), in huge pages where the kernel has them:
+    // a fresh tensor-sized buffer otherwise costs a page fault per 4 KiB.
+    struct Free {
+      void operator()(float* p) const { std::free(p); }
+    };
+    auto big = [&]() {
+      const size_t bytes = static_cast<size_t>(g.size) * sizeof(float);
+      void* p = nullptr;
+      if (posix_memalign(&p, size_t(1) << 21, bytes) != 0) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+      if (bytes >= (size_t(1) << 21)) madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+      return std::unique_ptr<float, Free>(static_cast<float*>(p));
+    };
+    std::unique_ptr<float, Free> xf, yf;
+    QuantizeIO io2 = io;
+    if (half_in) {
+      xf = big();
+      float* d = xf.get();
+      const uint16_t* src = static_cast<const uint16_t*>(io.x);
+      const bool bf = io.x_type == kBF16;
+      pf(chunks, [&](int64_t c0, int64_t c1) {
+        const int64_t i0 = c0 * kChunk, i1 = std::min(g.size, c1 * kChunk);
+        if (bf) {
+          for (int64_t i = i0; i < i1; ++i) d[i] = bf16_to_float(src[i]);
+        } else {
+          for (int64_t i = i0; i < i1; ++i) d[i] = half_to_float(src[i]);
+        }
+      });
+      io2.x = d;
+      io2.x_type = kF32;
+    }
+    if (half_out) {
+      yf = big();
+      io2.values = yf.get();
+      io2.values_type = kF32;
+    }
+    e = quantize(f, m, shape, axis, io2, pf);
+    if (!e.empty() || !half_out) return e;
+    const float* y = yf.get();
+    uint16_t* dst = static_cast<uint16_t*>(io.values);
+    const bool bf = io.values_type == kBF16;
+    pf(chunks, [&](int64_t c0, int64_t c1) {
+      const int64_t i0 = c0 * kChunk, i1 = std::min(g.size, c1 * kChunk);
+      for (int64_t i = i0; i < i1; ++i) {
+        float v = y[i] != y[i] ? from_fbits_nan() : y[i];  // as store_y
+        dst[i] = bf ? float_to_bf16(v) : float_to_half(v);
+      }
+    });
+    return "";
+  }
   if (io.meta_packed && !io.meta) {
     // 1-bit meta straight into the stream where the fast row kernels write every tile's bits
     // from a byte on; otherwise one byte per unit, packed afterwards.

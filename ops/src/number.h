@@ -170,12 +170,12 @@ inline uint16_t float_to_half(float f) {
     uint32_t total = shift + 13;
     uint32_t h = sig >> total;
     uint32_t rem = sig & ((1u << total) - 1), halfway = 1u << (total - 1);
-    if (rem > halfway || (rem == halfway && (h & 1u))) h++;
+    h += rem + (h & 1u) > halfway;  // above half, or half with h odd: no data-dependent branch
     return sign | static_cast<uint16_t>(h);
   }
   uint32_t h = ((fexp - 0x38000000u) >> 13) | (fsig >> 13);
   uint32_t rem = fsig & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;  // may carry into inf: correct
+  h += rem + (h & 1u) > 0x1000u;  // to nearest even; may carry into inf: correct
   return sign | static_cast<uint16_t>(h);
 }
 
