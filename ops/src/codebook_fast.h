@@ -103,17 +103,14 @@ constexpr int W = 16;
 
 using CbGroups = void (*)(const CbFast&, int64_t, int64_t, CbBuf&, Scratch&);
 
-// The kernel for this CPU (ONNXQ_SIMD caps it, as for fast_impl.h).
+// The kernel for this CPU (simd_level).
 inline CbGroups cb_pick() {
-  const char* cap = std::getenv("ONNXQ_SIMD");
-  std::string want = cap ? cap : "";
 #ifdef ONNXQ_CB_X86
-  __builtin_cpu_init();
-  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx512 && (want.empty() || want == "avx512")) return cb_avx512::cb_groups;
-  if (avx2 && (want.empty() || want == "avx512" || want == "avx2")) return cb_avx2::cb_groups;
+  switch (simd_level(false)) {
+    case 2: return cb_avx512::cb_groups;
+    case 1: return cb_avx2::cb_groups;
+    default: break;
+  }
 #endif
   return cb_base::cb_groups;
 }
@@ -199,8 +196,7 @@ inline bool cb_setup(const Ctx& c, CbFast* F) {
   // Near a midpoint, a < 2^top and a's last bit is at least 2^(bottom - 25): a - t within 53
   // bits when top - bottom <= 28.
   if (top - bottom > 28) return false;
-  const char* nt_env = std::getenv("ONNXQ_DQ_STREAM");  // 0/1 forces; default: outputs > 8 MiB
-  F->stream = io.values && (nt_env ? nt_env[0] == '1' : g.R * g.C * 4 > (int64_t(8) << 20));
+  F->stream = io.values && stream_output(g.R * g.C * 4);
   return true;
 }
 
@@ -305,10 +301,10 @@ static inline void cb_transpose(cb_vf* r) {
   }
 }
 
-// A cast's per-mapping constants as vectors (lane k: threshold k, entry k; padded with +inf /
-// 0), built once per chunk rather than per group.
-// For the binary search, step j's thresholds shifted so that lane i holds threshold
-// i + step - 1 (step = half >> (j + 1)): the probe is then the index itself, no add.
+// A cast's per-mapping constants as vectors, built once per chunk rather than per group: the
+// entries (lane k: entry k, padded with 0) and, for step j of the binary search (step = half >>
+// (j + 1)), the thresholds shifted so that lane i holds threshold i + step - 1 (padded with
+// +inf): the probe is then the index itself, no add.
 constexpr int kCbMaxSteps = 5;  // log2(kCbMaxHalf)
 struct CbVec {
   cb_vf tbv[kCbMaxMaps];
@@ -456,16 +452,15 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
   // added to the unit's sum left to right; then the best mapping per unit.
   constexpr int kMaps = MAPS ? MAPS : kCbMaxMaps;
   cb_vi bms[kCbMaxT];
-  // A mapping's thresholds and magnitudes as vectors (lane k: threshold / entry k, thresholds
-  // padded with +inf) when they fit the lanes: the nearest entry is then a binary search of
+  // Where a mapping's entries fit the lanes (CbVec), the nearest entry is a binary search of
   // log2(half) steps, each one lane permute and one compare, instead of nth compares.
   const bool bsearch = half <= W;
   const cb_vf* tbv = V.tbv;
   // Nearest entries (kept for the output) and squared errors summed in float32 first. Each
   // float32 term is within 3 * 2^-24 of the exact square (a - t exact or rounded once, squared
   // and rounded once; fused into the sum, the square is not rounded at all) and a sequential
-  // sum of U <= 256 terms within (U - 1) * 2^-24 of exact, so
-  // a float32 sum is within 2^-16 of the exact error, as is the reference's float64 sum. Where
+  // sum of U <= 256 terms within (U - 1) * 2^-24 of exact, so a float32 sum is within 2^-16 of
+  // the exact error, as is the reference's float64 sum. Where
   // two mappings' float32 errors differ by more than 2^-15 of their sum (plus 2^-120 for
   // squares lost to underflow), the exact, the float64 and the float32 orders agree; a unit
   // with any closer (or non-finite) pair is scored again in float64 as the reference scores it.
@@ -595,7 +590,8 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
     for (int q0 = 0; q0 < per; q0 += W) {
       cb_vf blk[W];
       for (int j = 0; j < W; ++j) {
-        cb_vi v = io.codes ? CD[q0 + j] : (CD[2 * (q0 + j)] & 15) | ((CD[2 * (q0 + j) + 1] & 15) << 4);
+        const int p = io.codes ? q0 + j : 2 * (q0 + j);
+        cb_vi v = io.codes ? CD[p] : (CD[p] & 15) | ((CD[p + 1] & 15) << 4);
         blk[j] = reinterpret_cast<cb_vf>(v);
       }
       cb_transpose(blk);

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -42,6 +43,33 @@ inline bool fpu_flushes() {
 #else
   return true;
 #endif
+}
+
+// The widest instruction set this CPU has: 2 (AVX-512 F/BW/VL/DQ, and BMI2 where `bmi2`), 1
+// (AVX2), 0 (baseline x86-64 or another architecture). ONNXQ_SIMD=base|avx2|avx512 caps it (for
+// tests and comparisons); ONNXQ_SIMD=none is checked by each fast path's setup.
+inline int simd_level(bool bmi2) {
+  const char* cap = std::getenv("ONNXQ_SIMD");
+  const std::string want = cap ? cap : "";
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                (!bmi2 || __builtin_cpu_supports("bmi2"));
+  bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx512 && (want.empty() || want == "avx512")) return 2;
+  if (avx2 && (want.empty() || want == "avx512" || want == "avx2")) return 1;
+#else
+  (void)bmi2;
+#endif
+  return 0;
+}
+
+// Whether an output of `bytes` is written with streaming stores: ONNXQ_DQ_STREAM=0/1 forces it,
+// else outputs over 8 MiB (far larger than the caches, so the read for ownership is wasted).
+inline bool stream_output(int64_t bytes) {
+  const char* env = std::getenv("ONNXQ_DQ_STREAM");
+  return env ? env[0] == '1' : bytes > (int64_t(8) << 20);
 }
 
 inline float from_fbits_nan() {
@@ -677,19 +705,14 @@ inline uint32_t fast_scale_cast(const FastFormat& ff, uint32_t raw_bits) {
 using FastRows = void (*)(const FastFormat&, const float*, const FastOut&, int64_t, int64_t,
                           int64_t, void (*)(void*, int64_t, int64_t), void*);
 
-// The widest instruction set this CPU has. ONNXQ_SIMD=base|avx2|avx512 caps it and
-// ONNXQ_SIMD=none turns the fast path off (for tests and comparisons).
+// The row kernels for this CPU (simd_level; their AVX-512 build also uses BMI2).
 FastRows pick_fast_rows() {
-  const char* cap = std::getenv("ONNXQ_SIMD");
-  std::string want = cap ? cap : "";
 #ifdef ONNXQ_FAST_X86
-  __builtin_cpu_init();
-  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                __builtin_cpu_supports("bmi2");
-  bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx512 && (want.empty() || want == "avx512")) return fast_avx512::fk_rows;
-  if (avx2 && (want.empty() || want == "avx512" || want == "avx2")) return fast_avx2::fk_rows;
+  switch (simd_level(true)) {
+    case 2: return fast_avx512::fk_rows;
+    case 1: return fast_avx2::fk_rows;
+    default: break;
+  }
 #endif
   return fast_base::fk_rows;
 }
@@ -1457,20 +1480,14 @@ struct DqKernels {
               const uint8_t*, int64_t, uint32_t*);
 };
 
-// The widest instruction set this CPU has, capped by ONNXQ_SIMD=base|avx2|avx512 (as
-// pick_fast_rows).
+// The dequantize kernels for this CPU (simd_level).
 DqKernels pick_dq_kernels() {
-  const char* cap = std::getenv("ONNXQ_SIMD");
-  std::string want = cap ? cap : "";
 #ifdef ONNXQ_DQ_X86
-  __builtin_cpu_init();
-  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx512 && (want.empty() || want == "avx512"))
-    return {dq_avx512::dqk_unpack_bits, dq_avx512::dqk_run};
-  if (avx2 && (want.empty() || want == "avx512" || want == "avx2"))
-    return {dq_avx2::dqk_unpack_bits, dq_avx2::dqk_run};
+  switch (simd_level(false)) {
+    case 2: return {dq_avx512::dqk_unpack_bits, dq_avx512::dqk_run};
+    case 1: return {dq_avx2::dqk_unpack_bits, dq_avx2::dqk_run};
+    default: break;
+  }
 #endif
   return {dq_base::dqk_unpack_bits, dq_base::dqk_run};
 }
@@ -1499,8 +1516,7 @@ void dq_rows_vec(const FastDq& d, const DqTab& T, const DqKernels& K, DqFn slow,
                  int64_t L, bool bytes, const ParallelFor& pf) {
   const int64_t C = d.A, Tc = d.Tc, Sc = d.Sc, bits = d.bits;
   const int64_t nseg = (C + L - 1) / L;
-  const char* nt_env = std::getenv("ONNXQ_DQ_STREAM");  // 0/1 forces; default: outputs > 8 MiB
-  const bool nt = nt_env ? nt_env[0] == '1' : rows * C * 4 > (int64_t(8) << 20);
+  const bool nt = stream_output(rows * C * 4);
   pf(rows * nseg, [&](int64_t u0, int64_t u1) {
     std::vector<uint8_t> codes(static_cast<size_t>(L)), sh(static_cast<size_t>(Sc ? L / Sc : 0));
     for (int64_t u = u0; u < u1; ++u) {
@@ -1605,8 +1621,7 @@ bool fast_cb_dequantize(const Format& f, const Geometry& g, const DequantizeIO& 
   FkCbDq p;
   p.nan = nan;
   p.nbytes = io.codes ? g.size : (g.size * f.cb_ib + 7) / 8;
-  const char* nt_env = std::getenv("ONNXQ_DQ_STREAM");  // as dq_rows_vec
-  p.nt = nt_env ? nt_env[0] == '1' : g.size * 4 > (int64_t(8) << 20);
+  p.nt = stream_output(g.size * 4);
   p.table = t.table.data();
   p.codes = io.codes ? static_cast<const uint8_t*>(io.codes) : nullptr;
   p.packed = io.codes ? nullptr : io.packed;
