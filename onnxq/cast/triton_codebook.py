@@ -1,0 +1,719 @@
+"""Triton codebook casts: the reference's `_codebook_select` on torch tensors, bit for bit.
+
+A codebook element is the nearest entry of one of 2^meta_bits mappings (lookup tables); the
+mapping of each unit (subtile, else tile) is the one with the least L2 error, the errors
+added in float64 left to right (reference `l2_metric`), ties to the earlier mapping. The tile
+scale is an exponent (E8M0-like) computed from the compute type, as for float elements.
+
+One kernel pass per cast: each program loads whole tiles once and writes values (virtual) or
+codes, scales and meta (actual / compress). The per-element arithmetic replays the
+reference's float64 operations (scaled value, neighbour distances, squared error), which are
+exact IEEE operations on both the GPU (launched with ``enable_fp_fusion=False``: no fused
+multiply-adds) and the interpreter. Only the order of the per-unit sum differs: the kernel
+adds with a tree (`tl.sum`), whose result is within ``(n - 1) * 2^-53`` (relative) of the
+left-to-right sum. A mapping is chosen on the tree sums when they differ by more than a
+margin well above that bound, or when the two candidates quantize the unit identically
+(equal terms give equal sums in any order). Otherwise (a near-tie, NaN or Inf in the unit),
+the program redoes the choice with the sums in the reference's order - rare, and decided on
+the device (no host synchronisation).
+
+Values leave the kernel as ``q * 2^sexp`` rounded once to float32 with integer bit
+arithmetic (as the reference's float64 -> float32 cast), then to float16 / bfloat16 as
+numpy's ``astype`` does.
+
+Supported: 1-D tiles (any axis) and tensor scales whose tile fits one program (up to 1024
+elements), with or without subtiles, exponent scales up to 8 bits, codebooks whose table
+values are float32 numbers. Not here (`supports` says why): 2-D tiles, N:M sparsity, longer
+tiles, custom metrics (the reference only), stochastic rounding (no backend has it).
+"""
+
+# Kernel format parameters are tl.constexpr and upper case (Triton's convention).
+# ruff: noqa: N803, N815
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from onnxq.cast.layout import Tiling
+from onnxq.formats.codebook import Codebook
+from onnxq.formats.datatype import DataType
+from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+
+__all__ = ["dequantize", "quantize", "supports"]
+
+_ROUND = {RoundMode.EVEN: 0, RoundMode.AWAY: 1, RoundMode.ZERO: 2}
+_SMODE = {
+    ScaleMode.FLOOR: 0,
+    ScaleMode.CEIL: 1,
+    ScaleMode.MIDMAX: 2,
+    ScaleMode.TOPBINADE: 3,
+    ScaleMode.RCEIL: 3,
+    ScaleMode.OPTION3: 4,
+    ScaleMode.EVEN: 4,
+}
+_IN_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_MAX_TILE = 1024  # a tile (or a whole-tensor scale's tensor) must fit one program
+_BLOCK = 1024  # elements per program (float64 work: keep the registers per thread modest)
+_NUM_WARPS = 4
+
+
+# -- geometry --------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Geom:
+    """Tile geometry: the input seen as (outer, C, inner), C tiled in tiles of TC."""
+
+    tiling: Tiling
+    outer: int
+    inner: int
+    C: int
+    TC: int
+    nC: int
+    n_inst: int
+    nsub: int  # subtiles per tile (1 without subtiles)
+    sub: int  # elements per subtile (TC without subtiles)
+    sub_cols: int  # subtiles along the axis that hold data (meta grid)
+    tensor: bool  # one tile: the whole tensor, in the reference's moved order
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        """Scale (and per-tile meta) grid layout (layout.py `tile_grid`)."""
+        if self.tensor:
+            return (1,)
+        s, a = self.tiling.shape, self.tiling.axis
+        return (*s[:a], self.nC, *s[a + 1 :])
+
+    @property
+    def meta_shape(self) -> tuple[int, ...]:
+        """Meta grid layout: per subtile (layout.py `sub_grid`), else per tile."""
+        if not self.tiling.Sc:
+            return self.grid_shape
+        s, a = self.tiling.shape, self.tiling.axis
+        return (*s[:a], self.sub_cols, *s[a + 1 :])
+
+
+def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
+    """None when this module can cast ``shape`` to codebook ``dt``, else the reason why not."""
+    n, s = dt.nspec, dt.sspec
+    name = dt.name
+    if not isinstance(n, Codebook):
+        return f"{name} is not a codebook format"
+    if s is None or not s.scale.is_exponent:
+        return f"the Triton codebook engine needs an exponent scale ({name})"
+    if s.is_2d:
+        return f"the Triton codebook engine does not implement 2-D tiles ({name})"
+    if s.sparsity[1]:
+        return f"the Triton codebook engine does not implement N:M sparsity ({name})"
+    if s.scale.ebits > 8:
+        return f"the Triton codebook engine does not implement exponent scales over 8 bits ({name})"
+    if not n.is_populated:
+        return f"{name}: the generic codebook has no mappings yet (add_mappings)"
+    if any(float(np.float32(m)) != m for mags in n.magnitudes() for m in mags):
+        return f"the Triton codebook engine needs table values that are float32 numbers ({name})"
+    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        return f"the Triton codebook engine needs a non-empty shape, got {shape}"
+    if not -len(shape) <= axis < len(shape):
+        return f"axis {axis} is out of range for shape {shape}"
+    tiling = Tiling.build(tuple(shape), axis, s)
+    if triton.next_power_of_2(tiling.Tc) > _MAX_TILE:
+        return (
+            f"the Triton codebook engine does not implement tiles over {_MAX_TILE} elements "
+            f"({name}, {tiling.Tc} per tile)"
+        )
+    return None
+
+
+def _geom(shape: tuple[int, ...], dt: DataType, axis: int) -> _Geom:
+    s = dt.sspec
+    assert s is not None
+    tiling = Tiling.build(tuple(shape), axis, s)
+    a = tiling.axis
+    size = math.prod(shape)
+    outer, inner, C = math.prod(shape[:a]), math.prod(shape[a + 1 :]), shape[a]
+    if tiling.kind == "tensor":
+        return _Geom(tiling, outer, inner, C, size, 1, 1, 1, size, 0, True)
+    TC, nC = tiling.Tc, tiling.nC
+    nsub, sub, sub_cols = 1, TC, 0
+    if tiling.Sc:
+        nsub, sub, sub_cols = TC // tiling.Sc, tiling.Sc, -(-C // tiling.Sc)
+    return _Geom(tiling, outer, inner, C, TC, nC, outer * nC * inner, nsub, sub, sub_cols, False)
+
+
+def _launch(g: _Geom) -> tuple[int, int, int, tuple[int]]:
+    """(NSUB_P, SUB_P, BT, grid): power-of-two block sizes and the program count."""
+    nsub_p, sub_p = triton.next_power_of_2(g.nsub), triton.next_power_of_2(g.sub)
+    bt = max(1, _BLOCK // (nsub_p * sub_p))
+    bt = min(bt, triton.next_power_of_2(g.n_inst))
+    return nsub_p, sub_p, bt, (triton.cdiv(g.n_inst, bt),)
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(
+    mags: tuple[tuple[float, ...], ...],
+    codes: tuple[tuple[int, ...], ...],
+    negzero: bool,
+    device: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Device tables: magnitudes (float64 and float32 bits), even-code flags, full table bits."""
+    m64 = np.asarray(mags, dtype=np.float64).reshape(-1)
+    m32 = m64.astype(np.float32).view(np.int32)
+    even = (np.asarray(codes, dtype=np.int64).reshape(-1) % 2 == 0).astype(np.int8)
+    full = []
+    for row in mags:
+        full.append((*row, -0.0 if negzero else 0.0, *(-m for m in row[1:])))
+    tab = np.asarray(full, dtype=np.float32).view(np.int32).reshape(-1)
+    return tuple(
+        torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in (m64, m32, even, tab)
+    )  # type: ignore[return-value]
+
+
+def _book_tables(book: Codebook, device: torch.device) -> tuple[torch.Tensor, ...]:
+    return _tables(
+        book.magnitudes(), book.magnitude_codes(), book.compute.has_negative_zero, str(device)
+    )
+
+
+def _scale_consts(book: Codebook, dt: DataType, scale_mode: ScaleMode) -> dict[str, Any]:
+    """Constexprs of the tile exponent (reference `_scale_exponent` on the compute type)."""
+    s = dt.sspec
+    assert s is not None
+    e = book.compute
+    # bump thresholds on the significand normalised to [2^23, 2^24): sig > floor(t * 2^23)
+    mid_t = math.floor(math.ldexp(e.midmax, 23 - e.emax))
+    top_t = math.floor(math.ldexp(e.maxfloat, 23 - e.emax))
+    return dict(
+        SMODE=_SMODE[scale_mode], E_MBITS=e.mbits, E_EMAX=e.emax, MID_T=mid_t, TOP_T=top_t,
+        S_LOW=-s.scale.bias, S_HIGH=(1 << s.scale.ebits) - 2 - s.scale.bias,
+        S_BIAS=s.scale.bias, S_NAN=(1 << s.scale.ebits) - 1,
+    )  # fmt: skip
+
+
+# -- device helpers (own copies: independent of triton.py's signatures) -------------------------
+@triton.jit
+def _cb_ilog2(n):
+    # floor(log2 n) for 1 <= n <= 2^24: the exponent of n's float32 value (exact conversion)
+    f = n.to(tl.float32).to(tl.int32, bitcast=True)
+    return ((f >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _cb_round_shift_even(M, sh):
+    # round-half-even of M / 2^sh for 0 <= M < 2^25 (sh <= 0: exact left shift)
+    shr = tl.minimum(tl.maximum(sh, 0), 30)
+    shl = tl.minimum(tl.maximum(-sh, 0), 30)
+    fl = M >> shr
+    rem = M - (fl << shr)
+    half = 1 << tl.maximum(shr - 1, 0)
+    up = (rem > half) | ((rem == half) & ((fl & 1) == 1))
+    return tl.where(sh > 0, fl + up.to(tl.int32), M << shl)
+
+
+@triton.jit
+def _cb_make_f32(n, pe):
+    # float32 bits of n * 2^pe (0 <= n <= 2^24), round-half-even below the subnormal grid
+    L = _cb_ilog2(tl.maximum(n, 1))
+    field = pe + L + 127
+    norm = tl.where(L <= 23, n << tl.maximum(23 - L, 0), n >> tl.maximum(L - 23, 0))
+    normal = (field << 23) + (norm & 0x7FFFFF)
+    sub = _cb_round_shift_even(n, -149 - pe)  # a carry to 2^23 is the smallest normal
+    bits = tl.where(field >= 1, normal, sub)
+    bits = tl.where(field >= 255, 0x7F800000, bits)
+    return tl.where(n == 0, 0, bits)
+
+
+@triton.jit
+def _cb_ldexp_bits(qb, k):
+    # float32 bits of value(qb) * 2^k rounded once (finite qb), sign kept
+    ab = qb & 0x7FFFFFFF
+    E = ab >> 23
+    F = ab & 0x7FFFFF
+    M = tl.where(E > 0, F | 0x800000, F)
+    ex = tl.where(E > 0, E - 127, -126)
+    return _cb_make_f32(M, ex - 23 + k) | (qb & -2147483648)
+
+
+@triton.jit
+def _cb_scale_exp(
+    amax_b,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    SMODE: tl.constexpr,
+    MID_T: tl.constexpr,
+    TOP_T: tl.constexpr,
+    LOW: tl.constexpr,
+    HIGH: tl.constexpr,
+):
+    # exponent of a tile's element grid from its finite absmax bits (reference
+    # `_scale_exponent` for a float compute type, clamped to the scale's range)
+    E = amax_b >> 23
+    F = amax_b & 0x7FFFFF
+    M = tl.where(E > 0, F | 0x800000, F)
+    lg = _cb_ilog2(tl.maximum(M, 1))
+    maxexp = lg + tl.where(E > 0, E - 127, -126) - 23
+    sig = M << tl.maximum(23 - lg, 0)  # significand normalised to [2^23, 2^24)
+    bump = maxexp * 0
+    if SMODE == 1:
+        bump = (sig > 0x800000).to(tl.int32)
+    elif SMODE == 2:
+        bump = (sig > MID_T).to(tl.int32)
+    elif SMODE == 3:
+        bump = (sig > TOP_T).to(tl.int32)
+    elif SMODE == 4:
+        if MBITS < 23:
+            low = sig & ((1 << (23 - MBITS)) - 1)
+            ones = (sig >> (23 - MBITS)) == (1 << (MBITS + 1)) - 1
+            bump = (ones & (low >= (1 << (22 - MBITS)))).to(tl.int32)
+    sexp = tl.minimum(tl.maximum(maxexp + bump - EMAX, LOW), HIGH)
+    return tl.where(amax_b == 0, LOW, sexp)
+
+
+@triton.jit
+def _cb_offsets(
+    pid,
+    n_inst,
+    C,
+    TC,
+    inner,
+    nC,
+    nsub,
+    sub,
+    LAST: tl.constexpr,
+    TENSOR: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    BT: tl.constexpr,
+):
+    # BT tile instances per program, each (NSUB, SUB): subtile s, position k (tile position
+    # s * sub + k); element offsets are int64 (tensors over 2^31 elements)
+    inst = pid.to(tl.int64) * BT + tl.arange(0, BT).to(tl.int64)
+    u_ok = inst < n_inst
+    sk = tl.arange(0, NSUB)[:, None]
+    kk = tl.arange(0, SUB)[None, :]
+    pos = (sk * sub + kk).to(tl.int64)[None, :, :]
+    in_tile = ((sk < nsub) & (kk < sub))[None, :, :]
+    if TENSOR:
+        # the whole tensor is one tile, in the reference's order: the axis moved last
+        r = pos // C
+        c = pos - r * C
+        oo = r // inner
+        ii = r - oo * inner
+        off = oo * C * inner + c * inner + ii + inst[:, None, None] * 0
+        ok = u_ok[:, None, None] & in_tile & (pos < TC)
+        j = inst * 0
+        o = inst * 0
+        i = inst * 0
+    else:
+        if LAST:
+            o = inst // nC
+            j = inst - o * nC
+            i = inst * 0
+            base = o * C
+        else:
+            i = inst % inner
+            t = inst // inner
+            j = t % nC
+            o = t // nC
+            base = o * C * inner + i
+        c = j[:, None, None] * TC + pos
+        ok = u_ok[:, None, None] & in_tile & (c < C)
+        if LAST:
+            off = base[:, None, None] + c
+        else:
+            off = base[:, None, None] + c * inner
+    return u_ok, inst, j, o, i, off, ok
+
+
+@triton.jit
+def _cb_meta_offsets(
+    u_ok,
+    inst,
+    j,
+    o,
+    i,
+    nsub,
+    sub_cols,
+    inner,
+    LAST: tl.constexpr,
+    SUBT: tl.constexpr,
+    NSUB: tl.constexpr,
+):
+    # meta grid offsets and mask, (BT, NSUB): per subtile (layout.py `sub_grid`) or per tile
+    s = tl.arange(0, NSUB)[None, :]
+    if SUBT:
+        sidx = j[:, None] * nsub + s
+        if LAST:
+            moff = o[:, None] * sub_cols + sidx
+        else:
+            moff = o[:, None] * sub_cols * inner + sidx * inner + i[:, None]
+        mok = u_ok[:, None] & (s < nsub) & (sidx < sub_cols)
+    else:
+        moff = inst[:, None] + s * 0
+        mok = u_ok[:, None] & (s < 1)
+    return moff, mok
+
+
+@triton.jit
+def _cb_load_bits(x_ptr, off, ok, IN_KIND: tl.constexpr):
+    # float32 bits of the input (exact widening of float16 / bfloat16)
+    raw = tl.load(x_ptr + off, mask=ok, other=0)
+    if IN_KIND == 0:
+        xb = raw
+    elif IN_KIND == 1:
+        xb = raw.to(tl.float16, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
+    else:
+        xb = raw.to(tl.int32) << 16
+    return xb
+
+
+@triton.jit
+def _cb_store_values(y_ptr, off, ok, yb, nan, OUT_KIND: tl.constexpr):
+    # float32 bits -> the output type (round-half-even); NaN is the canonical quiet NaN
+    nan = nan | ((yb & 0x7FFFFFFF) > 0x7F800000)
+    if OUT_KIND == 0:
+        out = tl.where(nan, 0x7FC00000, yb)
+    elif OUT_KIND == 1:
+        h = yb.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True)
+        out = tl.where(nan, 0x7E00, h).to(tl.int16)
+    else:
+        mag = yb & 0x7FFFFFFF
+        r = (mag + 0x7FFF + ((mag >> 16) & 1)) >> 16
+        h = r | ((yb >> 16) & 0x8000)
+        out = tl.where(nan, 0x7FC0, h).to(tl.int16)
+    tl.store(y_ptr + off, out, mask=ok)
+
+
+@triton.jit
+def _cb_nearest(a, mag_ptr, even_ptr, base, K: tl.constexpr, ROUND: tl.constexpr):
+    # Nearest entry of one mapping (reference `_codebook_select`): hi = searchsorted(left)
+    # clipped to [1, K-1], distances in float64, ties by the round mode.
+    cnt = (a != a).to(tl.int32) * 0
+    for t in range(K):
+        cnt += (tl.load(mag_ptr + base + t) < a).to(tl.int32)
+    hi = tl.minimum(tl.maximum(cnt, 1), K - 1)
+    lo = hi - 1
+    t_hi = tl.load(mag_ptr + base + hi)
+    t_lo = tl.load(mag_ptr + base + lo)
+    d_lo = a - t_lo
+    d_hi = t_hi - a
+    if ROUND == 0:
+        tie = tl.load(even_ptr + base + hi) != 0
+    elif ROUND == 1:
+        tie = d_lo == d_lo
+    else:
+        tie = d_lo != d_lo
+    pick = (d_hi < d_lo) | ((d_hi == d_lo) & tie)
+    return tl.where(pick, hi, lo), tl.where(pick, t_hi, t_lo)
+
+
+# -- kernels ---------------------------------------------------------------------------------
+@triton.jit
+def _cb_quant_kernel(
+    x_ptr,
+    y_ptr,
+    code_ptr,
+    scale_ptr,
+    meta_ptr,
+    mag_ptr,
+    magb_ptr,
+    even_ptr,
+    n_inst,
+    C,
+    TC,
+    inner,
+    nC,
+    nsub,
+    sub,
+    sub_cols,
+    IN_KIND: tl.constexpr,
+    WANT_Y: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    LAST: tl.constexpr,
+    TENSOR: tl.constexpr,
+    SUBT: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    BT: tl.constexpr,
+    ROUND: tl.constexpr,
+    NAN_BLOCK: tl.constexpr,
+    E_MBITS: tl.constexpr,
+    E_EMAX: tl.constexpr,
+    SMODE: tl.constexpr,
+    MID_T: tl.constexpr,
+    TOP_T: tl.constexpr,
+    S_LOW: tl.constexpr,
+    S_HIGH: tl.constexpr,
+    S_BIAS: tl.constexpr,
+    S_NAN: tl.constexpr,
+    NEGZERO: tl.constexpr,
+    IB: tl.constexpr,
+    K: tl.constexpr,
+    NMAP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    u_ok, inst, j, o, i, off, ok = _cb_offsets(
+        pid, n_inst, C, TC, inner, nC, nsub, sub, LAST, TENSOR, NSUB, SUB, BT
+    )
+    xb = _cb_load_bits(x_ptr, off, ok, IN_KIND)
+    ab = xb & 0x7FFFFFFF
+    finite = ab < 0x7F800000
+    isnan = ab > 0x7F800000
+    amax_b = tl.max(tl.max(tl.where(finite, ab, 0), axis=2), axis=1)
+    # codebooks have no NaN code: a NaN (block policy: any NaN/Inf) makes its tile NaN
+    if NAN_BLOCK:
+        tnan = tl.max(tl.max((~finite).to(tl.int32), axis=2), axis=1) > 0
+    else:
+        tnan = tl.max(tl.max(isnan.to(tl.int32), axis=2), axis=1) > 0
+    sexp = _cb_scale_exp(amax_b, E_MBITS, E_EMAX, SMODE, MID_T, TOP_T, S_LOW, S_HIGH)
+    sexp3 = sexp[:, None, None]
+    # |x| * 2^-sexp in float64, exactly: mantissa (integer) times a power of two
+    E = ab >> 23
+    F = ab & 0x7FFFFF
+    Mi = tl.where(E > 0, F | 0x800000, F)
+    k = tl.where(E > 0, E - 127, -126) - 23 - sexp3
+    p2 = ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    a = Mi.to(tl.float64) * p2
+    nan64 = (xb.to(tl.int64) * 0 + 0x7FF8000000000000).to(tl.float64, bitcast=True)
+    inf64 = (xb.to(tl.int64) * 0 + 0x7FF0000000000000).to(tl.float64, bitcast=True)
+    a = tl.where(finite, a, tl.where(isnan, nan64, inf64))
+
+    # Pass 1: every mapping, unit errors summed as a tree; decide where that is safe.
+    best_idx = Mi * 0
+    best_tq = tl.zeros([BT, NSUB, SUB], tl.float64)
+    best_err = tl.zeros([BT, NSUB], tl.float64)
+    best_map = tl.zeros([BT, NSUB], tl.int32)
+    amb = best_map != 0
+    for m in range(NMAP):
+        idx, tq = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, ROUND)
+        d = a - tq
+        err = tl.sum(d * d, axis=2)
+        first = m == 0
+        later = m != 0
+        same = tl.min((tq == best_tq).to(tl.int32), axis=2) > 0
+        # tree and ordered sums are both within 2^-43 (relative) of the exact sum
+        sure_better = err < best_err - best_err * 1.4551915228366852e-11  # 2^-36
+        sure_worse = best_err < err - err * 1.4551915228366852e-11
+        better = first | (~same & sure_better)
+        amb = amb | (later & (~same) & (~sure_better) & (~sure_worse))
+        best_err = tl.where(better, err, best_err)
+        best_map = tl.where(better, m, best_map)
+        best_idx = tl.where(better[:, :, None], idx, best_idx)
+        best_tq = tl.where(better[:, :, None], tq, best_tq)
+
+    # Pass 2 (near-ties, NaN, Inf in this program's units): the reference's order.
+    if tl.max(tl.max(amb.to(tl.int32), axis=1), axis=0) > 0:
+        kpos = tl.arange(0, SUB)[None, None, :]
+        for m in range(NMAP):
+            idx, tq = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, ROUND)
+            d = a - tq
+            sq = d * d
+            err = tl.zeros([BT, NSUB], tl.float64)
+            for kk in range(SUB):
+                err = err + tl.sum(tl.where(kpos == kk, sq, 0.0), axis=2)
+            better = (m == 0) | (err < best_err)
+            best_err = tl.where(better, err, best_err)
+            best_map = tl.where(better, m, best_map)
+            best_idx = tl.where(better[:, :, None], idx, best_idx)
+
+    neg = xb < 0
+    if NEGZERO:
+        sgn = neg
+    else:
+        sgn = neg & (best_idx != 0)
+    tile_nan = ok & tnan[:, None, None]
+    if WANT_Y:
+        magb = tl.load(magb_ptr + best_map[:, :, None] * K + best_idx)
+        yb = _cb_ldexp_bits(magb, sexp3) | (sgn.to(tl.int32) << 31)
+        _cb_store_values(y_ptr, off, ok, yb, tile_nan, IN_KIND)
+    if WANT_CODES:
+        code = (sgn.to(tl.int32) << (IB - 1)) | best_idx
+        code = tl.where(tile_nan, 0, code)
+        tl.store(code_ptr + off, code.to(code_ptr.dtype.element_ty), mask=ok)
+        scode = tl.where(tnan, S_NAN, sexp + S_BIAS)
+        tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
+        moff, mok = _cb_meta_offsets(u_ok, inst, j, o, i, nsub, sub_cols, inner, LAST, SUBT, NSUB)
+        tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
+
+
+@triton.jit
+def _cb_dequant_kernel(
+    code_ptr,
+    y_ptr,
+    scale_ptr,
+    meta_ptr,
+    tab_ptr,
+    n_inst,
+    C,
+    TC,
+    inner,
+    nC,
+    nsub,
+    sub,
+    sub_cols,
+    OUT_KIND: tl.constexpr,
+    LAST: tl.constexpr,
+    TENSOR: tl.constexpr,
+    SUBT: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    BT: tl.constexpr,
+    S_BIAS: tl.constexpr,
+    S_NAN: tl.constexpr,
+    S_MASK: tl.constexpr,
+    IB: tl.constexpr,
+    NMAP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    u_ok, inst, j, o, i, off, ok = _cb_offsets(
+        pid, n_inst, C, TC, inner, nC, nsub, sub, LAST, TENSOR, NSUB, SUB, BT
+    )
+    c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & ((1 << IB) - 1)
+    moff, mok = _cb_meta_offsets(u_ok, inst, j, o, i, nsub, sub_cols, inner, LAST, SUBT, NSUB)
+    mt = tl.load(meta_ptr + moff, mask=mok, other=0).to(tl.int32) & (NMAP - 1)
+    qb = tl.load(tab_ptr + (mt[:, :, None] << IB) + c, mask=ok, other=0)
+    sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & S_MASK
+    nan_t = sc == S_NAN
+    k3 = tl.where(nan_t, 0, sc - S_BIAS)[:, None, None]
+    yb = _cb_ldexp_bits(qb, k3)
+    _cb_store_values(y_ptr, off, ok, yb, ok & nan_t[:, None, None], OUT_KIND)
+
+
+# -- host side -------------------------------------------------------------------------------
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+
+
+def _common(g: _Geom, nsub_p: int, sub_p: int, bt: int) -> dict[str, Any]:
+    return dict(
+        LAST=g.inner == 1, TENSOR=g.tensor, SUBT=bool(g.tiling.Sc), NSUB=nsub_p, SUB=sub_p,
+        BT=bt,
+    )  # fmt: skip
+
+
+def _check_book(dt: DataType, shape: tuple[int, ...], axis: int) -> Codebook:
+    why = supports(dt, shape, axis)
+    if why is not None:
+        raise NotImplementedError(f"{why}; use backend='reference'")
+    assert isinstance(dt.nspec, Codebook)
+    return dt.nspec
+
+
+def quantize(
+    x: torch.Tensor,
+    dt: DataType,
+    *,
+    axis: int,
+    round_mode: RoundMode,
+    scale_mode: ScaleMode,
+    nan_policy: NanPolicy,
+    seed: int = 0,
+    full_int_range: bool = False,
+    want_values: bool = True,
+    want_codes: bool = False,
+) -> dict[str, Any]:
+    """Quantize a float32/float16/bfloat16 tensor to codebook ``dt`` (reference, bit for bit).
+
+    ``seed`` and ``full_int_range`` are accepted for the engines' common signature and have
+    no effect on codebooks.
+
+    Returns:
+        A dict with ``values`` (input dtype and shape, when asked), ``codes`` (uint8 table
+        indices, input shape), ``scale`` (exponent codes, grid layout) and ``meta`` (uint8
+        mapping index per subtile, else per tile, grid layout), the code fields only when asked.
+
+    Raises:
+        NotImplementedError: stochastic rounding, or a cast `supports` refuses.
+        TypeError: an unsupported input dtype.
+    """
+    if round_mode is RoundMode.STOCHASTIC:
+        raise NotImplementedError(
+            "codebooks round to the nearest table entry; stochastic is not supported"
+        )
+    if x.dtype not in _IN_KIND:
+        raise TypeError(f"the Triton engine casts float32, float16 or bfloat16, not {x.dtype}")
+    book = _check_book(dt, tuple(x.shape), axis)
+    s = dt.sspec
+    assert s is not None
+    g = _geom(tuple(x.shape), dt, axis)
+    x = x.contiguous()
+    dev = x.device
+    nsub_p, sub_p, bt, grid = _launch(g)
+    m64, m32, even, _tab = _book_tables(book, dev)
+    y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
+    if want_codes:
+        codes = torch.empty(x.shape, dtype=torch.uint8, device=dev)
+        scale = torch.empty(g.n_inst, dtype=torch.uint8, device=dev)
+        meta = torch.empty(math.prod(g.meta_shape), dtype=torch.uint8, device=dev)
+    else:
+        codes = scale = meta = torch.empty(1, dtype=torch.uint8, device=dev)
+    _cb_quant_kernel[grid](
+        _int_view(x), _int_view(y), codes, scale, meta, m64, m32, even,
+        g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1),
+        IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes,
+        ROUND=_ROUND[round_mode], NAN_BLOCK=nan_policy is NanPolicy.BLOCK,
+        NEGZERO=book.compute.has_negative_zero, IB=book.index_bits,
+        K=1 << (book.index_bits - 1), NMAP=book.num_mappings,
+        num_warps=_NUM_WARPS, enable_fp_fusion=False,
+        **_common(g, nsub_p, sub_p, bt), **_scale_consts(book, dt, scale_mode),
+    )  # fmt: skip
+    out: dict[str, Any] = {}
+    if want_values:
+        out["values"] = y
+    if want_codes:
+        out["codes"] = codes
+        out["scale"] = scale.reshape(g.grid_shape)
+        out["meta"] = meta.reshape(g.meta_shape)
+    return out
+
+
+def dequantize(
+    dt: DataType,
+    shape: tuple[int, ...],
+    axis: int,
+    codes: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    tenscale: torch.Tensor | None = None,
+    meta: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Values of unpacked codebook codes (reference `dequantize`, bit for bit), as ``out_dtype``.
+
+    ``tenscale`` is accepted for the engines' common signature (codebooks have none).
+
+    Raises:
+        NotImplementedError: a cast `supports` refuses.
+        ValueError: a missing scale or meta tensor.
+        TypeError: an unsupported output dtype.
+    """
+    if out_dtype not in _IN_KIND:
+        raise TypeError(f"upcast returns float32, float16 or bfloat16, not {out_dtype}")
+    shape = tuple(int(d) for d in shape)
+    book = _check_book(dt, shape, axis)
+    s = dt.sspec
+    assert s is not None
+    if scale is None:
+        raise ValueError(f"{dt.name}: dequantizing needs the scale tensor")
+    if meta is None:
+        raise ValueError(f"{dt.name}: dequantizing needs the meta tensor")
+    g = _geom(shape, dt, int(axis) % len(shape))
+    dev = codes.device
+    nsub_p, sub_p, bt, grid = _launch(g)
+    tab = _book_tables(book, dev)[3]
+    y = torch.empty(shape, dtype=out_dtype, device=dev)
+    c = codes.contiguous().reshape(-1)
+    sc = scale.contiguous().reshape(-1)
+    mt = meta.contiguous().reshape(-1)
+    _cb_dequant_kernel[grid](
+        c, _int_view(y), sc, mt, tab,
+        g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1),
+        OUT_KIND=_IN_KIND[out_dtype], S_BIAS=s.scale.bias, S_NAN=(1 << s.scale.ebits) - 1,
+        S_MASK=(1 << s.scale.bits) - 1, IB=book.index_bits, NMAP=book.num_mappings,
+        num_warps=_NUM_WARPS, **_common(g, nsub_p, sub_p, bt),
+    )  # fmt: skip
+    return y
