@@ -187,9 +187,36 @@ def _cast_triton(
     int_range: str,
 ) -> Any:
     from onnxq.cast import triton as tk
+    from onnxq.cast import triton_fast as tf
     from onnxq.cast.api import QTensor, _meta_bits
 
     virtual = cast_mode is CastMode.VIRTUAL
+    compress = cast_mode is CastMode.COMPRESS
+    fp = tf.fast_plan(tuple(x.shape), dt, axis, rmode)
+    if fp is not None:
+        res = tf.quantize(
+            x.detach(),
+            dt,
+            fp,
+            scale_mode=smode,
+            nan_policy=policy,
+            full_int_range=int_range == "full",
+            want_values=virtual,
+            want_codes=not virtual,
+            packed=compress,
+        )
+        if virtual:
+            return res["values"]
+        return QTensor(
+            data=res["codes"],
+            dtype=dt,
+            shape=tuple(x.shape),
+            axis=axis,
+            mode=cast_mode,
+            scale=res.get("scale"),
+            tenscale=res.get("tenscale"),
+            meta=res.get("meta"),
+        )
     res = tk.quantize(
         x.detach(),
         dt,
@@ -214,7 +241,7 @@ def _cast_triton(
         tenscale=res.get("tenscale"),
         meta=res.get("meta"),
     )
-    if cast_mode is CastMode.COMPRESS:
+    if compress:
         q = dataclasses.replace(
             q,
             data=tk.pack_bits(q.data, dt.nspec.bits),

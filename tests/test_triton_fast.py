@@ -1,0 +1,209 @@
+"""The Triton fast path (dense last-axis tiles, float arithmetic) against the numpy reference.
+
+The fast path replaces the general kernel's integer emulation by float32 tricks whose
+exactness rests on margins (underflow below 2^-126, the magic-number rounding, codes from
+shifted float bits). These tests aim at those margins: tiles whose scale clamps at the
+bottom or top of E8M0, subnormal inputs, values next to FLT_MAX, ties on every grid, tiles of
+one nonzero, NaN/Inf in every policy, and program blocks that end inside the tensor. Without a
+GPU they run in Triton's interpreter; on one, on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+GPU = torch.cuda.is_available()
+if not GPU:
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+import ml_dtypes  # noqa: E402
+
+import onnxq  # noqa: E402
+
+assert callable(onnxq.cast)  # bind the lazy function before importing submodules
+
+from onnxq.cast import triton_fast as tf  # noqa: E402
+from onnxq.cast.api import QTensor, cast, upcast  # noqa: E402
+from onnxq.cast.torch_bridge import upcast_triton  # noqa: E402
+from onnxq.formats.datatype import datatype  # noqa: E402
+from onnxq.formats.modes import RoundMode  # noqa: E402
+
+DEV = "cuda" if GPU else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+NP_DT = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+FAST = ["mxfp8e4", "mxfp8e5", "mxfp6e2", "mxfp6e3", "mxfp4", "mxint8", "mxint4", "bfp16",
+        "bfp8", "mx9", "mx6", "mx4", "nvfp4"]  # fmt: skip
+FLOAT_FAST = ["mxfp8e4", "mxfp8e5", "mxfp6e2", "mxfp6e3", "mxfp4", "nvfp4"]
+
+
+def hostile(shape: tuple[int, ...], tile: int, seed: int) -> np.ndarray:
+    """Tiles of very different magnitudes, with the values the float tricks must survive."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    rows = x.reshape(-1, tile)
+    exps = rng.integers(-140, 126, size=rows.shape[0]).astype(np.float32)
+    rows *= np.float32(2.0) ** exps[:, None]
+    n = rows.shape[0]
+    fmax = np.finfo(np.float32).max
+    specials = [
+        lambda r: r.fill(0.0),  # an all-zero tile
+        lambda r: r.__setitem__(slice(None), 0.0) or r.__setitem__(3, -1e-41),  # one subnormal
+        lambda r: r.__setitem__(slice(None), rng.standard_normal(tile) * 1e-40),  # subnormals
+        lambda r: r.__setitem__(0, fmax),  # the largest finite value
+        lambda r: r.__setitem__(slice(None), -fmax),
+        lambda r: r.__setitem__(slice(None), np.arange(tile) / 8.0 - tile / 16.0),  # ties
+        lambda r: r.__setitem__(slice(None), np.arange(tile) * 0.25 + 0.125),
+        lambda r: r.__setitem__(1, np.nan),
+        lambda r: r.__setitem__(2, -np.inf),
+        lambda r: r.__setitem__(slice(None), np.nan),  # a NaN-only tile
+        lambda r: r.__setitem__(slice(None), rng.integers(-600, 600, tile) / 4.0),
+        lambda r: r.__setitem__(0, 2.0**-126) or r.__setitem__(slice(1, None), 2.0**-149),
+        lambda r: r.__setitem__(slice(None), -0.0),
+    ]
+    for k, apply in enumerate(specials):
+        if k < n:
+            apply(rows[(k * 7) % n])
+    return rows.reshape(shape)
+
+
+def to_torch(x: np.ndarray, dtype: str) -> torch.Tensor:
+    a = np.ascontiguousarray(x.astype(NP_DT[dtype]))
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(DEV)
+    return torch.from_numpy(a).to(DEV)
+
+
+def bits(a: np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu()
+        if a.dtype in (torch.bfloat16, torch.float16):
+            return a.view(torch.int16).numpy().astype(np.int64)
+        if a.dtype == torch.float32:
+            return a.view(torch.int32).numpy().astype(np.int64)
+        if a.dtype == torch.uint32:
+            return a.view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
+        if a.dtype == torch.uint16:
+            return a.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+        return a.numpy().astype(np.int64)
+    a = np.asarray(a)
+    if a.dtype == np.float32:
+        return a.view(np.int32).astype(np.int64)
+    if a.dtype in (np.float16, np.dtype(ml_dtypes.bfloat16)):
+        return a.view(np.int16).astype(np.int64)
+    return a.astype(np.int64)
+
+
+def same(got, want, what: str) -> None:
+    if want is None:
+        assert got is None, what
+        return
+    assert got is not None, f"{what}: missing"
+    g, w = bits(got), bits(want)
+    assert g.shape == w.shape, f"{what}: shape {g.shape}, want {w.shape}"
+    bad = np.nonzero(g.reshape(-1) != w.reshape(-1))[0]
+    assert bad.size == 0, (
+        f"{what}: {bad.size} of {w.size} differ, first at {bad[:4].tolist()}: "
+        f"got {g.reshape(-1)[bad[:4]].tolist()}, want {w.reshape(-1)[bad[:4]].tolist()}"
+    )
+
+
+def check(x: np.ndarray, name: str, dtype: str, modes=("virtual", "actual", "compress"), **kw):
+    xt = to_torch(x, dtype)
+    rmode = RoundMode.parse(kw.get("round_mode", "even"))
+    assert tf.fast_plan(tuple(x.shape), datatype(name), x.ndim - 1, rmode) is not None, name
+    xn = x.astype(NP_DT[dtype])
+    for mode in modes:
+        label = f"{name} {dtype} {mode} {kw}"
+        want = cast(xn, name, mode=mode, backend="reference", **kw)
+        got = cast(xt, name, mode=mode, backend="triton", **kw)
+        if mode == "virtual":
+            assert got.dtype == xt.dtype, label
+            same(got, want, label)
+            continue
+        assert isinstance(got, QTensor)
+        for field in ("data", "scale", "zero", "tenscale", "meta", "mask"):
+            same(getattr(got, field), getattr(want, field), f"{label} {field}")
+        same(upcast_triton(got, TORCH_DT[dtype]), upcast(want, NP_DT[dtype]), label + " upcast")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", FAST)
+def test_presets_on_hostile_tiles(name: str, dtype: str) -> None:
+    tile = datatype(name).sspec.tiles[0].size
+    # 3 x 5 rows of 4 tiles: 60 tiles, so the last program block ends inside the tensor
+    shape = (3, 5, 4 * tile) if not GPU else (333, 7, 64 * tile)
+    check(hostile(shape, tile, seed=len(name)), name, dtype)
+
+
+@pytest.mark.parametrize("scale_mode", ["floor", "ceil", "midmax", "option3", "topbinade",
+                                        "rceil", "even"])  # fmt: skip
+def test_scale_modes(scale_mode: str) -> None:
+    for name in ("mxfp8e4", "mxfp6e3", "mxfp4", "mxint8"):
+        x = hostile((16, 64), 32, seed=3)
+        x[0, :32] = 448.0
+        x[1, :32] = 464.0
+        x[2, :32] = 7.5
+        x[3, :32] = np.nextafter(np.float32(480.0), np.float32(0))
+        check(x, name, "float32", modes=("virtual", "actual"), scale_mode=scale_mode)
+
+
+@pytest.mark.parametrize("nan_policy", ["element", "block"])
+def test_nan_policies(nan_policy: str) -> None:
+    for name in ("mxfp8e4", "mxfp4", "mxint8", "mx6", "nvfp4"):
+        tile = datatype(name).sspec.tiles[0].size
+        x = hostile((6, 4 * tile), tile, seed=11)
+        x[0, 3] = np.nan
+        x[1, 5] = np.inf
+        x[2, 7] = np.float32(np.uint32(0xFF800001).view(np.float32))  # a NaN payload
+        for dtype in ("float32", "bfloat16"):
+            check(x, name, dtype, nan_policy=nan_policy)
+
+
+def test_full_int_range() -> None:
+    for name in ("mxint8", "bfp16", "mx6", "mx9", "mxint4"):
+        tile = datatype(name).sspec.tiles[0].size
+        x = hostile((4, 2 * tile), tile, seed=9)
+        x[0, :4] = [-128.0, 127.0, -127.5, 1.0]
+        check(x, name, "float32", int_range="full")
+
+
+def test_one_dimensional_and_long_tensors() -> None:
+    check(hostile((32 * 300,), 32, seed=1), "mxfp4", "float32")
+    check(hostile((2, 16 * 700), 16, seed=2), "mx6", "bfloat16")
+
+
+def test_the_general_kernel_agrees_with_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The switch that turns the fast path off must reach the general kernel, bit for bit.
+    x = to_torch(hostile((8, 128), 32, seed=4), "bfloat16")
+    fast = cast(x, "mxfp6e2", mode="compress", backend="triton")
+    monkeypatch.setenv("ONNXQ_TRITON_FAST", "0")
+    assert tf.fast_plan((8, 128), datatype("mxfp6e2"), 1, RoundMode.EVEN) is None
+    slow = cast(x, "mxfp6e2", mode="compress", backend="triton")
+    for field in ("data", "scale", "meta"):
+        same(getattr(fast, field), getattr(slow, field), field)
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis", "kw", "why"),
+    [
+        ((4, 100), 1, {}, "tile length"),
+        ((64, 4), 0, {}, "last axis"),
+        ((4, 64), 1, {"round_mode": "stochastic"}, "round modes"),
+        ((4, 64), 1, {"dtype": "uint4_block32"}, "zero points"),
+    ],
+)
+def test_what_the_fast_path_leaves_to_the_general_kernel(shape, axis, kw, why) -> None:
+    dt = datatype(kw.get("dtype", "mxfp4"))
+    rmode = RoundMode.parse(kw.get("round_mode", "even"))
+    reason = tf.why_not_fast(shape, dt, axis, rmode)
+    assert reason is not None and why in reason
