@@ -57,7 +57,24 @@ from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 
 __all__ = ["FastPlan", "fast_plan", "quantize", "why_not_fast"]
 
-_BLOCK = 4096  # elements per program
+_BLOCK, _WARPS = 4096, 8  # elements and warps per program (benchmarks/gpu.py --sweep)
+
+
+def _config() -> tuple[int, int]:
+    """(elements, warps) per program; ``ONNXQ_TRITON_FAST_CONFIG=8192:16`` overrides them."""
+    text = os.environ.get("ONNXQ_TRITON_FAST_CONFIG", "")
+    if not text:
+        return _BLOCK, _WARPS
+    try:
+        block, warps = (int(v) for v in text.split(":"))
+    except ValueError:
+        block = warps = 0
+    if block < 1024 or block & (block - 1) or warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(
+            f"ONNXQ_TRITON_FAST_CONFIG={text!r}: expected BLOCK:WARPS, BLOCK a power of two "
+            f">= 1024 and WARPS one of 1, 2, 4, 8, 16, 32, e.g. 4096:8"
+        )
+    return block, warps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +86,7 @@ class FastPlan:
     nsub: int
     sub: int
     bt: int
+    warps: int
 
 
 def why_not_fast(
@@ -120,7 +138,8 @@ def fast_plan(
     assert s is not None
     tc = s.tiles[0].size
     sub = s.tiles[0].subtile or tc
-    return FastPlan(math.prod(shape) // tc, tc, tc // sub, sub, max(1, _BLOCK // tc))
+    block, warps = _config()
+    return FastPlan(math.prod(shape) // tc, tc, tc // sub, sub, max(1, block // tc), warps)
 
 
 def _group(bits: int) -> tuple[int, int]:
@@ -156,7 +175,13 @@ def _float_code_of(r, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 @triton.jit
 def _pack_store(
-    ptr, codes, pid, nbytes, BLOCK: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+    ptr,
+    codes,
+    pid,
+    nbytes,
+    BLOCK: tl.constexpr,
+    BITS: tl.constexpr,
+    G: tl.constexpr,
     NB: tl.constexpr,
 ):
     # Write this program's BLOCK codes (C order) as packing.py's little-endian bit stream:
@@ -442,7 +467,7 @@ def quantize(
         SHIFT=bool(s.tiles[0].subtile), E_FLOAT=e.is_float, E_MBITS=e.mbits, E_EMIN=e.emin,
         E_EMAX=e.emax, E_MAXF=float(n.maxfloat), E_BITS=n.bits, E_G=g, E_NB=nb,
         E_NEGZERO=e.negzero, E_NANCODE=e.nan_code, E_LIM=float(e.maxm),
-        FULL_INT=full_int_range and not e.is_float, num_warps=8, enable_fp_fusion=False,
+        FULL_INT=full_int_range and not e.is_float, num_warps=fp.warps, enable_fp_fusion=False,
         **consts,
     )  # fmt: skip
     out: dict[str, Any] = {}
@@ -452,8 +477,8 @@ def quantize(
         out["codes"] = codes if packed else codes.view(x.shape)
         out["scale"] = scale.reshape(*x.shape[:-1], x.shape[-1] // fp.tc)
         if meta_count:
-            out["meta"] = meta[:meta_nbytes] if packed else meta.reshape(
-                *x.shape[:-1], x.shape[-1] // fp.sub
+            out["meta"] = (
+                meta[:meta_nbytes] if packed else meta.reshape(*x.shape[:-1], x.shape[-1] // fp.sub)
             )
         if s.tenscale is not None:
             code = ts_code if s.tenscale.bits > 16 else ts_code.to(torch.int16)
