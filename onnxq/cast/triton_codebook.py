@@ -47,7 +47,7 @@ from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 
-__all__ = ["dequantize", "quantize", "supports"]
+__all__ = ["dequantize", "meta_shape", "quantize", "supports"]
 
 _ROUND = {RoundMode.EVEN: 0, RoundMode.AWAY: 1, RoundMode.ZERO: 2}
 _SMODE = {
@@ -63,6 +63,7 @@ _IN_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _MAX_TILE = 1024  # a tile (or a whole-tensor scale's tensor) must fit one program
 _BLOCK = 1024  # elements per program (float64 work: keep the registers per thread modest)
 _NUM_WARPS = 4
+_FORCE_ORDERED = False  # tests: take the reference-order pass in every program
 
 
 # -- geometry --------------------------------------------------------------------------------
@@ -128,6 +129,11 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
             f"({name}, {tiling.Tc} per tile)"
         )
     return None
+
+
+def meta_shape(dt: DataType, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """Shape of the unpacked meta grid (what a compress-mode meta stream unpacks to)."""
+    return _geom(tuple(shape), dt, int(axis) % len(shape)).meta_shape
 
 
 def _geom(shape: tuple[int, ...], dt: DataType, axis: int) -> _Geom:
@@ -455,6 +461,7 @@ def _cb_quant_kernel(
     IB: tl.constexpr,
     K: tl.constexpr,
     NMAP: tl.constexpr,
+    FORCE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     u_ok, inst, j, o, i, off, ok = _cb_offsets(
@@ -488,7 +495,10 @@ def _cb_quant_kernel(
     best_tq = tl.zeros([BT, NSUB, SUB], tl.float64)
     best_err = tl.zeros([BT, NSUB], tl.float64)
     best_map = tl.zeros([BT, NSUB], tl.int32)
-    amb = best_map != 0
+    if FORCE:
+        amb = best_map == 0
+    else:
+        amb = best_map != 0
     for m in range(NMAP):
         idx, tq = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, ROUND)
         d = a - tq
@@ -658,7 +668,7 @@ def quantize(
         IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes,
         ROUND=_ROUND[round_mode], NAN_BLOCK=nan_policy is NanPolicy.BLOCK,
         NEGZERO=book.compute.has_negative_zero, IB=book.index_bits,
-        K=1 << (book.index_bits - 1), NMAP=book.num_mappings,
+        K=1 << (book.index_bits - 1), NMAP=book.num_mappings, FORCE=_FORCE_ORDERED,
         num_warps=_NUM_WARPS, enable_fp_fusion=False,
         **_common(g, nsub_p, sub_p, bt), **_scale_consts(book, dt, scale_mode),
     )  # fmt: skip
