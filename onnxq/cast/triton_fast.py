@@ -158,11 +158,11 @@ def _pow2(k):
 
 @triton.jit
 def _round_float(a, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXF: tl.constexpr):
-    # a >= 0 (NaN lanes are the caller's): round half-even onto the grid of a float format
-    # with MBITS mantissa bits and smallest normal exponent EMIN, saturating at MAXF
-    a = tl.minimum(a, 2.0 * MAXF)
-    ea = (a.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    magic = ((tl.maximum(ea, EMIN + 127) + (23 - MBITS)) << 23).to(tl.float32, bitcast=True)
+    # a >= 0: round half-even onto the grid of a float format with MBITS mantissa bits and
+    # smallest normal exponent EMIN, saturating at MAXF. Inf (and NaN, whose lanes are the
+    # caller's) make a garbage magic and a NaN sum, which min() turns into MAXF.
+    ea = a.to(tl.int32, bitcast=True) >> 23
+    magic = ((tl.maximum(ea, EMIN + 127) << 23) + ((23 - MBITS) << 23)).to(tl.float32, bitcast=True)
     return tl.minimum((a + magic) - magic, MAXF)
 
 
@@ -226,6 +226,7 @@ def _fast_kernel(
     SUB: tl.constexpr,
     BT: tl.constexpr,
     OUT_KIND: tl.constexpr,
+    HW_BF16: tl.constexpr,
     WANT_Y: tl.constexpr,
     WANT_CODES: tl.constexpr,
     PACKED: tl.constexpr,
@@ -335,25 +336,34 @@ def _fast_kernel(
     if E_FLOAT:
         r = _round_float(v, E_MBITS, E_EMIN, E_MAXF)
     else:
-        r = (tl.minimum(v, 4194304.0) + 12582912.0) - 12582912.0  # 1.5 * 2^23: integers
+        # v < 2^22 (the scale bounds it) rounds to an integer; Inf's NaN sum meets min() below
+        r = (v + 12582912.0) - 12582912.0
         if FULL_INT:
             r = tl.minimum(r, E_LIM + neg.to(tl.float32))
         else:
             r = tl.minimum(r, E_LIM)
     sgn = neg & ((r != 0) | E_NEGZERO)
     if WANT_Y:
-        yb = (r * eff).to(tl.int32, bitcast=True) | (sgn.to(tl.int32) << 31)
-        nan = tile_nan | ((yb & 0x7FFFFFFF) > 0x7F800000)
+        # r * eff is finite or Inf: NaN comes only from the input (elements) or the tile
+        if E_NEGZERO:
+            yb = (r * eff).to(tl.int32, bitcast=True) | (xb & -2147483648)
+        else:
+            yb = (r * eff).to(tl.int32, bitcast=True) | tl.where(r > 0, xb & -2147483648, 0)
         if E_FLOAT:
-            nan = nan | elem_nan
+            nan = tile_nan | elem_nan
+        else:
+            nan = tile_nan
         # every NaN is the canonical quiet NaN of the output type (reference._canonical_nan)
         if OUT_KIND == 0:
             out = tl.where(nan, 0x7FC00000, yb)
         elif OUT_KIND == 1:
             h = yb.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True)
             out = tl.where(nan, 0x7E00, h).to(tl.int16)
-        else:
-            mag = yb & 0x7FFFFFFF  # round half-even to bfloat16 on the bits: exact everywhere
+        elif HW_BF16:  # cvt.rn.bf16.f32: one instruction, round half-even, subnormals kept
+            h = yb.to(tl.float32, bitcast=True).to(tl.bfloat16).to(tl.int16, bitcast=True)
+            out = tl.where(nan, 0x7FC0, h).to(tl.int16)
+        else:  # the interpreter's conversion does not round half-even: do it on the bits
+            mag = yb & 0x7FFFFFFF
             h = ((mag + 0x7FFF + ((mag >> 16) & 1)) >> 16) | ((yb >> 16) & 0x8000)
             out = tl.where(nan, 0x7FC0, h).to(tl.int16)
         tl.store(y_ptr + start + offs, out, mask=ok)
@@ -463,6 +473,7 @@ def quantize(
     _fast_kernel[grid](
         x_bits, y_bits, codes, scale, meta, top, ts_code, fp.n_tiles, code_nbytes, meta_nbytes,
         TC=fp.tc, NSUB=fp.nsub, SUB=fp.sub, BT=fp.bt, OUT_KIND=_IN_KIND[x.dtype],
+        HW_BF16=os.environ.get("TRITON_INTERPRET", "") != "1",
         WANT_Y=want_values, WANT_CODES=want_codes, PACKED=packed, NAN_MODE=nan_mode,
         SHIFT=bool(s.tiles[0].subtile), E_FLOAT=e.is_float, E_MBITS=e.mbits, E_EMIN=e.emin,
         E_EMAX=e.emax, E_MAXF=float(n.maxfloat), E_BITS=n.bits, E_G=g, E_NB=nb,
