@@ -396,12 +396,21 @@ def _cb_store_values(y_ptr, off, ok, yb, nan, OUT_KIND: tl.constexpr):
 
 
 @triton.jit
-def _cb_nearest(a, mag_ptr, even_ptr, base, K: tl.constexpr, ROUND: tl.constexpr):
+def _cb_nearest(
+    a, mag_ptr, even_ptr, base, K: tl.constexpr, LOG2K: tl.constexpr, ROUND: tl.constexpr
+):
     # Nearest entry of one mapping (reference `_codebook_select`): hi = searchsorted(left)
     # clipped to [1, K-1], distances in float64, ties by the round mode.
     cnt = (a != a).to(tl.int32) * 0
-    for t in range(K):
-        cnt += (tl.load(mag_ptr + base + t) < a).to(tl.int32)
+    if K <= 8:
+        for t in range(K):
+            cnt += (tl.load(mag_ptr + base + t) < a).to(tl.int32)
+    else:
+        # branchless lower bound (K a power of two); it stops at K - 1, which clips alike
+        for r in tl.static_range(LOG2K):
+            step: tl.constexpr = K >> (r + 1)
+            probe = tl.load(mag_ptr + base + cnt + (step - 1))
+            cnt = tl.where(probe < a, cnt + step, cnt)
     hi = tl.minimum(tl.maximum(cnt, 1), K - 1)
     lo = hi - 1
     t_hi = tl.load(mag_ptr + base + hi)
@@ -415,7 +424,9 @@ def _cb_nearest(a, mag_ptr, even_ptr, base, K: tl.constexpr, ROUND: tl.constexpr
     else:
         tie = d_lo != d_lo
     pick = (d_hi < d_lo) | ((d_hi == d_lo) & tie)
-    return tl.where(pick, hi, lo), tl.where(pick, t_hi, t_lo)
+    # the reference's error term v - q is +-(a - t): d_lo or -d_hi (IEEE subtraction is
+    # sign-symmetric), so its square is the same bits
+    return tl.where(pick, hi, lo), tl.where(pick, t_hi, t_lo), tl.where(pick, d_hi, d_lo)
 
 
 # -- kernels ---------------------------------------------------------------------------------
@@ -460,6 +471,7 @@ def _cb_quant_kernel(
     NEGZERO: tl.constexpr,
     IB: tl.constexpr,
     K: tl.constexpr,
+    LOG2K: tl.constexpr,
     NMAP: tl.constexpr,
     FORCE: tl.constexpr,
 ):
@@ -500,17 +512,19 @@ def _cb_quant_kernel(
     else:
         amb = best_map != 0
     for m in range(NMAP):
-        idx, tq = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, ROUND)
-        d = a - tq
+        idx, tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, ROUND)
         err = tl.sum(d * d, axis=2)
         first = m == 0
         later = m != 0
+        # equal entries: equal terms, equal sums in any order (a tie: the earlier stays)
         same = tl.min((tq == best_tq).to(tl.int32), axis=2) > 0
         # tree and ordered sums are both within 2^-43 (relative) of the exact sum
         sure_better = err < best_err - best_err * 1.4551915228366852e-11  # 2^-36
         sure_worse = best_err < err - err * 1.4551915228366852e-11
         better = first | (~same & sure_better)
-        amb = amb | (later & (~same) & (~sure_better) & (~sure_worse))
+        # a NaN or Inf in a unit makes every mapping's sum NaN or Inf, in any order: a tie
+        finite = (err - err) == 0.0
+        amb = amb | (later & finite & (~same) & (~sure_better) & (~sure_worse))
         best_err = tl.where(better, err, best_err)
         best_map = tl.where(better, m, best_map)
         best_idx = tl.where(better[:, :, None], idx, best_idx)
@@ -520,8 +534,7 @@ def _cb_quant_kernel(
     if tl.max(tl.max(amb.to(tl.int32), axis=1), axis=0) > 0:
         kpos = tl.arange(0, SUB)[None, None, :]
         for m in range(NMAP):
-            idx, tq = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, ROUND)
-            d = a - tq
+            idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, ROUND)
             sq = d * d
             err = tl.zeros([BT, NSUB], tl.float64)
             for kk in range(SUB):
@@ -668,7 +681,8 @@ def quantize(
         IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes,
         ROUND=_ROUND[round_mode], NAN_BLOCK=nan_policy is NanPolicy.BLOCK,
         NEGZERO=book.compute.has_negative_zero, IB=book.index_bits,
-        K=1 << (book.index_bits - 1), NMAP=book.num_mappings, FORCE=_FORCE_ORDERED,
+        K=1 << (book.index_bits - 1), LOG2K=book.index_bits - 1, NMAP=book.num_mappings,
+        FORCE=_FORCE_ORDERED,
         num_warps=_NUM_WARPS, enable_fp_fusion=False,
         **_common(g, nsub_p, sub_p, bt), **_scale_consts(book, dt, scale_mode),
     )  # fmt: skip
