@@ -116,7 +116,7 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
         return f"the Triton codebook engine does not implement exponent scales over 8 bits ({name})"
     if not n.is_populated:
         return f"{name}: the generic codebook has no mappings yet (add_mappings)"
-    if any(float(np.float32(m)) != m for mags in n.magnitudes() for m in mags):
+    if not _float32_table(n, n.magnitudes()):
         return f"the Triton codebook engine needs table values that are float32 numbers ({name})"
     if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
         return f"the Triton codebook engine needs a non-empty shape, got {shape}"
@@ -162,28 +162,29 @@ def _launch(g: _Geom) -> tuple[int, int, int, tuple[int]]:
 
 @functools.lru_cache(maxsize=64)
 def _tables(
-    mags: tuple[tuple[float, ...], ...],
-    codes: tuple[tuple[int, ...], ...],
-    negzero: bool,
-    device: str,
+    book: Codebook, mags: tuple[tuple[float, ...], ...], device: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Device tables: magnitudes (float64 and float32 bits), even-code flags, full table bits."""
+    """Device tables: magnitudes (float64 and float32 bits), even-code flags, full table bits.
+
+    Keyed on the mappings too: a Codebook's equality and hash leave them out.
+    """
     m64 = np.asarray(mags, dtype=np.float64).reshape(-1)
     m32 = m64.astype(np.float32).view(np.int32)
+    codes = book.magnitude_codes()
     even = (np.asarray(codes, dtype=np.int64).reshape(-1) % 2 == 0).astype(np.int8)
-    full = []
-    for row in mags:
-        full.append((*row, -0.0 if negzero else 0.0, *(-m for m in row[1:])))
-    tab = np.asarray(full, dtype=np.float32).view(np.int32).reshape(-1)
+    tab = np.asarray(book.table(), dtype=np.float32).view(np.int32).reshape(-1)
     return tuple(
         torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in (m64, m32, even, tab)
     )  # type: ignore[return-value]
 
 
 def _book_tables(book: Codebook, device: torch.device) -> tuple[torch.Tensor, ...]:
-    return _tables(
-        book.magnitudes(), book.magnitude_codes(), book.compute.has_negative_zero, str(device)
-    )
+    return _tables(book, book.magnitudes(), str(device))
+
+
+@functools.lru_cache(maxsize=256)
+def _float32_table(book: Codebook, mags: tuple[tuple[float, ...], ...]) -> bool:
+    return all(float(np.float32(m)) == m for row in mags for m in row)
 
 
 def _scale_consts(book: Codebook, dt: DataType, scale_mode: ScaleMode) -> dict[str, Any]:
@@ -408,9 +409,8 @@ def _cb_nearest(
     else:
         # branchless lower bound (K a power of two); it stops at K - 1, which clips alike
         for r in tl.static_range(LOG2K):
-            step: tl.constexpr = K >> (r + 1)
-            probe = tl.load(mag_ptr + base + cnt + (step - 1))
-            cnt = tl.where(probe < a, cnt + step, cnt)
+            probe = tl.load(mag_ptr + base + cnt + ((K >> (r + 1)) - 1))
+            cnt = tl.where(probe < a, cnt + (K >> (r + 1)), cnt)
     hi = tl.minimum(tl.maximum(cnt, 1), K - 1)
     lo = hi - 1
     t_hi = tl.load(mag_ptr + base + hi)
