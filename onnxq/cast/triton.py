@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -120,7 +121,11 @@ def _store_dtype(bits: int) -> torch.dtype:
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    """Everything the kernels need to know about one cast, checked for support."""
+    """Everything the kernels need to know about one cast, checked for support.
+
+    2-D tiles are cast as rows of a padded copy that holds one tile per row, in subtile
+    order (`_to_tile_rows`): the geometry fields then describe that copy.
+    """
 
     dt: DataType
     tiling: Tiling
@@ -130,7 +135,7 @@ class _Plan:
     TC: int  # elements per tile along the axis
     nC: int
     n_inst: int
-    skind: int  # 0 unscaled, 1 exponent scale, 2 float scale
+    skind: int  # 0 unscaled, 1 exponent scale, 2 float scale, 3/4 float scale + int/float zero
     single: bool  # one program holds whole tiles
     nsub: int
     sub: int
@@ -138,20 +143,37 @@ class _Plan:
     elem: _ElemFmt
     sfmt: _ElemFmt | None
     tfmt: _ElemFmt | None
+    zfmt: _ElemFmt | None
+
+    @property
+    def rows(self) -> bool:
+        """2-D tiles: the kernels see one tile per row of a copy."""
+        return self.tiling.kind == "2d"
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
         """Scale grid layout (layout.py `tile_grid`)."""
-        if self.tiling.kind == "tensor":
+        t = self.tiling
+        if t.kind == "tensor":
             return (1,)
-        s, a = self.tiling.shape, self.tiling.axis
+        if t.kind == "2d":
+            return _grid_2d(t, t.nR, t.nC)
+        s, a = t.shape, t.axis
         return (*s[:a], self.nC, *s[a + 1 :])
 
     @property
     def meta_shape(self) -> tuple[int, ...]:
         """MX shift-bit grid layout (layout.py `sub_grid`)."""
-        s, a = self.tiling.shape, self.tiling.axis
+        t = self.tiling
+        if t.kind == "2d":
+            return _grid_2d(t, *t.sub_counts)
+        s, a = t.shape, t.axis
         return (*s[:a], self.sub_cols, *s[a + 1 :])
+
+
+def _grid_2d(t: Tiling, rows: int, cols: int) -> tuple[int, ...]:
+    g = (*t.moved_shape[:-2], rows, cols)
+    return (*g[: t.axis], g[-1], *g[t.axis : -1])  # moveaxis(-1, axis)
 
 
 def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
@@ -168,46 +190,50 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
     if n.bits > 16:
         raise NotImplementedError(missing.format("element formats over 16 bits"))
     if s is not None:
-        if s.is_2d:
-            raise NotImplementedError(missing.format("2-D tiles"))
-        if s.sparsity[1]:
-            raise NotImplementedError(missing.format("N:M sparsity"))
-        if s.zero is not None:
-            raise NotImplementedError(missing.format("zero points (uint elements)"))
-        if s.scale.is_exponent and s.scale.ebits > 8:
-            raise NotImplementedError(missing.format("exponent scales over 8 bits"))
         for extra in (s.scale, s.tenscale):
             if extra is not None and extra.is_float and (extra.bits > 32 or extra.mbits > 23):
                 raise NotImplementedError(missing.format("float scales wider than float32"))
+        if s.scale.is_exponent and s.scale.ebits > 16:
+            raise NotImplementedError(missing.format("exponent scales over 16 bits"))
+        if s.zero is not None and s.zero.bits > 16:
+            raise NotImplementedError(missing.format("zero points over 16 bits"))
     tiling = Tiling.build(tuple(shape), axis, s)
     size = math.prod(shape)
-    sfmt = tfmt = None
+    sfmt = tfmt = zfmt = None
     nsub, sub, sub_cols = 1, 0, 0
+    if s is None:
+        skind = 0
+    elif s.scale.is_exponent:
+        skind = 1
+    elif s.zero is None:
+        skind = 2
+    else:
+        skind = 4 if s.zero.is_float else 3
     if s is None or tiling.kind == "tensor":
         outer, inner, C, TC, nC = 1, 1, size, size, 1
-        skind = 0 if s is None else (1 if s.scale.is_exponent else 2)
+    elif tiling.kind == "2d":
+        t = tiling
+        outer, inner, C, nC = t.B * t.nR * t.nC, 1, t.tile_elems, 1
+        TC = C
+        if t.Sc:
+            sub, nsub, sub_cols = t.Sr * t.Sc, t.n_sub, t.n_sub
     else:
         a = tiling.axis
         outer, inner, C = math.prod(shape[:a]), math.prod(shape[a + 1 :]), shape[a]
         TC, nC = tiling.Tc, tiling.nC
-        skind = 1 if s.scale.is_exponent else 2
         if tiling.Sc:
             sub, nsub = tiling.Sc, tiling.Tc // tiling.Sc
             sub_cols = -(-C // tiling.Sc)
-    if skind == 2:
+    if skind >= 2:
         sfmt = _elem_fmt(s.scale)
         if s.tenscale is not None:
             tfmt = _elem_fmt(s.tenscale)
-    single = (
-        skind != 0
-        and triton.next_power_of_2(TC) <= _MAX_SINGLE_TILE
-        and nsub * max(sub, 1) <= _MAX_SINGLE_TILE
-    )
-    if tiling.Sc and not single:
-        raise NotImplementedError(missing.format("subtiles in tiles over 1024 elements"))
+        if skind == 4:
+            zfmt = _elem_fmt(s.zero)
+    single = skind != 0 and triton.next_power_of_2(TC) <= _MAX_SINGLE_TILE
     return _Plan(
         dt, tiling, outer, inner, C, TC, nC, outer * nC * inner, skind, single, nsub, sub,
-        sub_cols, _elem_fmt(n), sfmt, tfmt,
+        sub_cols, _elem_fmt(n), sfmt, tfmt, zfmt,
     )  # fmt: skip
 
 
@@ -260,19 +286,24 @@ def _rand24(idx, key):
 
 @triton.jit
 def _round_shift(M, sh, rand, ROUND: tl.constexpr):
-    # round(M / 2^sh) for 0 <= M < 2^25 (sh <= 0: exact left shift); shifts clamped: no UB
+    # round(M / 2^sh) for 0 <= M < 2^25 with a constexpr mode (0 even, 3 stochastic)
+    if ROUND == 3:
+        out = _round_bits(M, sh, rand, 0, True)
+    else:
+        out = _round_bits(M, sh, rand, ROUND, False)
+    return out
+
+
+@triton.jit
+def _round_bits(M, sh, rand, rmode, STOCH: tl.constexpr):
+    # round(M / 2^sh) for 0 <= M < 2^25 (sh <= 0: exact left shift); shifts clamped: no UB.
+    # rmode (runtime) 0 even, 1 away, 2 zero; STOCH: the reference's stochastic rule.
     shr = tl.minimum(tl.maximum(sh, 0), 30)
     shl = tl.minimum(tl.maximum(-sh, 0), 30)
     fl = M >> shr
     rem = M - (fl << shr)
     half = 1 << tl.maximum(shr - 1, 0)
-    if ROUND == 0:
-        up = (rem > half) | ((rem == half) & ((fl & 1) == 1))
-    elif ROUND == 1:
-        up = rem >= half
-    elif ROUND == 2:
-        up = rem > half
-    else:
+    if STOCH:
         # floor(frac * 2^24) with frac = rem / 2^sh, exactly
         thr = tl.where(
             sh <= 24,
@@ -280,22 +311,15 @@ def _round_shift(M, sh, rand, ROUND: tl.constexpr):
             rem >> tl.minimum(tl.maximum(sh - 24, 0), 30),
         )
         up = rand < thr
+    else:
+        tie_up = (((fl & 1) == 1) & (rmode == 0)) | (rmode == 1)
+        up = (rem > half) | ((rem == half) & tie_up)
     return tl.where(sh > 0, fl + up.to(tl.int32), M << shl)
 
 
 @triton.jit
-def _quant_elem(
-    xb,
-    sexp,
-    rand,
-    IS_FLOAT: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAXM: tl.constexpr,
-    ROUND: tl.constexpr,
-    FULL_INT: tl.constexpr,
-):
+def _quant_elem(xb, sexp, rand, IS_FLOAT: tl.constexpr, mbits, emin, emax, maxm, rmode,
+                full_int, STOCH: tl.constexpr):  # fmt: skip
     # Round |xb| * 2^-sexp onto the element grid (elements.py `quantize_values`), saturating
     # (Inf lanes too; NaN lanes are the caller's). Returns (n, s): magnitude n * 2^s.
     ab = xb & 0x7FFFFFFF
@@ -305,20 +329,17 @@ def _quant_elem(
     ex = tl.where(E > 0, E - 127, -126)
     flx = _ilog2(tl.maximum(M, 1)) + ex - 23
     if IS_FLOAT:
-        s = tl.maximum(flx - sexp, EMIN) - MBITS
+        s = tl.maximum(flx - sexp, emin) - mbits
     else:
         s = flx * 0 + sexp * 0
-    n = _round_shift(M, s + sexp - ex + 23, rand, ROUND)
+    n = _round_bits(M, s + sexp - ex + 23, rand, rmode, STOCH)
     if IS_FLOAT:
-        top = EMAX - MBITS
-        over = (s > top) | ((s == top) & (n > MAXM)) | (E == 255)
-        n = tl.where(over, MAXM, n)
+        top = emax - mbits
+        over = (s > top) | ((s == top) & (n > maxm)) | (E == 255)
+        n = tl.where(over, maxm, n)
         s = tl.where(over, top, s)
     else:
-        if FULL_INT:
-            lim = MAXM + (xb < 0).to(tl.int32)
-        else:
-            lim = MAXM + flx * 0
+        lim = maxm + ((xb < 0) & (full_int != 0)).to(tl.int32)
         # |v| >= 2^24 would overflow the shift: it saturates anyway (ints are <= 16 bits)
         n = tl.where((n > lim) | (E == 255) | (flx - sexp >= 24), lim, n)
     return n, s
@@ -332,16 +353,16 @@ def _make_f32(n, pe):
     norm = tl.where(L <= 23, n << tl.maximum(23 - L, 0), n >> tl.maximum(L - 23, 0))
     normal = (field << 23) + (norm & 0x7FFFFF)
     # subnormal bits are linear in the value, so a carry to 2^23 lands on the smallest normal
-    sub = _round_shift(n, -149 - pe, 0, 0)
+    sub = _round_bits(n, -149 - pe, 0, 0, False)
     bits = tl.where(field >= 1, normal, sub)
     bits = tl.where(field >= 255, 0x7F800000, bits)
     return tl.where(n == 0, 0, bits)
 
 
 @triton.jit
-def _float_code(n, s, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    # magnitude code of n * 2^s on a float grid (n may be 2^(MBITS+1): the carry is right)
-    return tl.where(n == 0, 0, ((s - EMIN + MBITS) << MBITS) + n)
+def _float_code(n, s, mbits, emin):
+    # magnitude code of n * 2^s on a float grid (n may be 2^(mbits+1): the carry is right)
+    return tl.where(n == 0, 0, ((s - emin + mbits) << mbits) + n)
 
 
 @triton.jit
@@ -356,7 +377,8 @@ def _scale_exp(
     LOW: tl.constexpr,
     HIGH: tl.constexpr,
 ):
-    # E8M0 exponent of a tile from its absmax bits (reference `_scale_exponent`)
+    # E8M0 exponent of a tile from its absmax bits (reference `_scale_exponent`); constexpr
+    # form (triton_fast.py), the same as `_scale_exp_t` with `_bump_threshold`
     E = amax_b >> 23
     F = amax_b & 0x7FFFFF
     M = tl.where(E > 0, F | 0x800000, F)
@@ -381,6 +403,21 @@ def _scale_exp(
 
 
 @triton.jit
+def _scale_exp_t(amax_b, bump_t, emax, low, high):
+    # `_scale_exp` with runtime numbers: every scale mode bumps when the normalised
+    # significand exceeds a threshold (`_bump_threshold`), so one compile serves them all
+    E = amax_b >> 23
+    F = amax_b & 0x7FFFFF
+    M = tl.where(E > 0, F | 0x800000, F)
+    lg = _ilog2(tl.maximum(M, 1))
+    maxexp = lg + tl.where(E > 0, E - 127, -126) - 23
+    sig = M << tl.maximum(23 - lg, 0)
+    bump = (sig > bump_t).to(tl.int32)
+    sexp = tl.minimum(tl.maximum(maxexp + bump - emax, low), high)
+    return tl.where(amax_b == 0, low, sexp), maxexp
+
+
+@triton.jit
 def _unit_offsets(
     pid,
     n_units,
@@ -395,7 +432,9 @@ def _unit_offsets(
     SUB: tl.constexpr,
     BT: tl.constexpr,
 ):
-    # Units are (tile instance, chunk); element offsets are int64 (tensors over 2^31)
+    # Units are (tile instance, chunk of TILE elements); offsets are int64 (tensors over
+    # 2^31). `intile`: lanes of the padded tile (zeros past the axis end count, as in the
+    # reference's padding; lanes past the tile do not).
     u = pid.to(tl.int64) * BT + tl.arange(0, BT).to(tl.int64)
     u_ok = u < n_units
     inst = u // n_chunks
@@ -415,12 +454,25 @@ def _unit_offsets(
     kk = tl.arange(0, NSUB)[:, None] * SUB + tl.arange(0, SUB)[None, :]
     pos = q[:, None, None] * TILE + kk[None, :, :]
     c = j[:, None, None] * TC + pos
-    ok = u_ok[:, None, None] & (pos < TC) & (c < C)
+    intile = u_ok[:, None, None] & (pos < TC)
+    ok = intile & (c < C)
     if LAST:
         off = base[:, None, None] + c
     else:
         off = base[:, None, None] + c * inner
-    return u_ok, inst, q, j, o, i, off, ok
+    return u_ok, inst, q, j, o, i, off, ok, intile
+
+
+@triton.jit
+def _meta_offsets(u_ok, q, j, o, i, TC, sub_cols, inner, LAST: tl.constexpr,
+                  TILE: tl.constexpr, NSUB: tl.constexpr, SUB: tl.constexpr):  # fmt: skip
+    # grid offsets of a unit's NSUB subtiles (layout.py `sub_grid`); padding-only ones masked
+    sidx = (j[:, None] * TC + q[:, None] * TILE) // SUB + tl.arange(0, NSUB)[None, :]
+    if LAST:
+        moff = o[:, None] * sub_cols + sidx
+    else:
+        moff = o[:, None] * sub_cols * inner + sidx * inner + i[:, None]
+    return moff, u_ok[:, None] & (sidx < sub_cols)
 
 
 @triton.jit
@@ -454,12 +506,27 @@ def _store_values(y_ptr, off, ok, yb, elem_nan, tile_nan, raw, OUT_KIND: tl.cons
     tl.store(y_ptr + off, out, mask=ok)
 
 
-# -- kernels ----------------------------------------------------------------------------------
 @triton.jit
+def _okey(b):
+    # float bits -> an int32 ordered like the floats (-0 just below +0); an involution
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _zswap(k):
+    # swap the keys of -0 and +0: for the minimum, +0 below -0 (numpy's min keeps the last of
+    # equal values, and a tile's zero padding, +0, comes last)
+    return tl.where((k == 0) | (k == -1), ~k, k)
+
+
+# -- kernels ----------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["n_units", "n_chunks", "C", "TC", "inner", "nC"])
 def _stats_kernel(
     x_ptr,
     amax_ptr,
     flag_ptr,
+    lo_ptr,
+    hi_ptr,
     n_units,
     n_chunks,
     C,
@@ -470,9 +537,10 @@ def _stats_kernel(
     LAST: tl.constexpr,
     TILE: tl.constexpr,
     BT: tl.constexpr,
+    MINMAX: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    u_ok, _inst, _q, _j, _o, _i, off, ok = _unit_offsets(
+    u_ok, _inst, _q, _j, _o, _i, off, ok, intile = _unit_offsets(
         pid, n_units, n_chunks, C, TC, inner, nC, LAST, TILE, 1, TILE, BT
     )
     xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
@@ -485,19 +553,41 @@ def _stats_kernel(
     u = pid.to(tl.int64) * BT + tl.arange(0, BT)
     tl.store(amax_ptr + u, amax, mask=u_ok)
     tl.store(flag_ptr + u, (2 * nf + isnan).to(tl.int8), mask=u_ok)
+    if MINMAX:
+        # ordered keys of the finite min and max (the host reduces chunks with min / max)
+        fin = finite & intile
+        lo = tl.min(tl.min(tl.where(fin, _zswap(_okey(xb)), 0x7FFFFFFF), axis=2), axis=1)
+        hi = tl.max(tl.max(tl.where(fin, _okey(xb), -0x7FFFFFFF - 1), axis=2), axis=1)
+        tl.store(lo_ptr + u, lo, mask=u_ok)
+        tl.store(hi_ptr + u, hi, mask=u_ok)
 
 
-@triton.jit(do_not_specialize=["key"])
+# Format numbers are runtime arguments (one compile serves every format of a kind);
+# Triton would still specialise ints equal to 1 or divisible by 16, hence do_not_specialize.
+_QUANT_RUNTIME = [
+    "n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols", "key", "rmode", "nan_nf",
+    "nan_nan", "full_int", "keep_inf", "e_mbits", "e_emin", "e_emax", "e_maxm", "e_bits",
+    "e_negzero", "e_nancode", "e_infcode", "bump_t", "s_low", "s_high", "s_bias", "s_nan",
+    "s_mbits", "s_emin", "s_emax", "s_maxm", "t_mbits", "t_emin", "t_emax", "t_maxm",
+    "z_mbits", "z_emin", "z_emax", "z_maxm", "z_bits", "z_negzero",
+]  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_QUANT_RUNTIME)
 def _quant_kernel(
     x_ptr,
     y_ptr,
     code_ptr,
     scale_ptr,
     meta_ptr,
+    zero_ptr,
     amax_ptr,
     flag_ptr,
+    lo_ptr,
+    hi_ptr,
     top_ptr,
     ts_code_ptr,
+    idx_ptr,
     n_units,
     n_chunks,
     C,
@@ -506,6 +596,40 @@ def _quant_kernel(
     nC,
     sub_cols,
     key,
+    rmode,
+    nan_nf,
+    nan_nan,
+    full_int,
+    keep_inf,
+    e_mbits,
+    e_emin,
+    e_emax,
+    e_maxm,
+    e_bits,
+    e_negzero,
+    e_nancode,
+    e_infcode,
+    bump_t,
+    s_low,
+    s_high,
+    s_bias,
+    s_nan,
+    el_maxf,
+    s_mbits,
+    s_emin,
+    s_emax,
+    s_maxm,
+    ts_denom,
+    t_mbits,
+    t_emin,
+    t_emax,
+    t_maxm,
+    z_mbits,
+    z_emin,
+    z_emax,
+    z_maxm,
+    z_bits,
+    z_negzero,
     IN_KIND: tl.constexpr,
     WANT_Y: tl.constexpr,
     WANT_CODES: tl.constexpr,
@@ -515,51 +639,26 @@ def _quant_kernel(
     NSUB: tl.constexpr,
     SUB: tl.constexpr,
     BT: tl.constexpr,
-    SKIND: tl.constexpr,
+    SKIND: tl.constexpr,  # 0 none, 1 exponent, 2 float (TS: tensor scale), 3/4 int/float zero
     SHIFT: tl.constexpr,
-    ROUND: tl.constexpr,
-    NAN_BLOCK: tl.constexpr,
-    NAN_TILE: tl.constexpr,
-    FULL_INT: tl.constexpr,
-    KEEP_INF: tl.constexpr,
+    STOCH: tl.constexpr,
     E_FLOAT: tl.constexpr,
-    E_MBITS: tl.constexpr,
-    E_EMIN: tl.constexpr,
-    E_EMAX: tl.constexpr,
-    E_MAXM: tl.constexpr,
-    E_BITS: tl.constexpr,
-    E_NEGZERO: tl.constexpr,
-    E_NANCODE: tl.constexpr,
-    E_INFCODE: tl.constexpr,
-    SMODE: tl.constexpr,
-    MID_T: tl.constexpr,
-    TOP_T: tl.constexpr,
-    S_LOW: tl.constexpr,
-    S_HIGH: tl.constexpr,
-    S_BIAS: tl.constexpr,
-    S_NAN: tl.constexpr,
-    EL_MAXF: tl.constexpr,
-    S_MBITS: tl.constexpr,
-    S_EMIN: tl.constexpr,
-    S_EMAX: tl.constexpr,
-    S_MAXM: tl.constexpr,
     TS: tl.constexpr,
-    TS_DENOM: tl.constexpr,
-    T_MBITS: tl.constexpr,
-    T_EMIN: tl.constexpr,
-    T_EMAX: tl.constexpr,
-    T_MAXM: tl.constexpr,
+    IDX: tl.constexpr,  # stochastic index from idx_ptr (2-D tiles: rows of a copy)
 ):
     pid = tl.program_id(0)
-    u_ok, inst, q, j, o, i, off, ok = _unit_offsets(
+    u_ok, inst, q, j, o, i, off, ok, intile = _unit_offsets(
         pid, n_units, n_chunks, C, TC, inner, nC, LAST, TILE, NSUB, SUB, BT
     )
     xb, raw = _load_bits(x_ptr, off, ok, IN_KIND)
     ab = xb & 0x7FFFFFFF
     finite = ab < 0x7F800000
     rand = off.to(tl.int32) * 0
-    if ROUND == 3:
-        rand = _rand24(off, key)
+    if STOCH:
+        if IDX:
+            rand = _rand24(tl.load(idx_ptr + off, mask=ok, other=0), key)
+        else:
+            rand = _rand24(off, key)
     neg = xb < 0
     tnan = u_ok & False
     if SKIND != 0:
@@ -575,48 +674,94 @@ def _quant_kernel(
             nf3 = (~finite).to(tl.int32)
             any_nf = tl.max(tl.max(nf3, axis=2), axis=1) > 0
             any_nan = tl.max(tl.max((ab > 0x7F800000).to(tl.int32), axis=2), axis=1) > 0
-        if NAN_BLOCK:
-            tnan = tnan | any_nf
-        elif NAN_TILE:
-            tnan = tnan | any_nan
+        tnan = tnan | (any_nf & (nan_nf != 0)) | (any_nan & (nan_nan != 0))
     tile_nan = ok & tnan[:, None, None]
-    if SKIND == 2:
+    xf = xb.to(tl.float32, bitcast=True)
+    if SKIND >= 2:
         # float scale: scale = cast(amax / maxfloat [/ tensor scale]); v = x / scale (float32)
         amax_f = amax_b.to(tl.float32, bitcast=True)
-        raw_s = tl.div_rn(amax_f, tl.full(amax_f.shape, EL_MAXF, tl.float32))
+        if SKIND == 2:
+            raw_s = tl.div_rn(amax_f, tl.zeros_like(amax_f) + el_maxf)
+        else:
+            # zero point: the scale spans [min, max] of the finite values (with 0 for ints)
+            if PRE:
+                lo_k = tl.load(lo_ptr + inst, mask=u_ok, other=0)
+                hi_k = tl.load(hi_ptr + inst, mask=u_ok, other=0)
+            else:
+                fin = finite & intile
+                lo_k = tl.min(tl.min(tl.where(fin, _zswap(_okey(xb)), 0x7FFFFFFF), axis=2), axis=1)
+                hi_k = tl.max(tl.max(tl.where(fin, _okey(xb), -0x7FFFFFFF - 1), axis=2), axis=1)
+            lo_b = tl.where(lo_k == 0x7FFFFFFF, 0, _okey(_zswap(lo_k)))
+            hi_b = tl.where(hi_k == -0x7FFFFFFF - 1, 0, _okey(hi_k))
+            lo = lo_b.to(tl.float32, bitcast=True)
+            hi = hi_b.to(tl.float32, bitcast=True)
+            if SKIND == 3:
+                lo = tl.minimum(lo, 0.0)
+                hi = tl.maximum(hi, 0.0)
+                raw_s = tl.div_rn(hi - lo, tl.zeros_like(hi) + el_maxf)
+            else:
+                zn, zs = _quant_elem(
+                    lo_b, 0, 0, True, z_mbits, z_emin, z_emax, z_maxm, 0, 0, False
+                )
+                zsgn = (lo_b < 0) & ((zn != 0) | (z_negzero != 0))
+                zf = (_make_f32(zn, zs) | (zsgn.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
+                d = tl.div_rn(hi - zf, tl.zeros_like(hi) + el_maxf)
+                raw_s = tl.where(d > 0, d, 0.0)
         if TS:
             top = tl.load(top_ptr)
-            tsr = tl.div_rn(top, tl.full(top.shape, TS_DENOM, tl.float32))
+            tsr = tl.div_rn(top, tl.zeros_like(top) + ts_denom)
             tsr = tsr.to(tl.int32, bitcast=True)
-            tn, tsx = _quant_elem(tsr, 0, 0, True, T_MBITS, T_EMIN, T_EMAX, T_MAXM, 0, False)
+            tn, tsx = _quant_elem(tsr, 0, 0, True, t_mbits, t_emin, t_emax, t_maxm, 0, 0, False)
             ts = _make_f32(tn, tsx).to(tl.float32, bitcast=True)
             raw_s = tl.where(ts > 0, tl.div_rn(raw_s, tl.broadcast_to(ts, raw_s.shape)), 0.0)
-            tl.store(ts_code_ptr, _float_code(tn, tsx, T_MBITS, T_EMIN), mask=pid == 0)
+            tl.store(ts_code_ptr, _float_code(tn, tsx, t_mbits, t_emin), mask=pid == 0)
         rb = raw_s.to(tl.int32, bitcast=True)
-        sn, ssx = _quant_elem(rb, 0, 0, True, S_MBITS, S_EMIN, S_EMAX, S_MAXM, 0, False)
+        sn, ssx = _quant_elem(rb, 0, 0, True, s_mbits, s_emin, s_emax, s_maxm, 0, 0, False)
         sc = _make_f32(sn, ssx).to(tl.float32, bitcast=True)
+        scode = tl.where(tnan, s_nan, _float_code(sn, ssx, s_mbits, s_emin))
         if TS:
             eff = sc * ts
         else:
             eff = sc
         eff3 = eff[:, None, None]
-        xf = xb.to(tl.float32, bitcast=True)
-        v = tl.where(eff3 > 0, tl.div_rn(xf, tl.broadcast_to(eff3, xf.shape)), 0.0)
-        vb = v.to(tl.int32, bitcast=True)
-        n, s = _quant_elem(vb, 0, rand, E_FLOAT, E_MBITS, E_EMIN, E_EMAX, E_MAXM, ROUND, FULL_INT)
-        vneg = vb < 0
         # From the input: a zero scale zeroes v, but NaN stays NaN (reference._float_scaled).
-        elem_nan = (xb & 0x7FFFFFFF) > 0x7F800000
-        sgn = vneg & ((n != 0) | E_NEGZERO)
-        qb = _make_f32(n, s) | (sgn.to(tl.int32) << 31)
-        yb = (qb.to(tl.float32, bitcast=True) * eff3).to(tl.int32, bitcast=True)
-        scode = _float_code(sn, ssx, S_MBITS, S_EMIN)
-        scode = tl.where(tnan, S_NAN, scode)
+        elem_nan = ab > 0x7F800000
+        if SKIND == 2:
+            v = tl.where(eff3 > 0, tl.div_rn(xf, tl.broadcast_to(eff3, xf.shape)), 0.0)
+            vb = v.to(tl.int32, bitcast=True)
+            n, s = _quant_elem(
+                vb, 0, rand, E_FLOAT, e_mbits, e_emin, e_emax, e_maxm, rmode, full_int, STOCH
+            )
+            vneg = vb < 0
+            sgn = vneg & ((n != 0) | (e_negzero != 0))
+            qb = _make_f32(n, s) | (sgn.to(tl.int32) << 31)
+            yb = (qb.to(tl.float32, bitcast=True) * eff3).to(tl.int32, bitcast=True)
+        else:
+            # uint elements: q = clip(round(v) [+ zp], 0, qmax) (reference._zero_point_scaled)
+            if SKIND == 3:
+                z = tl.where(sc > 0, tl.div_rn(-lo, sc), 0.0).to(tl.int32, bitcast=True)
+                zp, _zs = _quant_elem(z, 0, 0, False, 0, 0, 0, e_maxm, 0, 0, False)
+                zcode = zp
+                num = xf
+            else:
+                zcode = _float_code(zn, zs, z_mbits, z_emin) | (zsgn.to(tl.int32) << (z_bits - 1))
+                zp = zn * 0
+                num = xf - zf[:, None, None]
+            v = tl.where(eff3 > 0, tl.div_rn(num, tl.broadcast_to(eff3, xf.shape)), 0.0)
+            vb = v.to(tl.int32, bitcast=True)
+            rn, _rs = _quant_elem(vb, 0, rand, False, 0, 0, 0, 1 << 24, rmode, 0, STOCH)
+            zp3 = zp[:, None, None]
+            n = tl.minimum(tl.maximum(tl.where(vb < 0, -rn, rn) + zp3, 0), e_maxm)
+            qf = (n - zp3).to(tl.float32)
+            if SKIND == 3:
+                yb = (qf * eff3).to(tl.int32, bitcast=True)
+            else:
+                yb = (qf * eff3 + zf[:, None, None]).to(tl.int32, bitcast=True)
+            vneg = vb < 0
+            sgn = vneg & False
     else:
         if SKIND == 1:
-            sexp, maxexp = _scale_exp(
-                amax_b, E_FLOAT, E_MBITS, E_EMAX, SMODE, MID_T, TOP_T, S_LOW, S_HIGH
-            )
+            sexp, maxexp = _scale_exp_t(amax_b, bump_t, e_emax, s_low, s_high)
             sexp3 = sexp[:, None, None]
             if SHIFT:
                 # MX: a subtile is shifted when all of it is below 2^floor(log2 amax)
@@ -625,20 +770,21 @@ def _quant_kernel(
                     (maxexp + 127) << 23,
                     1 << tl.minimum(tl.maximum(maxexp + 149, 0), 30),
                 )
+                if PRE:
+                    sub_max = tl.max(tl.where(finite, ab, 0), axis=2)
                 below = (sub_max < p2[:, None]) & (amax_b[:, None] != 0)
                 sexp3 = sexp3 - below[:, :, None].to(tl.int32)
-            scode = tl.where(tnan, S_NAN, sexp + S_BIAS)
+            scode = tl.where(tnan, s_nan, sexp + s_bias)
         else:
             sexp3 = off.to(tl.int32) * 0
         n, s = _quant_elem(
-            xb, sexp3, rand, E_FLOAT, E_MBITS, E_EMIN, E_EMAX, E_MAXM, ROUND, FULL_INT
+            xb, sexp3, rand, E_FLOAT, e_mbits, e_emin, e_emax, e_maxm, rmode, full_int, STOCH
         )
         vneg = neg
         elem_nan = ab > 0x7F800000
-        sgn = neg & ((n != 0) | E_NEGZERO)
+        sgn = neg & ((n != 0) | (e_negzero != 0))
         yb = _make_f32(n, s + sexp3) | (sgn.to(tl.int32) << 31)
-        if KEEP_INF:
-            yb = tl.where(ab == 0x7F800000, xb, yb)
+        yb = tl.where((ab == 0x7F800000) & (keep_inf != 0), xb, yb)
     if E_FLOAT:
         elem_nan = elem_nan & ~tile_nan
     else:
@@ -646,25 +792,25 @@ def _quant_kernel(
     if WANT_Y:
         _store_values(y_ptr, off, ok, yb, elem_nan, tile_nan, raw, IN_KIND)
     if WANT_CODES:
-        if E_FLOAT:
-            code = _float_code(n, s, E_MBITS, E_EMIN) | (sgn.to(tl.int32) << (E_BITS - 1))
-            if KEEP_INF:
-                infc = E_INFCODE | (vneg.to(tl.int32) << (E_BITS - 1))
-                code = tl.where(ab == 0x7F800000, infc, code)
-            code = tl.where(elem_nan, E_NANCODE, code)
+        if SKIND >= 3:
+            code = n
+        elif E_FLOAT:
+            code = _float_code(n, s, e_mbits, e_emin) | (sgn.to(tl.int32) << (e_bits - 1))
+            infc = e_infcode | (vneg.to(tl.int32) << (e_bits - 1))
+            code = tl.where((ab == 0x7F800000) & (keep_inf != 0), infc, code)
+            code = tl.where(elem_nan, e_nancode, code)
         else:
-            code = tl.where(vneg, -n, n) & ((1 << E_BITS) - 1)
+            code = tl.where(vneg, -n, n) & ((1 << e_bits) - 1)
         code = tl.where(tile_nan, 0, code)
         tl.store(code_ptr + off, code.to(code_ptr.dtype.element_ty), mask=ok)
         if SKIND != 0:
-            tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok & (q == 0))
+            first = u_ok & (q == 0)
+            tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=first)
+        if SKIND >= 3:
+            tl.store(zero_ptr + inst, zcode.to(zero_ptr.dtype.element_ty), mask=first)
         if SHIFT:
-            sidx = j[:, None] * NSUB + tl.arange(0, NSUB)[None, :]
-            if LAST:
-                moff = o[:, None] * sub_cols + sidx
-            else:
-                moff = o[:, None] * sub_cols * inner + sidx * inner + i[:, None]
-            tl.store(meta_ptr + moff, below.to(tl.uint8), mask=u_ok[:, None] & (sidx < sub_cols))
+            moff, mok = _meta_offsets(u_ok, q, j, o, i, TC, sub_cols, inner, LAST, TILE, NSUB, SUB)
+            tl.store(meta_ptr + moff, below.to(tl.uint8), mask=mok)
 
 
 @triton.jit
@@ -679,14 +825,21 @@ def _ldexp_bits(qb, k):
     return tl.where(E == 255, qb, out)
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=[
+        "n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols", "code_mask", "s_bias",
+        "s_nan", "s_mask", "z_mask",
+    ]
+)  # fmt: skip
 def _dequant_kernel(
     code_ptr,
     y_ptr,
     scale_ptr,
     meta_ptr,
+    zero_ptr,
     tab_ptr,
     stab_ptr,
+    ztab_ptr,
     ts_ptr,
     n_units,
     n_chunks,
@@ -695,6 +848,11 @@ def _dequant_kernel(
     inner,
     nC,
     sub_cols,
+    code_mask,
+    s_bias,
+    s_nan,
+    s_mask,
+    z_mask,
     OUT_KIND: tl.constexpr,
     LAST: tl.constexpr,
     TILE: tl.constexpr,
@@ -703,33 +861,25 @@ def _dequant_kernel(
     BT: tl.constexpr,
     SKIND: tl.constexpr,
     SHIFT: tl.constexpr,
-    CODE_MASK: tl.constexpr,
-    S_BIAS: tl.constexpr,
-    S_NAN: tl.constexpr,
-    S_MASK: tl.constexpr,
     S_F32: tl.constexpr,
     TS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    u_ok, inst, _q, j, o, i, off, ok = _unit_offsets(
+    u_ok, inst, q, j, o, i, off, ok, _intile = _unit_offsets(
         pid, n_units, n_chunks, C, TC, inner, nC, LAST, TILE, NSUB, SUB, BT
     )
-    c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & CODE_MASK
+    c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & code_mask
     qb = tl.load(tab_ptr + c, mask=ok, other=0)
     tile_nan = ok & False
     if SKIND == 0:
         yb = qb
     elif SKIND == 1:
-        sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & S_MASK
-        nan_t = sc == S_NAN
-        k3 = tl.where(nan_t, 0, sc - S_BIAS)[:, None, None]
+        sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & s_mask
+        nan_t = sc == s_nan
+        k3 = tl.where(nan_t, 0, sc - s_bias)[:, None, None]
         if SHIFT:
-            sidx = j[:, None] * NSUB + tl.arange(0, NSUB)[None, :]
-            if LAST:
-                moff = o[:, None] * sub_cols + sidx
-            else:
-                moff = o[:, None] * sub_cols * inner + sidx * inner + i[:, None]
-            sh = tl.load(meta_ptr + moff, mask=u_ok[:, None] & (sidx < sub_cols), other=0)
+            moff, mok = _meta_offsets(u_ok, q, j, o, i, TC, sub_cols, inner, LAST, TILE, NSUB, SUB)
+            sh = tl.load(meta_ptr + moff, mask=mok, other=0)
             k3 = k3 - sh.to(tl.int32)[:, :, None]
         yb = _ldexp_bits(qb, k3)
         tile_nan = tile_nan | nan_t[:, None, None]
@@ -738,7 +888,7 @@ def _dequant_kernel(
         if S_F32:
             scb = sc
         else:
-            scb = tl.load(stab_ptr + (sc & S_MASK), mask=u_ok, other=0)
+            scb = tl.load(stab_ptr + (sc & s_mask), mask=u_ok, other=0)
         scf = scb.to(tl.float32, bitcast=True)
         if TS:
             eff = scf * tl.load(ts_ptr)
@@ -746,12 +896,59 @@ def _dequant_kernel(
             eff = scf
         eff3 = eff[:, None, None]
         qf = qb.to(tl.float32, bitcast=True)
-        yb = (qf * eff3).to(tl.int32, bitcast=True)
-        qinf = (qb & 0x7FFFFFFF) == 0x7F800000
-        yb = tl.where(qinf & (eff3 == 0), 0x7FC00000, yb)  # Inf * 0: the canonical NaN
-        yb = tl.where((qb & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, yb)
+        if SKIND == 2:
+            yb = (qf * eff3).to(tl.int32, bitcast=True)
+            qinf = (qb & 0x7FFFFFFF) == 0x7F800000
+            yb = tl.where(qinf & (eff3 == 0), 0x7FC00000, yb)  # Inf * 0: the canonical NaN
+            yb = tl.where((qb & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, yb)
+        else:
+            zc = tl.load(zero_ptr + inst, mask=u_ok, other=0).to(tl.int32) & z_mask
+            zf = tl.load(ztab_ptr + zc, mask=u_ok, other=0).to(tl.float32, bitcast=True)
+            if SKIND == 3:
+                yb = ((qf - zf[:, None, None]) * eff3).to(tl.int32, bitcast=True)
+            else:
+                yb = (qf * eff3 + zf[:, None, None]).to(tl.int32, bitcast=True)
         tile_nan = tile_nan | ((scb & 0x7FFFFFFF) > 0x7F800000)[:, None, None]
     _store_values(y_ptr, off, ok, yb, ok & False, tile_nan, yb, OUT_KIND)
+
+
+@triton.jit(do_not_specialize=["n_groups", "L", "inner", "ng_l", "n_keep"])
+def _prune_kernel(
+    x_ptr,
+    y_ptr,
+    mask_ptr,
+    n_groups,
+    L,
+    inner,
+    ng_l,
+    n_keep,
+    IN_KIND: tl.constexpr,
+    M: tl.constexpr,
+    BG: tl.constexpr,
+):
+    # N:M sparsity (reference `_prune`): keep the n_keep largest magnitudes of each group of M
+    # along a dim of length L (stride inner); NaN counts as Inf, ties keep the lower index,
+    # positions past the end count as -1. Writes the pruned input and the keep mask.
+    g = tl.program_id(0).to(tl.int64) * BG + tl.arange(0, BG).to(tl.int64)
+    g_ok = g < n_groups
+    i = g % inner
+    t = g // inner
+    gl = t % ng_l
+    o = t // ng_l
+    k = tl.arange(0, M)
+    pos = gl[:, None] * M + k[None, :]
+    ok = g_ok[:, None] & (pos < L)
+    off = o[:, None] * L * inner + pos * inner + i[:, None]
+    xb, raw = _load_bits(x_ptr, off, ok, IN_KIND)
+    ab = xb & 0x7FFFFFFF
+    key = tl.where(ok, tl.minimum(ab, 0x7F800000), -1)
+    kk = key[:, :, None]  # this element
+    kj = key[:, None, :]  # the others of its group
+    earlier = (k[None, :] < k[:, None])[None, :, :]
+    beats = (kj > kk) | ((kj == kk) & earlier)
+    keep = tl.sum(beats.to(tl.int32), axis=2) < n_keep
+    tl.store(y_ptr + off, tl.where(keep, raw, 0).to(raw.dtype), mask=ok)
+    tl.store(mask_ptr + off, keep.to(tl.uint8), mask=ok)
 
 
 # -- host side ---------------------------------------------------------------------------------
@@ -763,32 +960,154 @@ def _programs(n_units: int, bt: int) -> tuple[int]:
     return (triton.cdiv(n_units, bt),)
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
 def _layout(p: _Plan) -> tuple[int, int, int, int, int]:
-    """(TILE, NSUB, SUB, n_chunks, BT) of the quantize / dequantize kernels."""
+    """(TILE, NSUB, SUB, n_chunks, BT) of the quantize / dequantize kernels.
+
+    On a GPU, BT and TILE depend on the tile length only, not on the tensor size: each
+    distinct set of constexprs is a compile. The interpreter compiles nothing but pays for
+    idle lanes, so there they shrink to small tensors.
+    """
+    if not p.skind:
+        tile = _BLOCK
+        if _interpreting():
+            tile = min(tile, triton.next_power_of_2(p.TC))
+        return tile, 1, tile, triton.cdiv(p.TC, tile), 1
     if p.single:
         tile = triton.next_power_of_2(p.TC)
         nsub, sub = (p.nsub, p.sub) if p.sub else (1, tile)
-        return tile, nsub, sub, 1, max(1, _BLOCK // tile)
-    tile = min(_BLOCK, triton.next_power_of_2(p.TC))
-    return tile, 1, tile, triton.cdiv(p.TC, tile), max(1, _BLOCK // tile)
+        bt = max(1, _BLOCK // tile)
+        if _interpreting():
+            bt = min(bt, triton.next_power_of_2(p.n_inst))
+        return tile, nsub, sub, 1, bt
+    # long tiles: chunks of whole subtiles, statistics from `_stats`
+    nsub, sub = (_BLOCK // p.sub, p.sub) if p.sub else (1, _BLOCK)
+    return _BLOCK, nsub, sub, triton.cdiv(p.TC, _BLOCK), 1
 
 
-def _stats(x: torch.Tensor, p: _Plan, tc: int, n_inst: int, nc: int, inner: int, C: int):
-    """Per-instance finite absmax (float32 bits) and flags over tiles of ``tc`` elements."""
-    tile = min(_BLOCK, triton.next_power_of_2(tc))
+def _stats(x: torch.Tensor, tc: int, n_inst: int, nc: int, inner: int, C: int, minmax: bool):
+    """Per-instance finite absmax (float32 bits), flags and (``minmax``) ordered-key min/max."""
+    tile = min(_BLOCK, triton.next_power_of_2(tc)) if _interpreting() else _BLOCK
     n_chunks = triton.cdiv(tc, tile)
     n_units = n_inst * n_chunks
-    bt = max(1, min(_BLOCK // tile, triton.next_power_of_2(n_units)))
     amax = torch.empty(n_units, dtype=torch.int32, device=x.device)
     flags = torch.empty(n_units, dtype=torch.int8, device=x.device)
-    _stats_kernel[_programs(n_units, bt)](
-        _int_view(x), amax, flags, n_units, n_chunks, C, tc, inner, nc,
-        IN_KIND=_IN_KIND[x.dtype], LAST=inner == 1, TILE=tile, BT=bt,
+    lo = hi = amax
+    if minmax:
+        lo, hi = torch.empty_like(amax), torch.empty_like(amax)
+    _stats_kernel[_programs(n_units, 1)](
+        _int_view(x), amax, flags, lo, hi, n_units, n_chunks, C, tc, inner, nc,
+        IN_KIND=_IN_KIND[x.dtype], LAST=inner == 1, TILE=tile, BT=1, MINMAX=minmax,
     )  # fmt: skip
     if n_chunks > 1:
         amax = amax.view(n_inst, n_chunks).amax(dim=1)
         flags = flags.view(n_inst, n_chunks).amax(dim=1)
-    return amax, flags
+        if minmax:
+            lo = lo.view(n_inst, n_chunks).amin(dim=1)
+            hi = hi.view(n_inst, n_chunks).amax(dim=1)
+    return amax, flags, lo, hi
+
+
+def _bump_threshold(e: _ElemFmt, mode: ScaleMode) -> int:
+    """`_scale_exp_t`'s threshold: the exponent goes up when the normalised significand
+    (24 bits, [2^23, 2^24)) of the tile absmax exceeds it (reference `_scale_exponent`)."""
+    never = 1 << 24
+    if not e.is_float:
+        return never
+    m = e.mbits
+    match _SMODE[mode]:
+        case 1:  # ceil: anything above a power of two
+            return 0x800000
+        case 2:  # midmax
+            return (2 * e.maxm + 1) << (22 - m) if m <= 22 else 0
+        case 3:  # topbinade / rceil
+            return e.maxm << (23 - m)
+        case 4:  # option3 / even: rounding to mbits+1 bits carries into the next binade
+            return (1 << 24) - (1 << (22 - m)) - 1 if m < 23 else never
+    return never
+
+
+def _sparse_dim(p: _Plan) -> int:
+    """The input dim that N:M groups run along (reference `_prune`)."""
+    t, (_n, _m, index) = p.tiling, p.dt.sspec.sparsity
+    if t.kind == "2d" and index == 0:
+        ndim = len(t.shape)
+        return ndim - 2 if t.axis == ndim - 1 else ndim - 1
+    return t.axis
+
+
+def _prune(x: torch.Tensor, p: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """N:M-pruned copy of ``x`` and the keep mask (bool, input shape)."""
+    n_keep, m, _ = p.dt.sspec.sparsity
+    d = _sparse_dim(p)
+    shape = tuple(x.shape)
+    L, inner = shape[d], math.prod(shape[d + 1 :])
+    ng_l = -(-L // m)
+    n_groups = math.prod(shape[:d]) * ng_l * inner
+    bg = max(1, 2048 // (m * m))
+    y = torch.empty_like(x)
+    mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
+    _prune_kernel[_programs(n_groups, bg)](
+        _int_view(x), _int_view(y), mask, n_groups, L, inner, ng_l, n_keep,
+        IN_KIND=_IN_KIND[x.dtype], M=m, BG=bg,
+    )  # fmt: skip
+    return y, mask.view(torch.bool)
+
+
+def _to_tile_rows(x: torch.Tensor, t: Tiling) -> torch.Tensor:
+    """2-D tiles as rows ``(B*nR*nC, Tr*Tc)``, zero padded, subtiles contiguous (layout.py
+    `to_tiles` then `to_subtiles`)."""
+    m = x.movedim(t.axis, -1).reshape(t.B, t.R, t.C)
+    m = torch.nn.functional.pad(m, (0, t.nC * t.Tc - t.C, 0, t.nR * t.Tr - t.R))
+    sr, sc = (t.Sr, t.Sc) if t.Sc else (t.Tr, t.Tc)
+    m = m.reshape(t.B, t.nR, t.Tr // sr, sr, t.nC, t.Tc // sc, sc)
+    return m.permute(0, 1, 4, 2, 5, 3, 6).reshape(-1, t.tile_elems).contiguous()
+
+
+def _from_tile_rows(r: torch.Tensor, t: Tiling) -> torch.Tensor:
+    """Inverse of `_to_tile_rows` (drops the padding)."""
+    sr, sc = (t.Sr, t.Sc) if t.Sc else (t.Tr, t.Tc)
+    m = r.reshape(t.B, t.nR, t.nC, t.Tr // sr, t.Tc // sc, sr, sc).permute(0, 1, 3, 5, 2, 4, 6)
+    m = m.reshape(t.B, t.nR * t.Tr, t.nC * t.Tc)[:, : t.R, : t.C]
+    return m.reshape(t.moved_shape).movedim(-1, t.axis).contiguous()
+
+
+def _sub_grid(per_sub: torch.Tensor, t: Tiling) -> torch.Tensor:
+    """``(B*nR*nC, n_sub)`` -> layout.py `sub_grid` (padding-only subtiles dropped)."""
+    tr, tc = t.Tr // t.Sr, t.Tc // t.Sc
+    s = per_sub.reshape(t.B, t.nR, t.nC, tr, tc).permute(0, 1, 3, 2, 4)
+    rows, cols = t.sub_counts
+    s = s.reshape(t.B, t.nR * tr, t.nC * tc)[:, :rows, :cols]
+    return s.reshape(*t.moved_shape[:-2], rows, cols).movedim(-1, t.axis).contiguous()
+
+
+def _sub_ungrid(grid: torch.Tensor, t: Tiling) -> torch.Tensor:
+    """Inverse of `_sub_grid` (dropped subtiles come back as 0), flat."""
+    tr, tc = t.Tr // t.Sr, t.Tc // t.Sc
+    rows, cols = t.sub_counts
+    g = grid.reshape(_grid_2d(t, rows, cols)).movedim(t.axis, -1).reshape(t.B, rows, cols)
+    full = torch.zeros((t.B, t.nR * tr, t.nC * tc), dtype=g.dtype, device=g.device)
+    full[:, :rows, :cols] = g
+    return full.reshape(t.B, t.nR, tr, t.nC, tc).permute(0, 1, 3, 2, 4).reshape(-1)
+
+
+def _tile_grid(per_tile: torch.Tensor, p: _Plan) -> torch.Tensor:
+    """Per-tile codes in instance order -> the scale grid (layout.py `tile_grid`)."""
+    if p.rows:
+        t = p.tiling
+        g = per_tile.reshape(*t.moved_shape[:-2], t.nR, t.nC)
+        return g.movedim(-1, t.axis).contiguous()
+    return per_tile.reshape(p.grid_shape)
+
+
+def _tile_ungrid(grid: torch.Tensor, p: _Plan) -> torch.Tensor:
+    """Inverse of `_tile_grid`, flat."""
+    if p.rows:
+        return grid.reshape(p.grid_shape).movedim(p.tiling.axis, -1).reshape(-1)
+    return grid.reshape(-1)
 
 
 def quantize(
@@ -808,8 +1127,9 @@ def quantize(
 
     Returns:
         A dict with ``values`` (input dtype and shape, when asked), ``codes`` (unpacked
-        element codes, input shape), ``scale`` (grid layout), ``meta`` (MX shift bits, grid
-        layout) and ``tenscale`` (shape (1,)), the code fields only when asked.
+        element codes, input shape), ``scale`` and ``zero`` (grid layout), ``meta`` (MX shift
+        bits, grid layout) and ``tenscale`` (shape (1,)), the code fields only when asked,
+        and ``mask`` (bool, input shape) for N:M sparsity.
 
     Raises:
         NotImplementedError: the format is not implemented in Triton (see `plan`).
@@ -822,88 +1142,112 @@ def quantize(
     n, s = dt.nspec, dt.sspec
     dev = x.device
     e = p.elem
-    tile, nsub, sub, n_chunks, bt = _layout(p) if p.skind else _unscaled_layout(p)
-    n_units = p.n_inst * n_chunks
-    bt = max(1, min(bt, triton.next_power_of_2(n_units)))
     out: dict[str, Any] = {}
-    y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
+    mask = None
+    if s is not None and s.sparsity[1]:
+        x, mask = _prune(x, p)
+        out["mask"] = mask
+    stoch = round_mode is RoundMode.STOCHASTIC
+    idx = None
+    xk = x
+    if p.rows:
+        xk = _to_tile_rows(x, p.tiling)
+        if stoch:  # the stochastic bits follow the element's flat index in the input
+            flat = torch.arange(x.numel(), dtype=torch.int64, device=dev).reshape(x.shape)
+            idx = _to_tile_rows(flat, p.tiling)
+    tile, nsub, sub, n_chunks, bt = _layout(p)
+    n_units = p.n_inst * n_chunks
+    y = torch.empty_like(xk) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
     codes = (
-        torch.empty(x.shape, dtype=_store_dtype(n.bits), device=dev)
+        torch.empty(xk.shape, dtype=_store_dtype(n.bits), device=dev)
         if want_codes
         else torch.empty(1, dtype=torch.uint8, device=dev)
     )
     dummy_i32 = torch.zeros(1, dtype=torch.int32, device=dev)
-    scale = meta = dummy_i32
-    ts_code = dummy_i32
-    amax = flags = dummy_i32
+    scale = meta = zero = dummy_i32
+    ts_code = amax = flags = lo = hi = dummy_i32
     top = torch.zeros(1, dtype=torch.float32, device=dev)
-    consts: dict[str, Any] = {}
+    nums = dict.fromkeys(_QUANT_RUNTIME[8:], 0)
+    nums.update(el_maxf=1.0, ts_denom=1.0)
+    nums.update(
+        rmode=0 if stoch else _ROUND[round_mode],
+        nan_nf=int(s is not None and nan_policy is NanPolicy.BLOCK),
+        nan_nan=int(s is not None and not n.is_float),
+        full_int=int(full_int_range and not e.is_float),
+        keep_inf=int(s is None and e.has_inf),
+        e_mbits=e.mbits, e_emin=e.emin, e_emax=e.emax, e_maxm=e.maxm, e_bits=e.bits,
+        e_negzero=int(e.negzero), e_nancode=e.nan_code, e_infcode=e.inf_code,
+    )  # fmt: skip
     if s is not None:
         if want_codes:
             scale = torch.empty(p.n_inst, dtype=_store_dtype(s.scale.bits), device=dev)
             if p.sub:
-                meta = torch.empty(math.prod(p.meta_shape), dtype=torch.uint8, device=dev)
+                meta = torch.empty(p.n_inst * p.nsub if p.rows else math.prod(p.meta_shape),
+                                   dtype=torch.uint8, device=dev)  # fmt: skip
+            if s.zero is not None:
+                zero = torch.empty(p.n_inst, dtype=_store_dtype(s.zero.bits), device=dev)
         if not p.single:
-            amax, flags = _stats(x, p, p.TC, p.n_inst, p.nC, p.inner, p.C)
+            amax, flags, lo, hi = _stats(
+                xk, p.TC, p.n_inst, p.nC, p.inner, p.C, minmax=p.skind >= 3
+            )
         if s.tenscale is not None:
             size = x.numel()
-            top_bits, _ = _stats(x, p, size, 1, 1, 1, size)
+            top_bits, _, _, _ = _stats(x, size, 1, 1, 1, size, minmax=False)
             top = top_bits.view(torch.float32).reshape(1)
             ts_code = torch.zeros(1, dtype=torch.int32, device=dev)
         if s.scale.is_exponent:
-            mid_t = top_t = 0
-            if e.is_float:
-                mid_t = (2 * e.maxm + 1) << (22 - e.mbits) if e.mbits <= 22 else 0
-                top_t = e.maxm << (23 - e.mbits)
             # clamp(sexp + frac, low, high) - frac == clamp(sexp, low - frac, high - frac)
             frac = _int_frac_bits(n)
-            low, high = -s.scale.bias - frac, (1 << s.scale.ebits) - 2 - s.scale.bias - frac
-            consts.update(
-                SMODE=_SMODE[scale_mode] if e.is_float else 0, MID_T=mid_t, TOP_T=top_t,
-                S_LOW=low, S_HIGH=high, S_BIAS=s.scale.bias + frac,
-                S_NAN=(1 << s.scale.ebits) - 1,
+            nums.update(
+                bump_t=_bump_threshold(e, scale_mode), s_low=-s.scale.bias - frac,
+                s_high=(1 << s.scale.ebits) - 2 - s.scale.bias - frac,
+                s_bias=s.scale.bias + frac, s_nan=(1 << s.scale.ebits) - 1,
             )  # fmt: skip
         else:
             sf = p.sfmt
             assert sf is not None
-            consts.update(
-                S_NAN=nan_code(s.scale), EL_MAXF=float(np.float32(n.maxfloat)),
-                S_MBITS=sf.mbits, S_EMIN=sf.emin, S_EMAX=sf.emax, S_MAXM=sf.maxm,
+            nums.update(
+                s_nan=nan_code(s.scale), el_maxf=float(np.float32(n.maxfloat)),
+                s_mbits=sf.mbits, s_emin=sf.emin, s_emax=sf.emax, s_maxm=sf.maxm,
             )  # fmt: skip
             if p.tfmt is not None:
                 tf = p.tfmt
                 denom = np.float32(n.maxfloat) * np.float32(s.scale.maxfloat)
-                consts.update(
-                    TS=True, TS_DENOM=float(denom), T_MBITS=tf.mbits, T_EMIN=tf.emin,
-                    T_EMAX=tf.emax, T_MAXM=tf.maxm,
+                nums.update(
+                    ts_denom=float(denom), t_mbits=tf.mbits, t_emin=tf.emin, t_emax=tf.emax,
+                    t_maxm=tf.maxm,
                 )  # fmt: skip
-    defaults = dict(
-        SMODE=0, MID_T=0, TOP_T=0, S_LOW=0, S_HIGH=0, S_BIAS=0, S_NAN=0, EL_MAXF=1.0,
-        S_MBITS=0, S_EMIN=0, S_EMAX=0, S_MAXM=0, TS=False, TS_DENOM=1.0, T_MBITS=0,
-        T_EMIN=0, T_EMAX=0, T_MAXM=0,
-    )  # fmt: skip
-    defaults.update(consts)
-    tile_nan_int = s is not None and not n.is_float
+            if p.zfmt is not None:
+                zf = p.zfmt
+                nums.update(
+                    z_mbits=zf.mbits, z_emin=zf.emin, z_emax=zf.emax, z_maxm=zf.maxm,
+                    z_bits=zf.bits, z_negzero=int(zf.negzero),
+                )  # fmt: skip
     _quant_kernel[_programs(n_units, bt)](
-        _int_view(x), _int_view(y), codes, scale, meta, amax, flags, top, ts_code,
-        n_units, n_chunks, p.C, p.TC, p.inner, p.nC, max(p.sub_cols, 1), _hash_key(seed),
+        _int_view(xk), _int_view(y), codes, scale, meta, zero, amax, flags, lo, hi, top,
+        ts_code, dummy_i32 if idx is None else idx, n_units, n_chunks, p.C, p.TC, p.inner,
+        p.nC, max(p.sub_cols, 1), _hash_key(seed), **nums,
         IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes,
         PRE=not p.single, LAST=p.inner == 1, TILE=tile, NSUB=nsub, SUB=sub, BT=bt,
-        SKIND=p.skind, SHIFT=bool(p.sub), ROUND=_ROUND[round_mode],
-        NAN_BLOCK=s is not None and nan_policy is NanPolicy.BLOCK, NAN_TILE=tile_nan_int,
-        FULL_INT=full_int_range and not e.is_float, KEEP_INF=s is None and e.has_inf,
-        E_FLOAT=e.is_float, E_MBITS=e.mbits, E_EMIN=e.emin, E_EMAX=e.emax, E_MAXM=e.maxm,
-        E_BITS=e.bits, E_NEGZERO=e.negzero, E_NANCODE=e.nan_code, E_INFCODE=e.inf_code,
-        **defaults,
+        SKIND=p.skind, SHIFT=bool(p.sub), STOCH=stoch, E_FLOAT=e.is_float,
+        TS=p.tfmt is not None, IDX=idx is not None, enable_fp_fusion=False,
     )  # fmt: skip
     if want_values:
+        if p.rows:
+            y = _from_tile_rows(y, p.tiling)
+        if mask is not None:  # pruned positions read as zero whatever the zero point
+            y = y.masked_fill_(~mask, 0)
         out["values"] = y
     if want_codes:
+        if p.rows:
+            codes = _from_tile_rows(codes, p.tiling)
         out["codes"] = codes.view(_code_torch_dtype(n.bits))
         if s is not None:
-            out["scale"] = scale.view(_code_torch_dtype(s.scale.bits)).reshape(p.grid_shape)
+            out["scale"] = _tile_grid(scale.view(_code_torch_dtype(s.scale.bits)), p)
+            if s.zero is not None:
+                out["zero"] = _tile_grid(zero.view(_code_torch_dtype(s.zero.bits)), p)
             if p.sub:
-                out["meta"] = meta.reshape(p.meta_shape)
+                out["meta"] = _sub_grid(meta, p.tiling) if p.rows else meta.reshape(p.meta_shape)
             if s.tenscale is not None:
                 t = ts_code.to(torch.int64) if s.tenscale.bits > 16 else ts_code
                 out["tenscale"] = _to_code(t, s.tenscale.bits)
@@ -914,11 +1258,6 @@ def _to_code(t: torch.Tensor, bits: int) -> torch.Tensor:
     if bits <= 16:
         return t.to(_store_dtype(bits)).view(_code_torch_dtype(bits))
     return t.to(torch.int32).view(torch.uint32)
-
-
-def _unscaled_layout(p: _Plan) -> tuple[int, int, int, int, int]:
-    tile = min(_BLOCK, triton.next_power_of_2(p.TC))
-    return tile, 1, tile, triton.cdiv(p.TC, tile), 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -936,12 +1275,17 @@ def dequantize(
     tenscale: torch.Tensor | None = None,
     meta: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
+    *,
+    zero: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Values of unpacked codes (reference `dequantize`, bit for bit), as ``out_dtype``.
 
+    ``mask`` (N:M sparsity, bool of ``shape``) makes pruned positions read as zero.
+
     Raises:
         NotImplementedError: the format is not implemented in Triton (see `plan`).
-        ValueError: a missing scale, tensor scale or meta tensor.
+        ValueError: a missing scale, zero point, tensor scale or meta tensor.
         TypeError: an unsupported output dtype.
     """
     if out_dtype not in _IN_KIND:
@@ -951,34 +1295,43 @@ def dequantize(
     dev = codes.device
     if s is not None and scale is None:
         raise ValueError(f"{dt.name}: dequantizing needs the scale tensor")
+    if s is not None and s.zero is not None and zero is None:
+        raise ValueError(f"{dt.name}: dequantizing needs the zero point tensor")
     if p.sub and meta is None:
         raise ValueError(f"{dt.name}: dequantizing needs the meta tensor")
     if s is not None and s.tenscale is not None and tenscale is None:
         raise ValueError(f"{dt.name}: dequantizing needs the tensor scale")
-    tile, nsub, sub, n_chunks, bt = _layout(p) if p.skind else _unscaled_layout(p)
+    tile, nsub, sub, n_chunks, bt = _layout(p)
     n_units = p.n_inst * n_chunks
-    bt = max(1, min(bt, triton.next_power_of_2(n_units)))
-    y = torch.empty(shape, dtype=out_dtype, device=dev)
     dummy = torch.zeros(1, dtype=torch.int32, device=dev)
-    c = codes.contiguous().reshape(-1)
-    c = c.view(torch.int16) if c.dtype == torch.uint16 else c
-    sc = dummy if scale is None else _flat_codes(scale)
-    mt = dummy if meta is None else meta.contiguous().reshape(-1)
-    stab = dummy
+    c = codes.contiguous().reshape(shape)
+    if p.rows:
+        c = _to_tile_rows(c, p.tiling)
+    c = _flat_codes(c)
+    y = torch.empty(c.shape, dtype=out_dtype, device=dev)
+    sc = dummy if scale is None else _flat_codes(_tile_ungrid(scale, p))
+    zc = dummy if zero is None else _flat_codes(_tile_ungrid(zero, p))
+    mt = dummy
+    if meta is not None:
+        mt = _sub_ungrid(meta, p.tiling) if p.rows else meta.contiguous().reshape(-1)
+    stab = ztab = dummy
     ts = torch.ones(1, dtype=torch.float32, device=dev)
     s_f32 = False
-    consts = dict(S_BIAS=0, S_NAN=0, S_MASK=0, S_F32=False, TS=False)
+    nums = dict(code_mask=(1 << n.bits) - 1, s_bias=0, s_nan=0, s_mask=0, z_mask=0)
     if s is not None:
         if s.scale.is_exponent:
-            consts.update(
-                S_BIAS=s.scale.bias + _int_frac_bits(n), S_NAN=(1 << s.scale.ebits) - 1,
-                S_MASK=(1 << s.scale.bits) - 1,
+            nums.update(
+                s_bias=s.scale.bias + _int_frac_bits(n), s_nan=(1 << s.scale.ebits) - 1,
+                s_mask=(1 << s.scale.bits) - 1,
             )  # fmt: skip
         else:
             s_f32 = s.scale.bits == 32
             if not s_f32:
                 stab = _decode_table(s.scale, str(dev))
-            consts.update(S_MASK=(1 << s.scale.bits) - 1, S_F32=s_f32)
+            nums.update(s_mask=(1 << s.scale.bits) - 1)
+            if s.zero is not None:
+                ztab = _decode_table(s.zero, str(dev))
+                nums.update(z_mask=(1 << s.zero.bits) - 1)
             if s.tenscale is not None:
                 assert tenscale is not None
                 tcode = tenscale.reshape(-1)[:1].cpu().numpy()
@@ -986,13 +1339,18 @@ def dequantize(
 
                 tval = decode_codes(tcode.astype(np.uint64), s.tenscale).astype(np.float32)
                 ts = torch.from_numpy(tval).to(dev)
-                consts.update(TS=True)
     _dequant_kernel[_programs(n_units, bt)](
-        c, _int_view(y), sc, mt, _decode_table(n, str(dev)), stab, ts,
-        n_units, n_chunks, p.C, p.TC, p.inner, p.nC, max(p.sub_cols, 1),
+        c, _int_view(y), sc, mt, zc, _decode_table(n, str(dev)), stab, ztab, ts,
+        n_units, n_chunks, p.C, p.TC, p.inner, p.nC, max(p.sub_cols, 1), **nums,
         OUT_KIND=_IN_KIND[out_dtype], LAST=p.inner == 1, TILE=tile, NSUB=nsub, SUB=sub, BT=bt,
-        SKIND=p.skind, SHIFT=bool(p.sub), CODE_MASK=(1 << n.bits) - 1, **consts,
+        SKIND=p.skind, SHIFT=bool(p.sub), S_F32=s_f32, TS=s is not None and s.tenscale
+        is not None, enable_fp_fusion=False,
     )  # fmt: skip
+    if p.rows:
+        y = _from_tile_rows(y.reshape(-1, p.C), p.tiling)
+    y = y.reshape(shape)
+    if mask is not None:
+        y = y.masked_fill_(~mask.reshape(shape).to(torch.bool), 0)
     return y
 
 
