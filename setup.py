@@ -45,6 +45,10 @@ def build_native() -> Path | None:
     # pip builds in throw-away environments: a cache naming an earlier run's cmake would break.
     (build / "CMakeCache.txt").unlink(missing_ok=True)
     configure = [cmake, "-S", str(ROOT / "ops"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
+    # The GPU kernels (ops/gen_aot.py) are compiled by this interpreter when triton imports.
+    configure.append(f"-DONNXQ_PYTHON={sys.executable}")
+    if os.environ.get("ONNXQ_NO_GPU_KERNELS"):
+        configure.append("-DONNXQ_GPU_KERNELS=OFF")
     if os.environ.get("ONNXRUNTIME_INCLUDE_DIR"):
         configure.append(f"-DONNXRUNTIME_INCLUDE_DIR={os.environ['ONNXRUNTIME_INCLUDE_DIR']}")
     try:

@@ -103,6 +103,42 @@ ONNXQ_API int32_t onnxq_unpack_bits(const uint8_t* stream, int64_t stream_bytes,
                           int64_t count, const uint8_t* mask, void* codes, int32_t width,
                           char* err, size_t errlen);
 
+/* -- The CUDA path (docs/gpu.md) ------------------------------------------------------------
+ * The Triton kernels of onnxq/cast/triton.py, compiled ahead of time when the library was built
+ * (onnxq/cast/aot.py: cubin for sm_80 and sm_90, PTX for newer GPUs) and launched through the
+ * CUDA driver, which is loaded with dlopen at the first call: the library loads and its CPU
+ * functions work on machines without CUDA. Formats are named by preset or data type code
+ * (the embedded ones: onnxq_cuda_info); tiles run along the last axis; modes are the defaults.
+ * Every pointer is CUDA device memory on one device (host memory is refused); work is queued on
+ * `stream` (a CUstream; NULL is the legacy default stream) and not waited for, so a kernel fault
+ * shows at the caller's next synchronisation. Layouts are those of onnxq_quantize with one byte
+ * per code, scale and meta bit; tenscale is the float32 code (uint32 [1]). */
+
+/* 1 when the CUDA path can run here, else 0 with the reason in err (no driver, no device, a
+ * library built without GPU kernels). */
+ONNXQ_API int32_t onnxq_cuda_available(char* err, size_t errlen);
+
+/* Number of embedded kernels (0: built without them); a description (or why none) in out. */
+ONNXQ_API int32_t onnxq_cuda_info(char* out, size_t outlen);
+
+/* Quantize x (float type x_type) of shape[ndim] along the last axis (axis -1 or ndim - 1).
+ * values (x_type, x's shape) and codes may each be NULL, not both; with codes, scale is required
+ * and meta too for MX9/MX6-style formats, tenscale is optional. modes may be NULL (defaults);
+ * other modes are refused. */
+ONNXQ_API int32_t onnxq_cuda_quantize(const char* dtype, const onnxq_modes* modes, const void* x,
+                                      int32_t x_type, int32_t ndim, const int64_t* shape,
+                                      int32_t axis, void* values, void* codes, void* scale,
+                                      void* tenscale, uint8_t* meta, void* stream, char* err,
+                                      size_t errlen);
+
+/* Decode codes (+ scale, tenscale, meta as onnxq_cuda_quantize writes them) to values of float
+ * type values_type. */
+ONNXQ_API int32_t onnxq_cuda_dequantize(const char* dtype, int32_t ndim, const int64_t* shape,
+                                        int32_t axis, const void* codes, const void* scale,
+                                        const void* tenscale, const uint8_t* meta, void* values,
+                                        int32_t values_type, void* stream, char* err,
+                                        size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

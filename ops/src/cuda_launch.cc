@@ -1,0 +1,683 @@
+// The CUDA path (cuda_launch.h, docs/gpu.md): the driver API through dlopen, with its own
+// minimal declarations (no CUDA headers or libraries at build time), the embedded Triton kernels
+// (ONNXQ_WITH_AOT: aot_index.inc + kernels.bin written by onnxq/cast/aot.py), and the C ABI
+// entry points onnxq_cuda_*.
+#include "cuda_launch.h"
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "onnxq_ops.h"
+
+#if defined(ONNXQ_WITH_AOT)
+// The images, embedded as they are (no hex dump through the compiler). ONNXQ_AOT_BLOB is the
+// quoted path of kernels.bin.
+__asm__(
+    ".section .rodata.onnxq_aot,\"a\",@progbits\n"
+    ".balign 64\n"
+    ".globl onnxq_aot_blob\n"
+    ".hidden onnxq_aot_blob\n"
+    "onnxq_aot_blob:\n"
+    ".incbin \"" ONNXQ_AOT_BLOB "\"\n"
+    ".previous\n");
+extern "C" const unsigned char onnxq_aot_blob[];
+#endif
+
+namespace onnxq {
+namespace cuda {
+namespace {
+
+#if defined(ONNXQ_WITH_AOT)
+#include "aot_index.inc"
+static_assert(ONNXQ_AOT_NARCH == kAotArchs, "aot.py ARCHS and cuda_launch.h disagree");
+static_assert(ONNXQ_AOT_FORMAT_VERSION == 1, "aot_index.inc of another format version");
+constexpr int kFormatCount = sizeof(kAotFormats) / sizeof(kAotFormats[0]);
+constexpr int kKernelCount = sizeof(kAotKernels) / sizeof(kAotKernels[0]);
+const unsigned char* blob() { return onnxq_aot_blob; }
+#else
+constexpr int kFormatCount = 0;
+constexpr int kKernelCount = 0;
+const AotFormat* const kAotFormats = nullptr;
+const AotKernel* const kAotKernels = nullptr;
+const AotParam* const kAotParams = nullptr;
+const AotSpan* const kAotConsts = nullptr;
+const unsigned char* blob() { return nullptr; }
+#endif
+
+const char* const kNoKernels =
+    "this onnxq library was built without GPU kernels (triton and torch were not importable "
+    "when it was built; install them and rebuild with `python -m pip install -e .`)";
+
+// -- the driver API, declared here ---------------------------------------------------------------
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUcontext = struct CUctx_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+
+constexpr int kAttrMajor = 75;        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+constexpr int kAttrMinor = 76;        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+constexpr int kPtrMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kPtrDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr unsigned kMemDevice = 2;    // CU_MEMORYTYPE_DEVICE
+constexpr unsigned kMemUnified = 4;   // CU_MEMORYTYPE_UNIFIED
+constexpr int kFuncMaxDynShared = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+struct Driver {
+  void* handle = nullptr;
+  std::string error;  // why the driver is unusable ("" when it is usable)
+  CUresult (*cuInit)(unsigned) = nullptr;
+  CUresult (*cuDriverGetVersion)(int*) = nullptr;
+  CUresult (*cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuCtxPushCurrent)(CUcontext) = nullptr;
+  CUresult (*cuCtxPopCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr) = nullptr;
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**) = nullptr;
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
+  CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream) = nullptr;
+  CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream) = nullptr;
+  CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+  int device_count = 0;
+  int version = 0;
+};
+
+template <typename F>
+bool resolve(void* h, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(h, name));
+  return *fn != nullptr;
+}
+
+std::string err_text(const Driver& d, CUresult r) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (d.cuGetErrorName) d.cuGetErrorName(r, &name);
+  if (d.cuGetErrorString) d.cuGetErrorString(r, &text);
+  std::string s = name ? name : "CUDA error " + std::to_string(r);
+  if (text) s += std::string(": ") + text;
+  return s;
+}
+
+Driver load_driver() {
+  Driver d;
+  const char* env = std::getenv("ONNXQ_LIBCUDA");  // tests: another (or a missing) driver
+  const char* path = env && *env ? env : "libcuda.so.1";
+  d.handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!d.handle) {
+    const char* e = dlerror();
+    d.error = std::string("the CUDA driver library ") + path +
+              " cannot be loaded (no NVIDIA driver on this machine?): " + (e ? e : "unknown");
+    return d;
+  }
+  bool ok = resolve(d.handle, "cuInit", &d.cuInit) &&
+            resolve(d.handle, "cuDriverGetVersion", &d.cuDriverGetVersion) &&
+            resolve(d.handle, "cuDeviceGetCount", &d.cuDeviceGetCount) &&
+            resolve(d.handle, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute) &&
+            resolve(d.handle, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain) &&
+            resolve(d.handle, "cuCtxPushCurrent_v2", &d.cuCtxPushCurrent) &&
+            resolve(d.handle, "cuCtxPopCurrent_v2", &d.cuCtxPopCurrent) &&
+            resolve(d.handle, "cuPointerGetAttribute", &d.cuPointerGetAttribute) &&
+            resolve(d.handle, "cuModuleLoadData", &d.cuModuleLoadData) &&
+            resolve(d.handle, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
+            resolve(d.handle, "cuFuncSetAttribute", &d.cuFuncSetAttribute) &&
+            resolve(d.handle, "cuLaunchKernel", &d.cuLaunchKernel) &&
+            resolve(d.handle, "cuMemAlloc_v2", &d.cuMemAlloc) &&
+            resolve(d.handle, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
+            resolve(d.handle, "cuGetErrorName", &d.cuGetErrorName) &&
+            resolve(d.handle, "cuGetErrorString", &d.cuGetErrorString);
+  if (!ok) {
+    d.error = std::string("the CUDA driver ") + path + " lacks a function onnxq needs";
+    return d;
+  }
+  resolve(d.handle, "cuMemAllocAsync", &d.cuMemAllocAsync);  // CUDA 11.2+; NVFP4 needs them
+  resolve(d.handle, "cuMemFreeAsync", &d.cuMemFreeAsync);
+  CUresult r = d.cuInit(0);
+  if (r != 0) {
+    d.error = "cuInit failed: " + err_text(d, r);
+    return d;
+  }
+  d.cuDriverGetVersion(&d.version);
+  r = d.cuDeviceGetCount(&d.device_count);
+  if (r != 0) {
+    d.error = "cuDeviceGetCount failed: " + err_text(d, r);
+  } else if (d.device_count == 0) {
+    d.error = "the CUDA driver sees no device";
+  }
+  return d;
+}
+
+const Driver& driver() {
+  static const Driver d = load_driver();  // thread-safe one-time initialisation
+  return d;
+}
+
+// -- per-device state: primary contexts, loaded functions, constant tables ----------------------
+struct Device {
+  CUcontext ctx = nullptr;
+  int cc = 0;  // compute capability * 10 + minor
+  std::map<int, CUfunction> functions;
+  std::map<int, CUdeviceptr> consts;
+};
+
+std::mutex g_mutex;
+std::map<int, Device> g_devices;
+
+struct Error {
+  std::string msg;
+};
+
+void check(CUresult r, const std::string& what) {
+  if (r != 0) throw Error{what + " failed: " + err_text(driver(), r)};
+}
+
+Device& device(int ordinal) {  // g_mutex held
+  Device& dv = g_devices[ordinal];
+  if (!dv.ctx) {
+    const Driver& d = driver();
+    CUcontext ctx = nullptr;
+    check(d.cuDevicePrimaryCtxRetain(&ctx, ordinal),
+          "cuDevicePrimaryCtxRetain(" + std::to_string(ordinal) + ")");
+    int major = 0, minor = 0;
+    check(d.cuDeviceGetAttribute(&major, kAttrMajor, ordinal), "cuDeviceGetAttribute");
+    check(d.cuDeviceGetAttribute(&minor, kAttrMinor, ordinal), "cuDeviceGetAttribute");
+    dv.ctx = ctx;
+    dv.cc = major * 10 + minor;
+  }
+  return dv;
+}
+
+struct CtxScope {  // the device's primary context current on this thread for the call
+  explicit CtxScope(CUcontext ctx) { check(driver().cuCtxPushCurrent(ctx), "cuCtxPushCurrent"); }
+  ~CtxScope() {
+    CUcontext old = nullptr;
+    driver().cuCtxPopCurrent(&old);
+  }
+  CtxScope(const CtxScope&) = delete;
+  CtxScope& operator=(const CtxScope&) = delete;
+};
+
+// The device ordinal of a device pointer; a host pointer is refused by name.
+int device_of(const void* p, const char* what) {
+  const Driver& d = driver();
+  unsigned type = 0;
+  CUresult r = d.cuPointerGetAttribute(&type, kPtrMemoryType, reinterpret_cast<CUdeviceptr>(p));
+  if (r != 0 || (type != kMemDevice && type != kMemUnified))
+    throw Error{std::string(what) + " is not CUDA device memory (a CPU tensor?)"};
+  int ordinal = -1;
+  check(d.cuPointerGetAttribute(&ordinal, kPtrDeviceOrdinal, reinterpret_cast<CUdeviceptr>(p)),
+        std::string("cuPointerGetAttribute(") + what + ")");
+  return ordinal;
+}
+
+void same_device(const void* p, const char* what, int dev) {
+  if (!p) return;
+  int o = device_of(p, what);
+  if (o != dev)
+    throw Error{std::string(what) + " is on CUDA device " + std::to_string(o) +
+                ", the input on device " + std::to_string(dev)};
+}
+
+[[maybe_unused]] std::string arch_list() {
+  std::string s;
+  for (int a = 0; a < kAotArchs && kKernelCount; ++a)
+    s += (a ? ", sm_" : "sm_") + std::to_string(kAotKernels[0].cubin[a].arch);
+  return s;
+}
+
+// The kernel's function on this device: the cubin of its architecture, else the PTX (JIT).
+CUfunction function(Device& dv, int k) {  // g_mutex held, context current
+  auto it = dv.functions.find(k);
+  if (it != dv.functions.end()) return it->second;
+  const Driver& d = driver();
+  const AotKernel& K = kAotKernels[k];
+  const int ptx_arch = static_cast<int>(K.ptx.arch);
+  if (dv.cc < ptx_arch)
+    throw Error{"unsupported GPU architecture sm_" + std::to_string(dv.cc) +
+                ": the embedded kernels need sm_" + std::to_string(ptx_arch) + " or newer"};
+  CUmodule mod = nullptr;
+  std::string tried;
+  // A cubin runs on its own major version from its minor on (sm_90a: on sm_90 only).
+  for (int a = kAotArchs - 1; a >= 0 && !mod; --a) {
+    const AotImage& im = K.cubin[a];
+    bool fits = im.arch == 90 ? dv.cc == 90 : (dv.cc / 10 == im.arch / 10 && dv.cc >= im.arch);
+    if (!fits || !im.len) continue;
+    CUresult r = d.cuModuleLoadData(&mod, blob() + im.off);
+    if (r != 0) {
+      tried += "cubin sm_" + std::to_string(im.arch) + ": " + err_text(d, r) + "; ";
+      mod = nullptr;
+    }
+  }
+  if (!mod) {
+    CUresult r = d.cuModuleLoadData(&mod, blob() + K.ptx.off);
+    if (r != 0)
+      throw Error{"no kernel image loads on this sm_" + std::to_string(dv.cc) + " GPU (" + tried +
+                  "PTX sm_" + std::to_string(ptx_arch) + ": " + err_text(d, r) +
+                  "; a driver older than the Triton that compiled them?)"};
+  }
+  CUfunction f = nullptr;
+  check(d.cuModuleGetFunction(&f, mod, K.name), std::string("cuModuleGetFunction(") + K.name + ")");
+  if (K.shared > 48 * 1024)
+    check(d.cuFuncSetAttribute(f, kFuncMaxDynShared, K.shared), "cuFuncSetAttribute");
+  dv.functions[k] = f;
+  return f;
+}
+
+CUdeviceptr const_table(Device& dv, int index) {  // g_mutex held, context current
+  auto it = dv.consts.find(index);
+  if (it != dv.consts.end()) return it->second;
+  const Driver& d = driver();
+  const AotSpan& s = kAotConsts[index];
+  CUdeviceptr p = 0;
+  check(d.cuMemAlloc(&p, s.len ? s.len : 4), "cuMemAlloc");
+  if (s.len) check(d.cuMemcpyHtoD(p, blob() + s.off, s.len), "cuMemcpyHtoD");
+  dv.consts[index] = p;
+  return p;
+}
+
+// What the launcher passes for each role.
+struct Bind {
+  const void* ptr[12] = {};  // by pointer role (kRoleX .. kRoleFlagOut)
+  int64_t n_units = 0, n_chunks = 0, C = 0, TC = 0, inner = 1, nC = 0, sub_cols = 1;
+};
+
+void launch(Device& dv, int k, const Bind& b, CUstream stream) {
+  const AotKernel& K = kAotKernels[k];
+  CUfunction f = function(dv, k);
+  std::vector<unsigned long long> slots(K.nparams);
+  std::vector<void*> args(K.nparams);
+  for (int i = 0; i < K.nparams; ++i) {
+    const AotParam& p = kAotParams[K.first_param + i];
+    unsigned long long v = 0;
+    int32_t s32 = 0;
+    bool scalar = true;
+    switch (p.role) {
+      case kRoleNUnits: s32 = static_cast<int32_t>(b.n_units); break;
+      case kRoleNChunks: s32 = static_cast<int32_t>(b.n_chunks); break;
+      case kRoleC: s32 = static_cast<int32_t>(b.C); break;
+      case kRoleTC: s32 = static_cast<int32_t>(b.TC); break;
+      case kRoleInner: s32 = static_cast<int32_t>(b.inner); break;
+      case kRoleNC: s32 = static_cast<int32_t>(b.nC); break;
+      case kRoleSubCols: s32 = static_cast<int32_t>(b.sub_cols); break;
+      case kRoleValue: s32 = static_cast<int32_t>(p.extra); break;
+      default: scalar = false;
+    }
+    if (scalar) {
+      std::memcpy(&v, &s32, sizeof s32);  // a 4-byte parameter: the launch reads 4 bytes
+    } else if (p.role == kRoleConst) {
+      v = const_table(dv, static_cast<int>(p.extra));
+    } else if (p.role == kRoleNull || p.role == kRoleScratch) {
+      v = 0;
+    } else if (p.role >= 0 && p.role < 12) {
+      v = reinterpret_cast<unsigned long long>(b.ptr[p.role]);
+    } else {
+      throw Error{"kernel " + std::string(K.name) + ": unknown parameter role " +
+                  std::to_string(p.role) + " (library and generator disagree)"};
+    }
+    slots[i] = v;
+    args[i] = &slots[i];
+  }
+  int64_t grid = (b.n_units + K.bt - 1) / K.bt;
+  if (grid <= 0) return;
+  check(driver().cuLaunchKernel(f, static_cast<unsigned>(grid), 1, 1, 32u * K.num_warps, 1, 1,
+                                K.shared, stream, args.data(), nullptr),
+        std::string("cuLaunchKernel(") + K.name + ")");
+}
+
+int find_kernel(int fmt, int op, int io_type) {
+  for (int k = 0; k < kKernelCount; ++k) {
+    const AotKernel& K = kAotKernels[k];
+    if (K.fmt == fmt && K.op == op && K.io_type == io_type) return k;
+  }
+  return -1;
+}
+
+int format_index(const std::string& dtype) {
+  for (int i = 0; i < kFormatCount; ++i)
+    if (dtype == kAotFormats[i].preset || dtype == kAotFormats[i].code) return i;
+  return -1;
+}
+
+std::string format_list() {
+  std::string s;
+  for (int i = 0; i < kFormatCount; ++i) s += (i ? ", " : "") + std::string(kAotFormats[i].preset);
+  return s;
+}
+
+const char* const kTypes[3] = {"float32", "float16", "bfloat16"};
+
+struct Geometry {
+  int64_t numel = 1;
+  Bind b;
+};
+
+Geometry geometry(const AotFormat& F, int ndim, const int64_t* shape, int axis) {
+  if (ndim < 1 || !shape) throw Error{"the tensor needs a shape of rank 1 or more"};
+  if (axis != -1 && axis != ndim - 1)
+    throw Error{"the CUDA kernels tile along the last axis only (axis " + std::to_string(axis) +
+                " of a rank-" + std::to_string(ndim) + " tensor); use the Triton or CPU engines"};
+  Geometry g;
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] < 0) throw Error{"negative dimension in the shape"};
+    g.numel *= shape[i];
+    if (g.numel >= (int64_t(1) << 31))
+      throw Error{"tensors of 2^31 elements or more are not supported by the CUDA kernels"};
+  }
+  int64_t C = shape[ndim - 1];
+  g.b.C = C;
+  g.b.TC = F.tile;
+  g.b.nC = C ? (C + F.tile - 1) / F.tile : 0;
+  g.b.n_units = C ? (g.numel / C) * g.b.nC : 0;
+  g.b.n_chunks = 1;
+  g.b.inner = 1;
+  g.b.sub_cols = F.sub ? (C + F.sub - 1) / F.sub : 1;
+  return g;
+}
+
+const AotFormat& format_for(const std::string& dtype) {
+  if (kKernelCount == 0) throw Error{kNoKernels};
+  int fi = format_index(dtype);
+  if (fi < 0)
+    throw Error{"no CUDA kernel for data type '" + dtype + "' (the library has kernels for " +
+                format_list() + "; other formats run on the Triton or CPU engines)"};
+  return kAotFormats[fi];
+}
+
+void need_driver() {
+  const Driver& d = driver();
+  if (!d.error.empty()) throw Error{d.error};
+}
+
+// Stream-ordered scratch memory, freed on the stream when the call ends.
+struct Scratch {
+  CUdeviceptr p = 0;
+  CUstream stream = nullptr;
+  Scratch(size_t bytes, CUstream s) : stream(s) {
+    const Driver& d = driver();
+    if (!d.cuMemAllocAsync || !d.cuMemFreeAsync)
+      throw Error{"this CUDA driver has no cuMemAllocAsync (CUDA 11.2+), which NVFP4 needs"};
+    check(d.cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");
+  }
+  ~Scratch() {
+    if (p) driver().cuMemFreeAsync(p, stream);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
+std::string quantize_impl(const std::string& dtype, const void* x, int x_type, int ndim,
+                          const int64_t* shape, int axis, void* values, void* codes, void* scale,
+                          void* tenscale, void* meta, void* stream) {
+  const AotFormat& F = format_for(dtype);
+  if (x_type < 0 || x_type > 2) throw Error{"float types are 0 (float32), 1 (float16), 2 (bfloat16)"};
+  if (!x) throw Error{"x is null"};
+  if (!values && !codes) throw Error{"nothing to compute: values and codes are both null"};
+  if (codes && F.scaled && !scale) throw Error{"codes need the scale output"};
+  if (codes && F.sub && !meta) throw Error{F.preset + std::string(" codes need the meta output")};
+  Geometry g = geometry(F, ndim, shape, axis);
+  if (g.numel == 0) return "";
+  need_driver();
+  int dev = device_of(x, "x");
+  same_device(values, "values", dev);
+  same_device(codes, "codes", dev);
+  same_device(scale, "scale", dev);
+  same_device(tenscale, "tenscale", dev);
+  same_device(meta, "meta", dev);
+  int fi = static_cast<int>(&F - kAotFormats);
+  int kv = values ? find_kernel(fi, kOpQuantValues, x_type) : -1;
+  int kc = codes ? find_kernel(fi, kOpQuantCodes, x_type) : -1;
+  if ((values && kv < 0) || (codes && kc < 0))
+    throw Error{std::string("no CUDA kernel for ") + F.preset + " with " + kTypes[x_type] + " input"};
+  CUstream s = static_cast<CUstream>(stream);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Device& dv = device(dev);
+  CtxScope scope(dv.ctx);
+  Bind b = g.b;
+  b.ptr[kRoleX] = x;
+  b.ptr[kRoleY] = values;
+  b.ptr[kRoleCodes] = codes;
+  b.ptr[kRoleScale] = scale;
+  b.ptr[kRoleMeta] = meta;
+  std::unique_ptr<Scratch> scratch;
+  if (F.tenscale_bits) {
+    // Tensor amax: chunks of the stats kernel's tile, then the chunk maxima again (their bits
+    // read as float32: finite, non-negative) until one is left.
+    int k_in = find_kernel(-1, kOpStats, x_type), k_f32 = find_kernel(-1, kOpStats, 0);
+    if (k_in < 0 || k_f32 < 0) throw Error{"the library lacks the tensor-amax kernels"};
+    std::vector<int64_t> counts;  // elements read by each pass
+    int64_t n = g.numel;
+    const int64_t chunk = kAotKernels[k_in].chunk;
+    if (chunk < 1 || kAotKernels[k_f32].chunk != chunk) throw Error{"bad tensor-amax kernels"};
+    size_t bytes = 16;  // the tensor-scale code when the caller does not want it
+    for (;;) {
+      counts.push_back(n);
+      int64_t c = (n + chunk - 1) / chunk;
+      bytes += static_cast<size_t>(c) * 8;  // amax (4) + flags (1), 8-aligned
+      if (c == 1) break;
+      n = c;
+    }
+    scratch.reset(new Scratch(bytes, s));
+    CUdeviceptr base = scratch->p, cursor = base + 16;
+    const void* in = x;
+    for (size_t pass = 0; pass < counts.size(); ++pass) {
+      int64_t m = counts[pass], c = (m + chunk - 1) / chunk;
+      Bind sb;
+      sb.ptr[kRoleX] = in;
+      sb.ptr[kRoleAmaxOut] = reinterpret_cast<void*>(cursor);
+      sb.ptr[kRoleFlagOut] = reinterpret_cast<void*>(cursor + 4 * c);
+      sb.n_units = c;
+      sb.n_chunks = c;
+      sb.C = m;
+      sb.TC = m;
+      sb.inner = 1;
+      sb.nC = 1;
+      launch(dv, pass == 0 ? k_in : k_f32, sb, s);
+      in = reinterpret_cast<const void*>(cursor);
+      cursor += static_cast<CUdeviceptr>(c) * 8;
+    }
+    b.ptr[kRoleTop] = in;
+    b.ptr[kRoleTsCode] = tenscale ? tenscale : reinterpret_cast<void*>(base);
+  }
+  if (kv >= 0) launch(dv, kv, b, s);
+  if (kc >= 0) launch(dv, kc, b, s);
+  return "";
+}
+
+std::string dequantize_impl(const std::string& dtype, int ndim, const int64_t* shape, int axis,
+                            const void* codes, const void* scale, const void* tenscale,
+                            const void* meta, void* values, int values_type, void* stream) {
+  const AotFormat& F = format_for(dtype);
+  if (values_type < 0 || values_type > 2)
+    throw Error{"float types are 0 (float32), 1 (float16), 2 (bfloat16)"};
+  if (!codes || !values) throw Error{"codes and values are required"};
+  if (F.scaled && !scale) throw Error{"the scale input is required"};
+  if (F.sub && !meta) throw Error{F.preset + std::string(" needs the meta (shift bits) input")};
+  if (F.tenscale_bits && !tenscale) throw Error{F.preset + std::string(" needs the tensor scale")};
+  Geometry g = geometry(F, ndim, shape, axis);
+  if (g.numel == 0) return "";
+  need_driver();
+  int dev = device_of(codes, "codes");
+  same_device(values, "values", dev);
+  same_device(scale, "scale", dev);
+  same_device(tenscale, "tenscale", dev);
+  same_device(meta, "meta", dev);
+  int fi = static_cast<int>(&F - kAotFormats);
+  int k = find_kernel(fi, kOpDequant, values_type);
+  if (k < 0)
+    throw Error{std::string("no CUDA kernel for ") + F.preset + " with " + kTypes[values_type] +
+                " output"};
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Device& dv = device(dev);
+  CtxScope scope(dv.ctx);
+  Bind b = g.b;
+  b.ptr[kRoleCodes] = codes;
+  b.ptr[kRoleY] = values;
+  b.ptr[kRoleScale] = scale;
+  b.ptr[kRoleMeta] = meta;
+  b.ptr[kRoleTs] = tenscale;  // a float32 tensor scale: its code is its bits
+  launch(dv, k, b, static_cast<CUstream>(stream));
+  return "";
+}
+
+template <typename Fn>
+std::string guarded(Fn fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    return e.msg.empty() ? std::string("unknown error") : e.msg;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+int32_t fail(char* err, size_t errlen, const std::string& msg) {
+  if (err && errlen) {
+    size_t n = msg.size() < errlen - 1 ? msg.size() : errlen - 1;
+    std::memcpy(err, msg.data(), n);
+    err[n] = '\0';
+  }
+  return 1;
+}
+
+}  // namespace
+
+int kernel_count() { return kKernelCount; }
+
+std::string describe() {
+  if (kKernelCount == 0) return kNoKernels;
+#if defined(ONNXQ_WITH_AOT)
+  return std::to_string(kKernelCount) + " kernels (Triton " ONNXQ_AOT_TRITON_VERSION ", cubin " +
+         arch_list() + ", PTX sm_" + std::to_string(kAotKernels[0].ptx.arch) + ") for " +
+         format_list();
+#else
+  return kNoKernels;
+#endif
+}
+
+const AotFormat* find_format(const std::string& dtype) {
+  int i = format_index(dtype);
+  return i < 0 ? nullptr : &kAotFormats[i];
+}
+
+bool available(std::string* why) {
+  std::string w;
+  if (kKernelCount == 0) {
+    w = kNoKernels;
+  } else {
+    const Driver& d = driver();
+    w = d.error;
+  }
+  if (why) *why = w;
+  return w.empty();
+}
+
+std::string quantize(const std::string& dtype, const void* x, int x_type, int ndim,
+                     const int64_t* shape, int axis, void* values, void* codes, void* scale,
+                     void* tenscale, void* meta, void* stream) {
+  return guarded([&] {
+    return quantize_impl(dtype, x, x_type, ndim, shape, axis, values, codes, scale, tenscale,
+                         meta, stream);
+  });
+}
+
+std::string dequantize(const std::string& dtype, int ndim, const int64_t* shape, int axis,
+                       const void* codes, const void* scale, const void* tenscale,
+                       const void* meta, void* values, int values_type, void* stream) {
+  return guarded([&] {
+    return dequantize_impl(dtype, ndim, shape, axis, codes, scale, tenscale, meta, values,
+                           values_type, stream);
+  });
+}
+
+}  // namespace cuda
+}  // namespace onnxq
+
+// -- the C ABI (onnxq_ops.h) -----------------------------------------------------------------------
+namespace {
+int32_t status(char* err, size_t errlen, const char* op, const std::string& msg) {
+  if (msg.empty()) {
+    if (err && errlen) err[0] = '\0';
+    return 0;
+  }
+  onnxq::cuda::fail(err, errlen, std::string(op) + msg);
+  return 1;
+}
+}  // namespace
+
+extern "C" {
+
+int32_t onnxq_cuda_available(char* err, size_t errlen) {
+  std::string why;
+  bool ok = false;
+  try {
+    ok = onnxq::cuda::available(&why);
+  } catch (...) {
+    why = "unknown error";
+  }
+  status(err, errlen, "[onnxq_cuda_available] ", ok ? "" : why);
+  return ok ? 1 : 0;
+}
+
+int32_t onnxq_cuda_info(char* out, size_t outlen) {
+  std::string text;
+  try {
+    text = onnxq::cuda::describe();
+  } catch (...) {
+    text = "unknown error";
+  }
+  if (out && outlen) {
+    size_t n = text.size() < outlen - 1 ? text.size() : outlen - 1;
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+  }
+  return onnxq::cuda::kernel_count();
+}
+
+int32_t onnxq_cuda_quantize(const char* dtype, const onnxq_modes* modes, const void* x,
+                            int32_t x_type, int32_t ndim, const int64_t* shape, int32_t axis,
+                            void* values, void* codes, void* scale, void* tenscale, uint8_t* meta,
+                            void* stream, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_quantize] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  if (modes && (modes->round_mode != 0 || modes->scale_mode != 0 || modes->nan_policy != 0 ||
+                modes->full_int_range != 0))
+    return status(err, errlen, op,
+                  "the CUDA kernels are compiled for the default modes only (round even, scale "
+                  "floor, nan element, symmetric ints); use the Triton or CPU engines");
+  return status(err, errlen, op,
+                onnxq::cuda::quantize(dtype, x, x_type, ndim, shape, axis, values, codes, scale,
+                                      tenscale, meta, stream));
+}
+
+int32_t onnxq_cuda_dequantize(const char* dtype, int32_t ndim, const int64_t* shape, int32_t axis,
+                              const void* codes, const void* scale, const void* tenscale,
+                              const uint8_t* meta, void* values, int32_t values_type,
+                              void* stream, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_dequantize] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  return status(err, errlen, op,
+                onnxq::cuda::dequantize(dtype, ndim, shape, axis, codes, scale, tenscale, meta,
+                                        values, values_type, stream));
+}
+
+}  // extern "C"

@@ -1,0 +1,97 @@
+// The CUDA path: the Triton kernels of onnxq/cast/triton.py, compiled ahead of time by
+// onnxq/cast/aot.py and embedded in the library, launched through the CUDA driver API, which is
+// loaded with dlopen at first use (the library needs no CUDA to build or to load). docs/gpu.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace onnxq {
+namespace cuda {
+
+// Parameter roles of the generated kernel table (onnxq/cast/aot.py ROLE_IDS).
+enum Role : int {
+  kRoleX = 0,
+  kRoleY = 1,
+  kRoleCodes = 2,
+  kRoleScale = 3,
+  kRoleMeta = 4,
+  kRoleNull = 5,
+  kRoleTop = 6,
+  kRoleTsCode = 7,
+  kRoleTs = 8,
+  kRoleConst = 9,
+  kRoleAmaxOut = 10,
+  kRoleFlagOut = 11,
+  kRoleNUnits = 20,
+  kRoleNChunks = 21,
+  kRoleC = 22,
+  kRoleTC = 23,
+  kRoleInner = 24,
+  kRoleNC = 25,
+  kRoleSubCols = 26,
+  kRoleValue = 27,
+  kRoleScratch = 30,
+};
+
+enum Op : int { kOpQuantValues = 0, kOpQuantCodes = 1, kOpDequant = 2, kOpStats = 3 };
+
+struct AotFormat {
+  const char* preset;
+  const char* code;
+  int tile, sub, scaled, code_bits, scale_bits, tenscale_bits;
+};
+struct AotParam {
+  int role;
+  int64_t extra;  // const index (kRoleConst) or the value (kRoleValue)
+};
+struct AotSpan {
+  uint32_t off, len;
+};
+struct AotImage {
+  int arch;
+  uint32_t off, len;
+};
+constexpr int kAotArchs = 2;  // sm_80, sm_90 (aot.py ARCHS)
+struct AotKernel {
+  int fmt, op, io_type;  // format index (-1: any), Op, input (or output) float type
+  const char* name;      // the entry point in the image
+  int num_warps, shared, bt;  // bt: tile instances (units) per program
+  int chunk;                  // stats kernels: elements per program
+  int first_param, nparams;
+  AotImage cubin[kAotArchs];
+  AotImage ptx;
+};
+
+// Number of embedded kernels (0 when the library was built without them).
+int kernel_count();
+// One line: kernels, formats, architectures and Triton version, or why there are none.
+std::string describe();
+// The embedded format for a preset name or its canonical code, or nullptr.
+const AotFormat* find_format(const std::string& dtype);
+
+// Whether the driver loads, has a device and the library has kernels; else *why says what not.
+bool available(std::string* why);
+
+// Quantize (tiles along the last axis, default modes) on `stream` (a CUstream; null: the
+// legacy default stream). x, values: float type x_type (0 float32, 1 float16, 2 bfloat16);
+// codes: one byte per element; scale: one byte per tile; tenscale: uint32 [1]; meta: one
+// byte per subtile. values or codes may be null (not both); with codes, scale (and meta for
+// MX formats) are required. "" on success, else the message.
+std::string quantize(const std::string& dtype, const void* x, int x_type, int ndim,
+                     const int64_t* shape, int axis, void* values, void* codes, void* scale,
+                     void* tenscale, void* meta, void* stream);
+
+// Dequantize unpacked codes (as quantize writes them) to values of type values_type.
+std::string dequantize(const std::string& dtype, int ndim, const int64_t* shape, int axis,
+                       const void* codes, const void* scale, const void* tenscale,
+                       const void* meta, void* values, int values_type, void* stream);
+
+// Bit packing on the device (LSB first, packing.py's stream): `count` one-byte codes of `bits`
+// (1..8) bits -> ceil(count * bits / 8) bytes, and back.
+std::string pack_bits(const void* codes, int64_t count, int bits, void* packed, void* stream);
+std::string unpack_bits(const void* packed, int64_t count, int bits, void* codes, void* stream);
+
+}  // namespace cuda
+}  // namespace onnxq
