@@ -114,6 +114,8 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
         return f"the Triton codebook engine does not implement N:M sparsity ({name})"
     if s.scale.ebits > 8:
         return f"the Triton codebook engine does not implement exponent scales over 8 bits ({name})"
+    if n.compute.bits > 16:
+        return f"the Triton codebook engine needs a compute type of at most 16 bits ({name})"
     if not n.is_populated:
         return f"{name}: the generic codebook has no mappings yet (add_mappings)"
     if not _float32_table(n, n.magnitudes()):
@@ -155,8 +157,7 @@ def _geom(shape: tuple[int, ...], dt: DataType, axis: int) -> _Geom:
 def _launch(g: _Geom) -> tuple[int, int, int, tuple[int]]:
     """(NSUB_P, SUB_P, BT, grid): power-of-two block sizes and the program count."""
     nsub_p, sub_p = triton.next_power_of_2(g.nsub), triton.next_power_of_2(g.sub)
-    bt = max(1, _BLOCK // (nsub_p * sub_p))
-    bt = min(bt, triton.next_power_of_2(g.n_inst))
+    bt = max(1, _BLOCK // (nsub_p * sub_p))  # not capped by n_inst: fewer compiles
     return nsub_p, sub_p, bt, (triton.cdiv(g.n_inst, bt),)
 
 
@@ -187,19 +188,19 @@ def _float32_table(book: Codebook, mags: tuple[tuple[float, ...], ...]) -> bool:
     return all(float(np.float32(m)) == m for row in mags for m in row)
 
 
-def _scale_consts(book: Codebook, dt: DataType, scale_mode: ScaleMode) -> dict[str, Any]:
-    """Constexprs of the tile exponent (reference `_scale_exponent` on the compute type)."""
+def _scale_args(book: Codebook, dt: DataType, scale_mode: ScaleMode) -> list[int]:
+    """e_mbits .. s_nan of the kernel (reference `_scale_exponent` on the compute type)."""
     s = dt.sspec
     assert s is not None
     e = book.compute
     # bump thresholds on the significand normalised to [2^23, 2^24): sig > floor(t * 2^23)
     mid_t = math.floor(math.ldexp(e.midmax, 23 - e.emax))
     top_t = math.floor(math.ldexp(e.maxfloat, 23 - e.emax))
-    return dict(
-        SMODE=_SMODE[scale_mode], E_MBITS=e.mbits, E_EMAX=e.emax, MID_T=mid_t, TOP_T=top_t,
-        S_LOW=-s.scale.bias, S_HIGH=(1 << s.scale.ebits) - 2 - s.scale.bias,
-        S_BIAS=s.scale.bias, S_NAN=(1 << s.scale.ebits) - 1,
-    )  # fmt: skip
+    low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
+    return [
+        e.mbits, e.emax, _SMODE[scale_mode], mid_t, top_t, low, high, s.scale.bias,
+        (1 << s.scale.ebits) - 1,
+    ]  # fmt: skip
 
 
 # -- device helpers (own copies: independent of triton.py's signatures) -------------------------
@@ -247,38 +248,25 @@ def _cb_ldexp_bits(qb, k):
 
 
 @triton.jit
-def _cb_scale_exp(
-    amax_b,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    SMODE: tl.constexpr,
-    MID_T: tl.constexpr,
-    TOP_T: tl.constexpr,
-    LOW: tl.constexpr,
-    HIGH: tl.constexpr,
-):
+def _cb_scale_exp(amax_b, mbits, emax, smode, mid_t, top_t, low, high):
     # exponent of a tile's element grid from its finite absmax bits (reference
-    # `_scale_exponent` for a float compute type, clamped to the scale's range)
+    # `_scale_exponent` for a float compute type of mbits <= 22, clamped to the scale's range)
     E = amax_b >> 23
     F = amax_b & 0x7FFFFF
     M = tl.where(E > 0, F | 0x800000, F)
     lg = _cb_ilog2(tl.maximum(M, 1))
     maxexp = lg + tl.where(E > 0, E - 127, -126) - 23
     sig = M << tl.maximum(23 - lg, 0)  # significand normalised to [2^23, 2^24)
-    bump = maxexp * 0
-    if SMODE == 1:
-        bump = (sig > 0x800000).to(tl.int32)
-    elif SMODE == 2:
-        bump = (sig > MID_T).to(tl.int32)
-    elif SMODE == 3:
-        bump = (sig > TOP_T).to(tl.int32)
-    elif SMODE == 4:
-        if MBITS < 23:
-            low = sig & ((1 << (23 - MBITS)) - 1)
-            ones = (sig >> (23 - MBITS)) == (1 << (MBITS + 1)) - 1
-            bump = (ones & (low >= (1 << (22 - MBITS)))).to(tl.int32)
-    sexp = tl.minimum(tl.maximum(maxexp + bump - EMAX, LOW), HIGH)
-    return tl.where(amax_b == 0, LOW, sexp)
+    sh = 23 - mbits
+    ones = (sig >> sh) == (1 << (mbits + 1)) - 1
+    opt3 = ones & ((sig & ((1 << sh) - 1)) >= (1 << (sh - 1)))  # rounds up to 2^(mbits+1)
+    bump = tl.where(
+        smode == 1,
+        sig > 0x800000,
+        tl.where(smode == 2, sig > mid_t, tl.where(smode == 3, sig > top_t, (smode == 4) & opt3)),
+    )
+    sexp = tl.minimum(tl.maximum(maxexp + bump.to(tl.int32) - emax, low), high)
+    return tl.where(amax_b == 0, low, sexp)
 
 
 @triton.jit
@@ -397,9 +385,7 @@ def _cb_store_values(y_ptr, off, ok, yb, nan, OUT_KIND: tl.constexpr):
 
 
 @triton.jit
-def _cb_nearest(
-    a, mag_ptr, even_ptr, base, K: tl.constexpr, LOG2K: tl.constexpr, ROUND: tl.constexpr
-):
+def _cb_nearest(a, mag_ptr, even_ptr, base, K: tl.constexpr, LOG2K: tl.constexpr, rmode):
     # Nearest entry of one mapping (reference `_codebook_select`): hi = searchsorted(left)
     # clipped to [1, K-1], distances in float64, ties by the round mode.
     cnt = (a != a).to(tl.int32) * 0
@@ -417,12 +403,11 @@ def _cb_nearest(
     t_lo = tl.load(mag_ptr + base + lo)
     d_lo = a - t_lo
     d_hi = t_hi - a
-    if ROUND == 0:
-        tie = tl.load(even_ptr + base + hi) != 0
-    elif ROUND == 1:
-        tie = d_lo == d_lo
-    else:
-        tie = d_lo != d_lo
+    tie = hi < 0  # zero: ties to the smaller magnitude
+    if rmode == 0:
+        tie = tl.load(even_ptr + base + hi) != 0  # even: to the even compute code
+    elif rmode == 1:
+        tie = hi >= 0  # away: to the larger magnitude
     pick = (d_hi < d_lo) | ((d_hi == d_lo) & tie)
     # the reference's error term v - q is +-(a - t): d_lo or -d_hi (IEEE subtraction is
     # sign-symmetric), so its square is the same bits
@@ -430,7 +415,14 @@ def _cb_nearest(
 
 
 # -- kernels ---------------------------------------------------------------------------------
-@triton.jit
+# Format numbers are runtime arguments (not specialised): one compile per layout and mode.
+_FMT_ARGS = (
+    "rmode", "nan_block", "e_mbits", "e_emax", "smode", "mid_t", "top_t", "s_low", "s_high",
+    "s_bias", "s_nan", "negzero",
+)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_FMT_ARGS)
 def _cb_quant_kernel(
     x_ptr,
     y_ptr,
@@ -448,6 +440,18 @@ def _cb_quant_kernel(
     nsub,
     sub,
     sub_cols,
+    rmode,
+    nan_block,
+    e_mbits,
+    e_emax,
+    smode,
+    mid_t,
+    top_t,
+    s_low,
+    s_high,
+    s_bias,
+    s_nan,
+    negzero,
     IN_KIND: tl.constexpr,
     WANT_Y: tl.constexpr,
     WANT_CODES: tl.constexpr,
@@ -457,18 +461,6 @@ def _cb_quant_kernel(
     NSUB: tl.constexpr,
     SUB: tl.constexpr,
     BT: tl.constexpr,
-    ROUND: tl.constexpr,
-    NAN_BLOCK: tl.constexpr,
-    E_MBITS: tl.constexpr,
-    E_EMAX: tl.constexpr,
-    SMODE: tl.constexpr,
-    MID_T: tl.constexpr,
-    TOP_T: tl.constexpr,
-    S_LOW: tl.constexpr,
-    S_HIGH: tl.constexpr,
-    S_BIAS: tl.constexpr,
-    S_NAN: tl.constexpr,
-    NEGZERO: tl.constexpr,
     IB: tl.constexpr,
     K: tl.constexpr,
     LOG2K: tl.constexpr,
@@ -485,11 +477,10 @@ def _cb_quant_kernel(
     isnan = ab > 0x7F800000
     amax_b = tl.max(tl.max(tl.where(finite, ab, 0), axis=2), axis=1)
     # codebooks have no NaN code: a NaN (block policy: any NaN/Inf) makes its tile NaN
-    if NAN_BLOCK:
-        tnan = tl.max(tl.max((~finite).to(tl.int32), axis=2), axis=1) > 0
-    else:
-        tnan = tl.max(tl.max(isnan.to(tl.int32), axis=2), axis=1) > 0
-    sexp = _cb_scale_exp(amax_b, E_MBITS, E_EMAX, SMODE, MID_T, TOP_T, S_LOW, S_HIGH)
+    any_nf = tl.max(tl.max((~finite).to(tl.int32), axis=2), axis=1) > 0
+    any_nan = tl.max(tl.max(isnan.to(tl.int32), axis=2), axis=1) > 0
+    tnan = tl.where(nan_block != 0, any_nf, any_nan)
+    sexp = _cb_scale_exp(amax_b, e_mbits, e_emax, smode, mid_t, top_t, s_low, s_high)
     sexp3 = sexp[:, None, None]
     # |x| * 2^-sexp in float64, exactly: mantissa (integer) times a power of two
     E = ab >> 23
@@ -512,7 +503,7 @@ def _cb_quant_kernel(
     else:
         amb = best_map != 0
     for m in range(NMAP):
-        idx, tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, ROUND)
+        idx, tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
         err = tl.sum(d * d, axis=2)
         first = m == 0
         later = m != 0
@@ -534,7 +525,7 @@ def _cb_quant_kernel(
     if tl.max(tl.max(amb.to(tl.int32), axis=1), axis=0) > 0:
         kpos = tl.arange(0, SUB)[None, None, :]
         for m in range(NMAP):
-            idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, ROUND)
+            idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
             sq = d * d
             err = tl.zeros([BT, NSUB], tl.float64)
             for kk in range(SUB):
@@ -545,10 +536,7 @@ def _cb_quant_kernel(
             best_idx = tl.where(better[:, :, None], idx, best_idx)
 
     neg = xb < 0
-    if NEGZERO:
-        sgn = neg
-    else:
-        sgn = neg & (best_idx != 0)
+    sgn = neg & ((best_idx != 0) | (negzero != 0))
     tile_nan = ok & tnan[:, None, None]
     if WANT_Y:
         magb = tl.load(magb_ptr + best_map[:, :, None] * K + best_idx)
@@ -558,13 +546,13 @@ def _cb_quant_kernel(
         code = (sgn.to(tl.int32) << (IB - 1)) | best_idx
         code = tl.where(tile_nan, 0, code)
         tl.store(code_ptr + off, code.to(code_ptr.dtype.element_ty), mask=ok)
-        scode = tl.where(tnan, S_NAN, sexp + S_BIAS)
+        scode = tl.where(tnan, s_nan, sexp + s_bias)
         tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
         moff, mok = _cb_meta_offsets(u_ok, inst, j, o, i, nsub, sub_cols, inner, LAST, SUBT, NSUB)
         tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("s_bias", "s_nan", "s_mask", "ib", "nmap"))
 def _cb_dequant_kernel(
     code_ptr,
     y_ptr,
@@ -579,6 +567,11 @@ def _cb_dequant_kernel(
     nsub,
     sub,
     sub_cols,
+    s_bias,
+    s_nan,
+    s_mask,
+    ib,
+    nmap,
     OUT_KIND: tl.constexpr,
     LAST: tl.constexpr,
     TENSOR: tl.constexpr,
@@ -586,23 +579,18 @@ def _cb_dequant_kernel(
     NSUB: tl.constexpr,
     SUB: tl.constexpr,
     BT: tl.constexpr,
-    S_BIAS: tl.constexpr,
-    S_NAN: tl.constexpr,
-    S_MASK: tl.constexpr,
-    IB: tl.constexpr,
-    NMAP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     u_ok, inst, j, o, i, off, ok = _cb_offsets(
         pid, n_inst, C, TC, inner, nC, nsub, sub, LAST, TENSOR, NSUB, SUB, BT
     )
-    c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & ((1 << IB) - 1)
+    c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & ((1 << ib) - 1)
     moff, mok = _cb_meta_offsets(u_ok, inst, j, o, i, nsub, sub_cols, inner, LAST, SUBT, NSUB)
-    mt = tl.load(meta_ptr + moff, mask=mok, other=0).to(tl.int32) & (NMAP - 1)
-    qb = tl.load(tab_ptr + (mt[:, :, None] << IB) + c, mask=ok, other=0)
-    sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & S_MASK
-    nan_t = sc == S_NAN
-    k3 = tl.where(nan_t, 0, sc - S_BIAS)[:, None, None]
+    mt = tl.load(meta_ptr + moff, mask=mok, other=0).to(tl.int32) & (nmap - 1)
+    qb = tl.load(tab_ptr + (mt[:, :, None] << ib) + c, mask=ok, other=0)
+    sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & s_mask
+    nan_t = sc == s_nan
+    k3 = tl.where(nan_t, 0, sc - s_bias)[:, None, None]
     yb = _cb_ldexp_bits(qb, k3)
     _cb_store_values(y_ptr, off, ok, yb, ok & nan_t[:, None, None], OUT_KIND)
 
@@ -675,16 +663,16 @@ def quantize(
         meta = torch.empty(math.prod(g.meta_shape), dtype=torch.uint8, device=dev)
     else:
         codes = scale = meta = torch.empty(1, dtype=torch.uint8, device=dev)
+    ib = book.index_bits
     _cb_quant_kernel[grid](
         _int_view(x), _int_view(y), codes, scale, meta, m64, m32, even,
         g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1),
+        _ROUND[round_mode], int(nan_policy is NanPolicy.BLOCK),
+        *_scale_args(book, dt, scale_mode), int(book.compute.has_negative_zero),
         IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes,
-        ROUND=_ROUND[round_mode], NAN_BLOCK=nan_policy is NanPolicy.BLOCK,
-        NEGZERO=book.compute.has_negative_zero, IB=book.index_bits,
-        K=1 << (book.index_bits - 1), LOG2K=book.index_bits - 1, NMAP=book.num_mappings,
-        FORCE=_FORCE_ORDERED,
+        IB=ib, K=1 << (ib - 1), LOG2K=ib - 1, NMAP=book.num_mappings, FORCE=_FORCE_ORDERED,
         num_warps=_NUM_WARPS, enable_fp_fusion=False,
-        **_common(g, nsub_p, sub_p, bt), **_scale_consts(book, dt, scale_mode),
+        **_common(g, nsub_p, sub_p, bt),
     )  # fmt: skip
     out: dict[str, Any] = {}
     if want_values:
@@ -736,8 +724,8 @@ def dequantize(
     _cb_dequant_kernel[grid](
         c, _int_view(y), sc, mt, tab,
         g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1),
-        OUT_KIND=_IN_KIND[out_dtype], S_BIAS=s.scale.bias, S_NAN=(1 << s.scale.ebits) - 1,
-        S_MASK=(1 << s.scale.bits) - 1, IB=book.index_bits, NMAP=book.num_mappings,
-        num_warps=_NUM_WARPS, **_common(g, nsub_p, sub_p, bt),
+        s.scale.bias, (1 << s.scale.ebits) - 1, (1 << s.scale.bits) - 1, book.index_bits,
+        book.num_mappings, OUT_KIND=_IN_KIND[out_dtype], num_warps=_NUM_WARPS,
+        **_common(g, nsub_p, sub_p, bt),
     )  # fmt: skip
     return y
