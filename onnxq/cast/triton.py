@@ -47,10 +47,10 @@ from onnxq.cast.elements import _table, nan_code
 from onnxq.cast.layout import Tiling
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
-from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
 from onnxq.formats.number import InfNaN, NumberSpec
 
-__all__ = ["dequantize", "pack_bits", "plan", "quantize", "unpack_bits"]
+__all__ = ["dequantize", "pack_bits", "plan", "quantize", "to_qtensor", "unpack_bits", "upcast"]
 
 _ROUND = {RoundMode.EVEN: 0, RoundMode.AWAY: 1, RoundMode.ZERO: 2, RoundMode.STOCHASTIC: 3}
 _SMODE = {
@@ -193,8 +193,8 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
         for extra in (s.scale, s.tenscale):
             if extra is not None and extra.is_float and (extra.bits > 32 or extra.mbits > 23):
                 raise NotImplementedError(missing.format("float scales wider than float32"))
-        if s.scale.is_exponent and s.scale.ebits > 16:
-            raise NotImplementedError(missing.format("exponent scales over 16 bits"))
+        if s.scale.is_exponent and s.scale.ebits > 10:
+            raise NotImplementedError(missing.format("exponent scales over 10 bits (as native)"))
         if s.zero is not None and s.zero.bits > 16:
             raise NotImplementedError(missing.format("zero points over 16 bits"))
     tiling = Tiling.build(tuple(shape), axis, s)
@@ -335,13 +335,14 @@ def _quant_elem(xb, sexp, rand, IS_FLOAT: tl.constexpr, mbits, emin, emax, maxm,
     n = _round_bits(M, s + sexp - ex + 23, rand, rmode, STOCH)
     if IS_FLOAT:
         top = emax - mbits
-        over = (s > top) | ((s == top) & (n > maxm)) | (E == 255)
+        # zeros never saturate (exponent scales over 8 bits can make flx - sexp huge)
+        over = ((s > top) | ((s == top) & (n > maxm)) | (E == 255)) & (ab != 0)
         n = tl.where(over, maxm, n)
         s = tl.where(over, top, s)
     else:
         lim = maxm + ((xb < 0) & (full_int != 0)).to(tl.int32)
         # |v| >= 2^24 would overflow the shift: it saturates anyway (ints are <= 16 bits)
-        n = tl.where((n > lim) | (E == 255) | (flx - sexp >= 24), lim, n)
+        n = tl.where((n > lim) | (E == 255) | ((flx - sexp >= 24) & (ab != 0)), lim, n)
     return n, s
 
 
@@ -700,9 +701,7 @@ def _quant_kernel(
                 hi = tl.maximum(hi, 0.0)
                 raw_s = tl.div_rn(hi - lo, tl.zeros_like(hi) + el_maxf)
             else:
-                zn, zs = _quant_elem(
-                    lo_b, 0, 0, True, z_mbits, z_emin, z_emax, z_maxm, 0, 0, False
-                )
+                zn, zs = _quant_elem(lo_b, 0, 0, True, z_mbits, z_emin, z_emax, z_maxm, 0, 0, False)
                 zsgn = (lo_b < 0) & ((zn != 0) | (z_negzero != 0))
                 zf = (_make_f32(zn, zs) | (zsgn.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
                 d = tl.div_rn(hi - zf, tl.zeros_like(hi) + el_maxf)
@@ -1012,8 +1011,10 @@ def _stats(x: torch.Tensor, tc: int, n_inst: int, nc: int, inner: int, C: int, m
 
 
 def _bump_threshold(e: _ElemFmt, mode: ScaleMode) -> int:
-    """`_scale_exp_t`'s threshold: the exponent goes up when the normalised significand
-    (24 bits, [2^23, 2^24)) of the tile absmax exceeds it (reference `_scale_exponent`)."""
+    """`_scale_exp_t`'s threshold (reference `_scale_exponent`).
+
+    The exponent goes up when the normalised 24-bit significand of the tile absmax exceeds it.
+    """
     never = 1 << 24
     if not e.is_float:
         return never
@@ -1058,8 +1059,10 @@ def _prune(x: torch.Tensor, p: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _to_tile_rows(x: torch.Tensor, t: Tiling) -> torch.Tensor:
-    """2-D tiles as rows ``(B*nR*nC, Tr*Tc)``, zero padded, subtiles contiguous (layout.py
-    `to_tiles` then `to_subtiles`)."""
+    """2-D tiles as rows ``(B*nR*nC, Tr*Tc)``, zero padded, subtiles contiguous.
+
+    The order of layout.py's `to_tiles` then `to_subtiles`.
+    """
     m = x.movedim(t.axis, -1).reshape(t.B, t.R, t.C)
     m = torch.nn.functional.pad(m, (0, t.nC * t.Tc - t.C, 0, t.nR * t.Tr - t.R))
     sr, sc = (t.Sr, t.Sc) if t.Sc else (t.Tr, t.Tc)
@@ -1352,6 +1355,55 @@ def dequantize(
     if mask is not None:
         y = y.masked_fill_(~mask.reshape(shape).to(torch.bool), 0)
     return y
+
+
+def to_qtensor(
+    res: dict[str, Any], x: torch.Tensor, dt: DataType, axis: int, mode: CastMode
+) -> Any:
+    """The `QTensor` of `quantize`'s codes (actual or compress mode; api.py's layouts).
+
+    Compress mode packs the codes of kept (N:M) positions only, the meta bits and the mask.
+    """
+    from onnxq.cast.api import QTensor, _meta_bits
+
+    codes, meta, mask = res["codes"], res.get("meta"), res.get("mask")
+    if mode is CastMode.COMPRESS:
+        codes = pack_bits(codes if mask is None else codes[mask], dt.nspec.bits)
+        meta = None if meta is None else pack_bits(meta, _meta_bits(dt))
+        mask = None if mask is None else pack_bits(mask.to(torch.uint8), 1)
+    return QTensor(
+        data=codes, dtype=dt, shape=tuple(x.shape), axis=axis, mode=mode,
+        scale=res.get("scale"), zero=res.get("zero"), tenscale=res.get("tenscale"), meta=meta,
+        mask=mask,
+    )  # fmt: skip
+
+
+def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode a `QTensor` of torch tensors (actual or compress mode) with `dequantize`.
+
+    Raises:
+        NotImplementedError: the format is not implemented in Triton (see `plan`).
+    """
+    from onnxq.cast.api import _meta_bits
+
+    codes, meta, mask = q.data, q.meta, q.mask
+    count = math.prod(q.shape)
+    if q.mode is CastMode.COMPRESS:
+        bits = q.dtype.nspec.bits
+        if mask is not None:
+            mask = unpack_bits(mask, 1, count).to(torch.bool).reshape(q.shape)
+            kept = unpack_bits(codes, bits, int(mask.sum()))
+            codes = torch.zeros(q.shape, dtype=kept.dtype, device=kept.device)
+            codes[mask] = kept
+        else:
+            codes = unpack_bits(codes, bits, count).reshape(q.shape)
+        if meta is not None:
+            p = plan(q.shape, q.dtype, q.axis)
+            meta = unpack_bits(meta, _meta_bits(q.dtype), math.prod(p.meta_shape))
+    return dequantize(
+        q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype, zero=q.zero,
+        mask=mask,
+    )  # fmt: skip
 
 
 def _flat_codes(t: torch.Tensor) -> torch.Tensor:
