@@ -13,9 +13,10 @@ multiply-adds) and the interpreter. Only the order of the per-unit sum differs: 
 adds with a tree (`tl.sum`), whose result is within ``(n - 1) * 2^-53`` (relative) of the
 left-to-right sum. A mapping is chosen on the tree sums when they differ by more than a
 margin well above that bound, or when the two candidates quantize the unit identically
-(equal terms give equal sums in any order). Otherwise (a near-tie, NaN or Inf in the unit),
-the program redoes the choice with the sums in the reference's order - rare, and decided on
-the device (no host synchronisation).
+(equal terms give equal sums in any order), or when the sums are NaN or Inf (a NaN or Inf
+element makes every mapping's sum so, in any order: a tie). Otherwise (a near-tie), the
+program redoes the choice with the sums in the reference's order - rare, and decided on the
+device (no host synchronisation).
 
 Values leave the kernel as ``q * 2^sexp`` rounded once to float32 with integer bit
 arithmetic (as the reference's float64 -> float32 cast), then to float16 / bfloat16 as
@@ -27,7 +28,8 @@ values are float32 numbers. Not here (`supports` says why): 2-D tiles, N:M spars
 tiles, custom metrics (the reference only), stochastic rounding (no backend has it).
 """
 
-# Kernel format parameters are tl.constexpr and upper case (Triton's convention).
+# Layout, mode and codebook-shape parameters are tl.constexpr and upper case (Triton's
+# convention); the format's numbers are runtime arguments (fewer compiles).
 # ruff: noqa: N803, N815
 
 from __future__ import annotations
@@ -521,7 +523,7 @@ def _cb_quant_kernel(
         best_idx = tl.where(better[:, :, None], idx, best_idx)
         best_tq = tl.where(better[:, :, None], tq, best_tq)
 
-    # Pass 2 (near-ties, NaN, Inf in this program's units): the reference's order.
+    # Pass 2 (a near-tie in this program's units): every choice again, the reference's order.
     if tl.max(tl.max(amb.to(tl.int32), axis=1), axis=0) > 0:
         kpos = tl.arange(0, SUB)[None, None, :]
         for m in range(NMAP):
