@@ -200,7 +200,8 @@ class _Launch:
 @contextlib.contextmanager
 def _recording(tm: Any) -> Iterator[list[_Launch]]:
     """Replace the engine's kernels by recorders for the duration of the block."""
-    names = [n for n, v in vars(tm).items() if type(v).__name__ == "JITFunction"]
+    kinds = ("JITFunction", "InterpretedFunction")  # (TRITON_INTERPRET=1: the tests)
+    names = [n for n, v in vars(tm).items() if type(v).__name__ in kinds]
     names = [n for n in names if n in _ROLES]
     saved = {n: getattr(tm, n) for n in names}
     launches: list[_Launch] = []
@@ -274,6 +275,16 @@ def _bits32(value: int | float) -> int:
     return int(value)
 
 
+def _constexpr_names(fn: Any) -> set[str]:
+    names = list(fn.arg_names)
+    if hasattr(fn, "constexprs"):
+        return {names[i] for i in fn.constexprs}
+    import inspect  # an interpreted function: read the annotations
+
+    params = inspect.signature(fn.fn).parameters.values()
+    return {p.name for p in params if "constexpr" in str(p.annotation)}
+
+
 def _describe(
     launch: _Launch, geometry: dict[str, int], consts: list[bytes], *, tenscale: bool
 ) -> tuple[dict[str, str], dict[str, Any], dict[str, Any], list[tuple[str, str, int]]]:
@@ -284,7 +295,7 @@ def _describe(
     kname = fn.fn.__name__
     table = _ROLES.get(kname, {})
     names = list(fn.arg_names)
-    constexpr_names = {names[i] for i in fn.constexprs}
+    constexpr_names = _constexpr_names(fn)
     if len(launch.args) > len(names):
         raise GenerationError(f"{kname}: {len(launch.args)} positional arguments")
     bound = dict(zip(names, launch.args, strict=False))
@@ -504,8 +515,7 @@ def compile_spec(spec: KernelSpec, arch: int) -> dict[str, Any]:
     extra = params[len(spec.roles) :]
     if len(params) < len(spec.roles) or any(p not in ("u64", "b64") for p in extra):
         raise GenerationError(
-            f"{spec.symbol}: the PTX entry has parameters {params} for {len(spec.roles)} "
-            f"arguments"
+            f"{spec.symbol}: the PTX entry has parameters {params} for {len(spec.roles)} arguments"
         )
     for (name, role, _), ptype in zip(spec.roles, params, strict=False):
         want = ("u32", "b32", "s32", "f32") if ROLE_IDS[role] >= 20 else ("u64", "b64")
@@ -637,8 +647,8 @@ def generate(
                 "io_type": FLOATS[k.io_type], "constexprs": k.constexprs,
                 "options": k.options, "signature": k.signature,
                 "roles": [[n, r_, x] for n, r_, x in k.roles], "image": units.index(k.unit),
-                "cubin_bytes": {f"sm_{a}": images[a][1] for a in ARCHS},
-                "ptx_bytes": {f"sm_{PTX_ARCH}": ptx[1]},
+                "cubin": {f"sm_{a}": list(images[a]) for a in ARCHS},
+                "ptx": {f"sm_{PTX_ARCH}": list(ptx)},
                 "num_warps": r[ARCHS[0]]["num_warps"], "extra_params": nextra,
             }
         )  # fmt: skip
@@ -696,12 +706,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"onnxq aot: no GPU kernels ({err})", file=sys.stderr)
         return 3
     print(
-        f"onnxq aot: {len(m['kernels'])} kernels ({m['images']} images) for {', '.join(m['archs'])} (+ PTX "
-        f"{m['ptx_arch']}), {m['blob_bytes']} bytes, triton {m['triton']}, in {args.out_dir}"
+        f"onnxq aot: {len(m['kernels'])} kernels ({m['images']} images) for "
+        f"{', '.join(m['archs'])} (+ PTX {m['ptx_arch']}), {m['blob_bytes']} bytes, "
+        f"triton {m['triton']}, in {args.out_dir}"
     )
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -1,0 +1,243 @@
+"""The C library's CUDA path from Python: torch CUDA tensors through ``onnxq_cuda_*``.
+
+The library (``ops/src/cuda_launch.cc``) launches the Triton kernels of `onnxq.cast.triton`,
+compiled ahead of time at build time (`onnxq.cast.aot`), through the CUDA driver API, without
+Python or Triton at run time. This module is how tests and Python users reach that launch path
+(the same one the onnxruntime CUDA ops and C/C++ hosts use): `quantize` and `dequantize` take
+and return torch CUDA tensors and queue the work on the current torch stream (or ``stream``).
+
+Covered: the presets the library embeds (`formats`), float32/float16/bfloat16, tiles along the
+last axis, the default modes. Anything else raises; `onnxq.cast` with ``backend="triton"`` or
+the CPU engines do the rest. docs/gpu.md has the design.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from typing import Any
+
+from onnxq.formats.datatype import DataType
+
+__all__ = ["available", "dequantize", "formats", "info", "quantize"]
+
+_ERRLEN = 1024
+_FLOAT_KINDS = ("float32", "float16", "bfloat16")
+
+
+@functools.lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL:
+    from onnxq.cast import native
+
+    lib, why = native._load()
+    if lib is None:
+        raise RuntimeError(why)
+    if not hasattr(lib, "onnxq_cuda_quantize"):
+        raise RuntimeError("the native library predates the CUDA path; rebuild it")
+    p, i32, i64, sz, s = (
+        ctypes.c_void_p,
+        ctypes.c_int32,
+        ctypes.c_int64,
+        ctypes.c_size_t,
+        (ctypes.c_char_p),
+    )
+    lib.onnxq_cuda_available.restype = i32
+    lib.onnxq_cuda_available.argtypes = [s, sz]
+    lib.onnxq_cuda_info.restype = i32
+    lib.onnxq_cuda_info.argtypes = [s, sz]
+    lib.onnxq_cuda_quantize.restype = i32
+    lib.onnxq_cuda_quantize.argtypes = [
+        s, p, p, i32, i32, ctypes.POINTER(i64), i32, p, p, p, p, p, p, s, sz,
+    ]  # fmt: skip
+    lib.onnxq_cuda_dequantize.restype = i32
+    lib.onnxq_cuda_dequantize.argtypes = [
+        s, i32, ctypes.POINTER(i64), i32, p, p, p, p, p, i32, p, s, sz,
+    ]  # fmt: skip
+    return lib
+
+
+def info() -> tuple[int, str]:
+    """(number of embedded kernels, a description - or why there are none).
+
+    Raises:
+        RuntimeError: the native library is not built.
+    """
+    buf = ctypes.create_string_buffer(_ERRLEN)
+    n = _lib().onnxq_cuda_info(buf, _ERRLEN)
+    return int(n), buf.value.decode()
+
+
+def formats() -> list[str]:
+    """The presets the library has CUDA kernels for (empty when built without them)."""
+    n, text = info()
+    if not n:
+        return []
+    return [f.strip() for f in text.split(" for ", 1)[1].split(",")]
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") when the CUDA path can run here, else (False, the reason)."""
+    try:
+        lib = _lib()
+    except RuntimeError as err:
+        return False, str(err)
+    buf = ctypes.create_string_buffer(_ERRLEN)
+    ok = lib.onnxq_cuda_available(buf, _ERRLEN)
+    return bool(ok), buf.value.decode()
+
+
+def _as_datatype(dtype: DataType | str) -> DataType:
+    from onnxq.formats.datatype import datatype
+
+    return dtype if isinstance(dtype, DataType) else datatype(dtype)
+
+
+def _grid(dt: DataType, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Scale grid and MX shift-bit grid of tiles along the last axis."""
+    s = dt.sspec
+    if s is None or len(s.tiles) != 1:
+        raise NotImplementedError(f"{dt.code}: the CUDA path has 1-D tile formats only")
+    tile = s.tiles[0]
+    C = shape[-1]
+    size = tile.size or C
+    grid = (*shape[:-1], -(-C // size))
+    meta = (*shape[:-1], -(-C // tile.subtile)) if tile.subtile else None
+    return grid, meta
+
+
+def _check(t: Any, name: str) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor, not {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{name} is a {t.device} tensor; the CUDA path takes CUDA tensors")
+
+
+def _stream(device: Any, stream: Any) -> int:
+    import torch
+
+    if stream is None:
+        stream = torch.cuda.current_stream(device)
+    return int(getattr(stream, "cuda_stream", stream))
+
+
+def _call(fn: Any, *args: Any) -> None:
+    err = ctypes.create_string_buffer(_ERRLEN)
+    if fn(*args, err, _ERRLEN) != 0:
+        raise RuntimeError(err.value.decode())
+
+
+def quantize(
+    x: Any, dtype: DataType | str, *, want_values: bool = True, want_codes: bool = True,
+    stream: Any = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Quantize a CUDA tensor along its last axis with the library's kernels.
+
+    Returns:
+        ``values`` (x's dtype and shape, when asked) and, when asked, ``codes`` (uint8, x's
+        shape), ``scale`` (uint8 tile grid), ``meta`` (MX shift bits, uint8 subtile grid) and
+        ``tenscale`` (uint32, shape (1,)) where the format has them: the layouts of
+        ``onnxq.cast(..., mode="actual")``.
+
+    Raises:
+        TypeError: x is not a float32/float16/bfloat16 torch tensor.
+        ValueError: x is not on a CUDA device.
+        NotImplementedError: the format has no 1-D tiles.
+        RuntimeError: the library refuses (no kernel for the format, no driver, ...).
+    """
+    import torch
+
+    _check(x, "x")
+    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
+    if x.dtype not in kinds:
+        raise TypeError(f"the CUDA path casts float32, float16 or bfloat16, not {x.dtype}")
+    if not (want_values or want_codes):
+        raise ValueError("nothing to compute: want_values and want_codes are both false")
+    dt = _as_datatype(dtype)
+    x = x.contiguous()
+    shape = tuple(x.shape)
+    if not shape:
+        raise ValueError("0-D tensors have no axis to tile")
+    grid, meta_shape = _grid(dt, shape)
+    dev = x.device
+    out: dict[str, Any] = {}
+    values = torch.empty_like(x) if want_values else None
+    codes = scale = meta = tenscale = None
+    if want_codes:
+        codes = torch.empty(shape, dtype=torch.uint8, device=dev)
+        scale = torch.empty(grid, dtype=torch.uint8, device=dev)
+        if meta_shape is not None:
+            meta = torch.empty(meta_shape, dtype=torch.uint8, device=dev)
+        if dt.sspec.tenscale is not None:
+            tenscale = torch.zeros(1, dtype=torch.uint32, device=dev)
+    arr = (ctypes.c_int64 * len(shape))(*shape)
+
+    def ptr(t: Any) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    _call(
+        _lib().onnxq_cuda_quantize, dt.code.encode(), None, x.data_ptr(), kinds[x.dtype],
+        len(shape), arr, -1, ptr(values), ptr(codes), ptr(scale), ptr(tenscale), ptr(meta),
+        _stream(dev, stream),
+    )  # fmt: skip
+    if values is not None:
+        out["values"] = values
+    if want_codes:
+        out.update(codes=codes, scale=scale)
+        if meta is not None:
+            out["meta"] = meta
+        if tenscale is not None:
+            out["tenscale"] = tenscale
+    return out
+
+
+def dequantize(
+    dtype: DataType | str, codes: Any, scale: Any, *, tenscale: Any = None, meta: Any = None,
+    out_dtype: Any = None, stream: Any = None,
+) -> Any:  # fmt: skip
+    """Values of unpacked codes (the layouts `quantize` returns) as a CUDA tensor.
+
+    Raises:
+        TypeError: an argument is not a torch tensor of the expected dtype, or ``out_dtype``
+            is not float32/float16/bfloat16.
+        ValueError: an argument is not on a CUDA device or has the wrong size.
+        RuntimeError: the library refuses (no kernel for the format, no driver, ...).
+    """
+    import torch
+
+    out_dtype = torch.float32 if out_dtype is None else out_dtype
+    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
+    if out_dtype not in kinds:
+        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    dt = _as_datatype(dtype)
+    _check(codes, "codes")
+    shape = tuple(codes.shape)
+    grid, meta_shape = _grid(dt, shape)
+    fields = {"codes": (codes, shape), "scale": (scale, grid)}
+    if meta_shape is not None:
+        fields["meta"] = (meta, meta_shape)
+    if dt.sspec.tenscale is not None:
+        fields["tenscale"] = (tenscale, (1,))
+    flat: dict[str, Any] = {}
+    for name, (t, want) in fields.items():
+        if t is None:
+            raise ValueError(f"{dt.code}: dequantizing needs {name}")
+        _check(t, name)
+        width = 4 if name == "tenscale" else 1
+        if t.element_size() != width or t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be {'uint32' if width == 4 else 'uint8'}, not {t.dtype}")
+        if t.numel() != math.prod(want):
+            raise ValueError(f"{name} has {t.numel()} elements, not {math.prod(want)}")
+        flat[name] = t.contiguous()
+    y = torch.empty(shape, dtype=out_dtype, device=codes.device)
+    arr = (ctypes.c_int64 * len(shape))(*shape)
+    _call(
+        _lib().onnxq_cuda_dequantize, dt.code.encode(), len(shape), arr, -1,
+        flat["codes"].data_ptr(), flat["scale"].data_ptr(),
+        flat["tenscale"].data_ptr() if "tenscale" in flat else None,
+        flat["meta"].data_ptr() if "meta" in flat else None, y.data_ptr(), kinds[out_dtype],
+        _stream(codes.device, stream),
+    )  # fmt: skip
+    return y

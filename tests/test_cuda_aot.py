@@ -1,0 +1,523 @@
+"""The C library's CUDA path: Triton kernels compiled ahead of time (docs/gpu.md).
+
+On any machine: the ahead-of-time generation covers every specialisation for sm_80 and sm_90
+(when triton imports), the library loads and says why CUDA is unavailable, and the launch API
+refuses clearly without a driver. On a GPU (torch.cuda): every embedded specialisation, through
+the C ABI on torch CUDA tensors, equals the numpy reference bit for bit.
+
+GPU run: ``python -m pytest -q tests/test_cuda_aot.py`` (about 20 s on an H100).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import onnxq
+
+_ = onnxq.cast  # resolve the lazy attribute before importing the subpackage (see test_native)
+from onnxq.cast import native  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_TRITON = all(importlib.util.find_spec(m) is not None for m in ("torch", "triton"))
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason=f"native library not built: {native.missing_reason()}"
+)
+
+
+def _lib() -> ctypes.CDLL:
+    from onnxq.cast import cuda_aot
+
+    return cuda_aot._lib()
+
+
+def _info() -> tuple[int, str]:
+    from onnxq.cast import cuda_aot
+
+    return cuda_aot.info()
+
+
+# -- generation (CPU) ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, bytes]:
+    """The build's aot output when it is current, else a fresh generation (slow: minutes)."""
+    if not HAVE_TRITON:
+        pytest.skip("torch/triton not installed: the library is built without GPU kernels")
+    from onnxq.cast import aot
+
+    out = ROOT / "ops" / "build" / "aot"
+    mf = out / "manifest.json"
+    current = mf.is_file() and json.loads(mf.read_text()).get("stamp") == aot._stamp(aot.PRESETS)
+    if not current:
+        out = tmp_path_factory.mktemp("aot")
+        proc = _python(f"from onnxq.cast import aot; aot.generate({str(out)!r})")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "manifest.json").read_text()), (out / "kernels.bin").read_bytes()
+
+
+def test_generation_covers_every_specialisation(manifest: tuple[dict, bytes]) -> None:
+    from onnxq.cast import aot
+
+    m, blob = manifest
+    assert m["archs"] == ["sm_80", "sm_90"] and m["ptx_arch"] == "sm_80"
+    want = {
+        (p, op, t)
+        for p in aot.PRESETS
+        for t in aot.FLOATS
+        for op in (aot.OP_QUANT_VALUES, aot.OP_QUANT_CODES, aot.OP_DEQUANT)
+    }
+    have = {(k["format"], k["op"], k["io_type"]) for k in m["kernels"] if k["format"]}
+    assert want <= have
+    stats = {k["io_type"] for k in m["kernels"] if k["op"] == aot.OP_STATS}
+    assert stats == set(aot.FLOATS)  # NVFP4's tensor amax, every input type
+    for k in m["kernels"]:
+        for arch in ("sm_80", "sm_90"):
+            off, size = k["cubin"][arch]
+            assert size > 1000 and blob[off : off + 4] == b"\x7fELF", (k["symbol"], arch)
+        off, size = k["ptx"]["sm_80"]
+        ptx = blob[off : off + size]
+        assert b".target sm_80" in ptx and ptx.endswith(b"\0"), k["symbol"]
+        assert k["options"]["enable_fp_fusion"] is False
+        # the compiled defaults: round even (rmode 0), no stochastic, no statistics pass
+        assert k["constexprs"].get("STOCH", False) is False
+        assert k["constexprs"].get("PRE", False) is False
+
+
+def _python(script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a script in a fresh interpreter: importing triton here would make the interpreter
+    tests of test_triton.py skip (they need TRITON_INTERPRET=1 before triton is imported)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+        env=dict(os.environ, **env), cwd=ROOT, timeout=600,
+    )  # fmt: skip
+
+
+def test_generation_refuses_unknown_parameters() -> None:
+    if not HAVE_TRITON:
+        pytest.skip("torch/triton not installed")
+    proc = _python(
+        """
+        from onnxq.cast import aot
+        del aot._ROLES["_quant_kernel"]["top_ptr"]
+        try:
+            aot.specialisations(("mxfp4",))
+        except aot.GenerationError as err:
+            print("refused:", err)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused:" in proc.stdout and "top_ptr" in proc.stdout
+
+
+# The C++ launcher (ops/src/cuda_launch.cc) mirrored in Python over the generated table, run in
+# Triton's interpreter: the geometry, the parameter roles and values, the chosen BT and NVFP4's
+# tensor-amax passes give the reference's bits. (The cubins themselves need a GPU: see below.)
+_EMULATE = """
+import json, math, struct, sys
+import numpy as np, torch
+import onnxq
+_ = onnxq.cast
+from onnxq.cast import aot, triton as tm
+
+formats, kernels, consts = aot.specialisations()
+TORCH = {"i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+         "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+def find(fi, op, io):
+    return next(k for k in kernels if k.fmt == fi and k.op == op and k.io_type == io)
+
+def launch(k, ptrs, geo):
+    kw = dict(k.constexprs)
+    for name, role, extra in k.roles:
+        sig = k.signature[name]
+        if sig.startswith("*"):
+            if role == "const":
+                t = torch.frombuffer(bytearray(consts[extra]), dtype=torch.uint8)
+                kw[name] = t.view(TORCH[sig[1:]])
+            elif ptrs.get(role) is None:
+                kw[name] = torch.zeros(1, dtype=TORCH[sig[1:]])  # null: never touched
+            elif ptrs[role].dtype != TORCH[sig[1:]] and (
+                    k.op == aot.OP_QUANT_VALUES and role in ("codes", "scale", "meta")
+                    or k.op == aot.OP_QUANT_CODES and role == "y"):
+                kw[name] = torch.zeros(1, dtype=TORCH[sig[1:]])  # the output it does not write
+            else:
+                kw[name] = ptrs[role].view(TORCH[sig[1:]])
+        elif role == "value":
+            kw[name] = struct.unpack("<f", struct.pack("<i", extra))[0] if sig == "fp32" else extra
+        else:
+            kw[name] = geo[role]
+    bt = max(k.constexprs.get("BT", 1), 1)
+    getattr(tm, k.kernel)[(-(-geo["n_units"] // bt),)](**kw)
+
+def quantize(fi, x, io):
+    f = formats[fi]
+    geo = f.geometry(tuple(x.shape))
+    xi = x.view(torch.int32) if x.dtype == torch.float32 else x.view(torch.int16)
+    vals = torch.empty_like(x)
+    codes = torch.empty(x.shape, dtype=torch.uint8)
+    scale = torch.empty(geo["n_units"], dtype=torch.uint8)
+    meta = torch.empty(max(1, x.numel() // x.shape[-1] * geo["sub_cols"]), dtype=torch.uint8)
+    ts = torch.zeros(1, dtype=torch.int32)
+    ptrs = {"x": xi, "y": vals.view(xi.dtype), "codes": codes, "scale": scale,
+            "meta": meta if f.sub else None, "ts_code": ts}
+    if f.tenscale_bits:
+        src, n, first = xi, x.numel(), True
+        while True:
+            k = find(-1, aot.OP_STATS, io if first else 0)
+            c = -(-n // k.chunk)
+            amax, flags = torch.empty(c, dtype=torch.int32), torch.empty(c, dtype=torch.int8)
+            launch(k, {"x": src, "amax_out": amax, "flag_out": flags},
+                   dict(n_units=c, n_chunks=c, C=n, TC=n, inner=1, nC=1))
+            src, n, first = amax, c, False
+            if c == 1:
+                break
+        ptrs["top"] = src
+    launch(find(fi, aot.OP_QUANT_VALUES, io), ptrs, geo)
+    launch(find(fi, aot.OP_QUANT_CODES, io), ptrs, geo)
+    return vals, codes, scale, meta, ts
+
+def bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view({4: np.int32, 2: np.int16, 1: np.uint8}[a.dtype.itemsize])
+
+bad = []
+rng = np.random.default_rng(0)
+for fi, f in enumerate(formats):
+    for shape in [(3, 40), (2, 3, 48)] + ([(5000,)] if f.tenscale_bits else []):
+        x = (rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape))).astype(np.float32)
+        x.reshape(-1)[::7] = np.array([0.0, -0.0, np.inf, np.nan, 1e-40, -3e38, 6.0])[
+            np.arange(x.reshape(-1)[::7].size) % 7]
+        if len(shape) == 1:  # the tensor amax in the second chunk, NaN/Inf elsewhere
+            x = rng.standard_normal(shape).astype(np.float32)
+            x[[3, 70]] = np.inf, np.nan
+            x[-3] = -100.0
+        vals, codes, scale, meta, ts = quantize(fi, torch.from_numpy(x), 0)
+        want = onnxq.cast(x, f.preset, backend="reference")
+        q = onnxq.cast(x, f.preset, mode="actual", backend="reference")
+        ok = np.array_equal(bits(vals.numpy()), bits(want))
+        ok &= np.array_equal(codes.numpy(), q.data.astype(np.uint8))
+        ok &= np.array_equal(scale.numpy(), q.scale.reshape(-1))
+        if q.meta is not None:
+            ok &= np.array_equal(meta.numpy()[: q.meta.size], q.meta.reshape(-1))
+        if q.tenscale is not None:
+            ok &= int(ts[0]) & 0xFFFFFFFF == int(q.tenscale[0])
+        # dequantize the reference's codes
+        y = torch.empty(shape, dtype=torch.float32)
+        k = find(fi, aot.OP_DEQUANT, 0)
+        tsv = None
+        if q.tenscale is not None:
+            tsv = torch.from_numpy(q.tenscale.view(np.float32).copy())
+        launch(k, {"codes": torch.from_numpy(q.data.astype(np.uint8)), "y": y.view(torch.int32),
+                   "scale": torch.from_numpy(q.scale.reshape(-1).copy()),
+                   "meta": None if q.meta is None else torch.from_numpy(q.meta.reshape(-1).copy()),
+                   "ts": tsv}, f.geometry(shape))
+        ok &= np.array_equal(bits(y.numpy()), bits(want))
+        if not ok:
+            bad.append(f"{f.preset} {shape}")
+print(json.dumps(bad))
+"""
+
+
+def test_launcher_logic_in_the_interpreter() -> None:
+    if not HAVE_TRITON:
+        pytest.skip("torch/triton not installed")
+    proc = _python(_EMULATE, TRITON_INTERPRET="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_library_embeds_the_kernels_when_triton_imports() -> None:
+    n, text = _info()
+    if not HAVE_TRITON or os.environ.get("ONNXQ_NO_GPU_KERNELS"):
+        pytest.skip("the library is built without GPU kernels here")
+    assert n > 0, f"triton imports but the library has no GPU kernels ({text}); rebuild it"
+    from onnxq.cast import aot, cuda_aot
+
+    assert cuda_aot.formats() == list(aot.PRESETS)
+
+
+# -- no driver (CPU; on a GPU machine too, through ONNXQ_LIBCUDA) ------------------------------
+_NO_DRIVER = textwrap.dedent(
+    """
+    import ctypes, json, sys
+    import onnxq
+    _ = onnxq.cast
+    from onnxq.cast import cuda_aot
+    lib = cuda_aot._lib()
+    err = ctypes.create_string_buffer(512)
+    out = {"available": lib.onnxq_cuda_available(err, 512), "why": err.value.decode()}
+    shape = (ctypes.c_int64 * 2)(4, 64)
+    calls = {
+        "quantize": lambda: lib.onnxq_cuda_quantize(
+            b"mxfp4", None, 4096, 0, 2, shape, -1, 8192, None, None, None, None, None, err, 512),
+        "dequantize": lambda: lib.onnxq_cuda_dequantize(
+            b"mxfp4", 2, shape, -1, 4096, 8192, None, None, 12288, 0, None, err, 512),
+        "unknown": lambda: lib.onnxq_cuda_quantize(
+            b"e9m9", None, 4096, 0, 2, shape, -1, 8192, None, None, None, None, None, err, 512),
+        "axis": lambda: lib.onnxq_cuda_quantize(
+            b"mxfp4", None, 4096, 0, 2, shape, 0, 8192, None, None, None, None, None, err, 512),
+        "nothing": lambda: lib.onnxq_cuda_quantize(
+            b"mxfp4", None, 4096, 0, 2, shape, -1, None, None, None, None, None, None, err, 512),
+        "type": lambda: lib.onnxq_cuda_quantize(
+            b"mxfp4", None, 4096, 7, 2, shape, -1, 8192, None, None, None, None, None, err, 512),
+        "noscale": lambda: lib.onnxq_cuda_quantize(
+            b"mxfp4", None, 4096, 0, 2, shape, -1, None, 8192, None, None, None, None, err, 512),
+    }
+    for name, call in calls.items():
+        rc = call()
+        out[name] = [rc, err.value.decode()]
+    print(json.dumps(out))
+    """
+)
+
+
+def _run_without_driver() -> dict:
+    env = dict(os.environ, ONNXQ_LIBCUDA="/nonexistent/libcuda.so.1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_DRIVER], capture_output=True, text=True, env=env,
+        cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_without_driver_the_calls_fail_clearly() -> None:
+    out = _run_without_driver()
+    n, _ = _info()
+    assert out["available"] == 0
+    if n == 0:
+        assert "built without GPU kernels" in out["why"]
+        for name in ("quantize", "dequantize", "unknown", "axis", "nothing", "noscale"):
+            rc, msg = out[name]
+            assert rc == 1 and msg.startswith("[onnxq_cuda_"), (name, msg)
+        return
+    assert "/nonexistent/libcuda.so.1 cannot be loaded" in out["why"]
+    for name in ("quantize", "dequantize"):
+        rc, msg = out[name]
+        assert rc == 1 and "cannot be loaded (no NVIDIA driver" in msg, (name, msg)
+    expected = {
+        "unknown": "no CUDA kernel for data type 'e9m9'",
+        "axis": "tile along the last axis only",
+        "nothing": "nothing to compute",
+        "type": "float types are 0 (float32)",
+        "noscale": "codes need the scale output",
+    }
+    for name, words in expected.items():
+        rc, msg = out[name]
+        assert rc == 1 and words in msg, (name, msg)
+
+
+def test_python_wrapper_refuses_cpu_tensors_and_reports_availability() -> None:
+    torch = pytest.importorskip("torch")
+    from onnxq.cast import cuda_aot
+
+    ok, why = cuda_aot.available()
+    if not torch.cuda.is_available():
+        assert not ok and why
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        cuda_aot.quantize(torch.zeros(4, 32), "mxfp4")
+    with pytest.raises(TypeError, match="torch tensor"):
+        cuda_aot.quantize(np.zeros((4, 32), np.float32), "mxfp4")
+
+
+def test_modes_other_than_the_defaults_are_refused() -> None:
+    lib = _lib()
+    modes = native._Modes(1, 0, 0, 0, 0)
+    err = ctypes.create_string_buffer(512)
+    shape = (ctypes.c_int64 * 1)(32)
+    rc = lib.onnxq_cuda_quantize(
+        b"mxfp4", ctypes.byref(modes), 4096, 0, 1, shape, -1, 8192, None, None, None, None,
+        None, err, 512,
+    )  # fmt: skip
+    assert rc == 1 and "default modes only" in err.value.decode()
+
+
+# -- on a GPU ------------------------------------------------------------------------------------
+def _gpu_ready() -> tuple[bool, str]:
+    try:
+        import torch
+    except ImportError:
+        return False, "torch not installed"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    n, text = _info()
+    if n == 0:
+        return False, text
+    return True, ""
+
+
+gpu = pytest.mark.skipif(not _gpu_ready()[0], reason=f"GPU path not testable: {_gpu_ready()[1]}")
+
+SPECIALS = np.array(
+    [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 2.0**-126, 2.0**-149, -(2.0**-140), 2.0**127,
+     3.4e38, 6.0, 5.99, 448.0, 0.5, 1 - 2**-24, 1e-30, 65504.0, -7.0e4],
+    dtype=np.float32,
+)  # fmt: skip
+SHAPES = [(7, 96), (3, 5, 40), (1, 33), (64, 128), (5, 1)]
+
+
+def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape))).astype(np.float32)
+    flat = x.reshape(-1)
+    where = rng.integers(0, flat.size, max(1, flat.size // 4))
+    flat[where] = rng.choice(SPECIALS, where.size)
+    if flat.size >= 64:
+        flat[:32] = 0.0  # an all-zero tile
+        flat[32:48] = np.nan if seed % 2 else -0.0
+    return x
+
+
+def _np_dtype(name: str):
+    return {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
+
+
+def _to_torch(a: np.ndarray):
+    import torch
+
+    if a.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).cuda()
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+def _bits(t) -> np.ndarray:
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    if t.dtype in (torch.float32,):
+        return t.view(torch.int32).numpy()
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t.view(torch.int16).numpy()
+    if t.dtype == torch.uint32:
+        return t.view(torch.int32).numpy()
+    return t.numpy()
+
+
+def _ref_bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view({4: np.int32, 2: np.int16, 1: np.uint8}[a.dtype.itemsize])
+
+
+PRESETS = ("mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4")
+TYPES = ("float32", "float16", "bfloat16")
+
+
+@gpu
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("ftype", TYPES)
+def test_quantize_and_dequantize_equal_the_reference(preset: str, ftype: str) -> None:
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    for i, shape in enumerate(SHAPES):
+        x = _data(shape, i).astype(_np_dtype(ftype))
+        ref_v = onnxq.cast(x, preset, backend="reference")
+        q = onnxq.cast(x, preset, mode="actual", backend="reference")
+        xt = _to_torch(x)
+        got = cuda_aot.quantize(xt, preset)
+        only_v = cuda_aot.quantize(xt, preset, want_codes=False)["values"]
+        only_c = cuda_aot.quantize(xt, preset, want_values=False)
+        torch.cuda.synchronize()
+        where = f"{preset} {ftype} {shape}"
+        np.testing.assert_array_equal(_bits(got["values"]), _ref_bits(ref_v), err_msg=where)
+        np.testing.assert_array_equal(_bits(only_v), _ref_bits(ref_v), err_msg=where)
+        for out in (got, only_c):
+            np.testing.assert_array_equal(_bits(out["codes"]), q.data.astype(np.uint8), where)
+            np.testing.assert_array_equal(_bits(out["scale"]), q.scale, err_msg=where)
+            if q.meta is not None:
+                np.testing.assert_array_equal(_bits(out["meta"]), q.meta, err_msg=where)
+            else:
+                assert "meta" not in out
+            if q.tenscale is not None:
+                np.testing.assert_array_equal(
+                    _bits(out["tenscale"]), q.tenscale.view(np.int32), err_msg=where
+                )
+        # dequantize the reference's codes, into every float type
+        for otype in TYPES:
+            y = cuda_aot.dequantize(
+                preset, _to_torch(q.data.astype(np.uint8)), _to_torch(q.scale),
+                tenscale=None if q.tenscale is None else _to_torch(q.tenscale.astype(np.uint32)),
+                meta=None if q.meta is None else _to_torch(q.meta),
+                out_dtype=getattr(torch, otype),
+            )  # fmt: skip
+            want = onnxq.upcast(q, _np_dtype(otype))
+            np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=f"{where} {otype}")
+
+
+@gpu
+def test_nvfp4_tensor_amax_over_several_passes() -> None:
+    """Over 4096^2 elements the tensor amax takes three reduction passes."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    n = 4096 * 4096 + 4096 * 3 + 48
+    x = torch.randn(n // 16, 16, device="cuda")
+    x.view(-1)[n - 5] = 1000.0  # the amax, in the last chunk
+    got = cuda_aot.quantize(x, "nvfp4")
+    torch.cuda.synchronize()
+    want = onnxq.cast(x.cpu().numpy(), "nvfp4", mode="actual", backend="native")
+    np.testing.assert_array_equal(_bits(got["tenscale"]), want.tenscale.view(np.int32))
+    np.testing.assert_array_equal(_bits(got["scale"]), want.scale)
+    np.testing.assert_array_equal(_bits(got["codes"]), want.data.astype(np.uint8))
+
+
+@gpu
+def test_gpu_refuses_host_memory_and_wrong_dtypes() -> None:
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    lib = _lib()
+    err = ctypes.create_string_buffer(512)
+    host = np.zeros((4, 32), np.float32)
+    out = torch.empty(4, 32, device="cuda")
+    shape = (ctypes.c_int64 * 2)(4, 32)
+    rc = lib.onnxq_cuda_quantize(
+        b"mxfp4", None, host.ctypes.data, 0, 2, shape, -1, out.data_ptr(), None, None, None,
+        None, None, err, 512,
+    )  # fmt: skip
+    assert rc == 1 and "x is not CUDA device memory" in err.value.decode()
+    rc = lib.onnxq_cuda_quantize(
+        b"mxfp4", None, out.data_ptr(), 0, 2, shape, -1, host.ctypes.data, None, None, None,
+        None, None, err, 512,
+    )  # fmt: skip
+    assert rc == 1 and "values is not CUDA device memory" in err.value.decode()
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        cuda_aot.quantize(torch.zeros(4, 32, dtype=torch.int32, device="cuda"), "mxfp4")
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        cuda_aot.quantize(torch.zeros(4, 32, dtype=torch.float64, device="cuda"), "mxfp4")
+    with pytest.raises(RuntimeError, match="no CUDA kernel for data type"):
+        cuda_aot.quantize(torch.zeros(4, 32, device="cuda"), "mxfp6e3")
+    codes = torch.zeros(4, 32, dtype=torch.uint8, device="cuda")
+    with pytest.raises(TypeError, match="scale must be uint8"):
+        cuda_aot.dequantize("mxfp4", codes, torch.zeros(4, 1, dtype=torch.float32, device="cuda"))
+    ok, why = cuda_aot.available()
+    assert ok and why == ""
+
+
+@gpu
+def test_runs_on_a_side_stream() -> None:
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    x = torch.randn(256, 64, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = cuda_aot.quantize(x, "mxfp8e4")["values"]
+    s.synchronize()
+    want = onnxq.cast(x.cpu().numpy(), "mxfp8e4", backend="reference")
+    np.testing.assert_array_equal(_bits(got), _ref_bits(want))
