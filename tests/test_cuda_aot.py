@@ -95,10 +95,12 @@ def test_generation_covers_every_specialisation(manifest: tuple[dict, bytes]) ->
 
 def _python(script: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run a script in a fresh interpreter: importing triton here would make the interpreter
-    tests of test_triton.py skip (they need TRITON_INTERPRET=1 before triton is imported)."""
+    tests of test_triton.py skip (they need TRITON_INTERPRET=1 before triton is imported), and
+    test_triton.py sets TRITON_INTERPRET=1 here, which compiling must not see."""
+    base = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-        env=dict(os.environ, **env), cwd=ROOT, timeout=600,
+        env=dict(base, **env), cwd=ROOT, timeout=600,
     )  # fmt: skip
 
 

@@ -65,7 +65,7 @@ ELEMS_PER_PROGRAM = 1024
 FORMAT_VERSION = 1  # of kernels.bin / aot_index.inc; the launcher checks it
 
 # Kernel operations (the launcher's `op`)
-OP_QUANT_VALUES, OP_QUANT_CODES, OP_DEQUANT, OP_STATS = 0, 1, 2, 3
+OP_QUANT_VALUES, OP_QUANT_CODES, OP_DEQUANT, OP_STATS, OP_PACK, OP_UNPACK = 0, 1, 2, 3, 4, 5
 
 # Parameter roles: what the launcher passes for each kernel parameter (ops/src/cuda_launch.h).
 ROLE_IDS = {
@@ -81,6 +81,8 @@ ROLE_IDS = {
     "const": 9,  # a constant table uploaded once per device (index in `consts`)
     "amax_out": 10,  # stats: per-chunk amax bits
     "flag_out": 11,  # stats: per-chunk flags
+    "src": 12,  # pack / unpack input
+    "dst": 13,  # pack / unpack output
     "n_units": 20,
     "n_chunks": 21,
     "C": 22,
@@ -89,6 +91,8 @@ ROLE_IDS = {
     "nC": 25,
     "sub_cols": 26,
     "value": 27,  # a 32-bit scalar passed as recorded (format parameters, the seed's key)
+    "count": 28,  # pack / unpack: codes
+    "nbytes": 29,  # pack / unpack: bytes of the packed stream
     "scratch": 30,  # a trailing pointer Triton adds (global / profile scratch): null
 }
 _GEOMETRY = ("n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols")
@@ -165,12 +169,14 @@ class KernelSpec:
     options: dict[str, Any]  # compile options (num_warps, enable_fp_fusion)
     roles: list[tuple[str, str, int]]  # (parameter, role, const index or 32-bit value)
     chunk: int = 0  # stats kernels: elements per program (one chunk each)
+    module: str = "onnxq.cast.triton"
 
     @property
     def unit(self) -> str:
         """Key of the compiled image: specs with equal keys share one."""
         return json.dumps(
-            [self.kernel, self.signature, self.constexprs, self.options], sort_keys=True
+            [self.module, self.kernel, self.signature, self.constexprs, self.options],
+            sort_keys=True,
         )
 
 
@@ -469,7 +475,32 @@ def specialisations(
                 KernelSpec(f"dq_{preset}_{ftype}", "_dequant_kernel", OP_DEQUANT, fi, k, sig, ce,
                            opts, roles)
             )  # fmt: skip
+    kernels.extend(_pack_specs(formats))
     return formats, kernels, consts
+
+
+def _pack_specs(formats: list[FormatInfo]) -> list[KernelSpec]:
+    """Device bit packing (onnxq.cast.triton_pack) for the widths under 8 bits in use."""
+    from onnxq.cast import triton_pack
+
+    widths = {f.code_bits for f in formats if f.code_bits < 8} | ({1} if any(
+        f.sub for f in formats) else set())  # fmt: skip
+    sig = {"src_ptr": "*u8", "dst_ptr": "*u8", "count": "i32", "nbytes": "i32"}
+    roles = [("src_ptr", "src", -1), ("dst_ptr", "dst", -1), ("count", "count", -1),
+             ("nbytes", "nbytes", -1)]  # fmt: skip
+    specs = []
+    for bits in sorted(widths):
+        for op, name in ((OP_PACK, "_pack_kernel"), (OP_UNPACK, "_unpack_kernel")):
+            ce = {"BITS": bits, "BLOCK": triton_pack.BLOCK}
+            specs.append(
+                KernelSpec(
+                    f"{name[1:-7]}{bits}", name, op, -1, bits,
+                    {**sig, "BITS": "constexpr", "BLOCK": "constexpr"}, ce,
+                    dict(_OPTION_DEFAULTS), roles, chunk=triton_pack.BLOCK,
+                    module="onnxq.cast.triton_pack",
+                )  # fmt: skip
+            )
+    return specs
 
 
 def _set_bt(ce: dict[str, Any]) -> None:
@@ -492,9 +523,9 @@ def compile_spec(spec: KernelSpec, arch: int) -> dict[str, Any]:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from onnxq.cast import triton as tm
+    import importlib
 
-    fn = getattr(tm, spec.kernel)
+    fn = getattr(importlib.import_module(spec.module), spec.kernel)
     target = GPUTarget("cuda", arch, 32)
     backend = triton.compiler.make_backend(target)
     options = backend.parse_options(dict(spec.options))
@@ -556,7 +587,8 @@ def _stamp(presets: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     h.update(repr((FORMAT_VERSION, presets, ARCHS, PTX_ARCH, ELEMS_PER_PROGRAM)).encode())
     h.update(metadata.version("triton").encode())
-    files = sorted(here.glob("*.py")) + sorted((here.parent / "formats").glob("*.py"))
+    names = ("aot", "triton", "triton_pack", "elements", "layout", "reference", "packing")
+    files = [here / f"{n}.py" for n in names] + sorted((here.parent / "formats").glob("*.py"))
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -579,6 +611,8 @@ def generate(
         GenerationError: a specialisation cannot be recorded or compiled.
         ImportError: torch or triton is missing.
     """
+    if os.environ.pop("TRITON_INTERPRET", "0") == "1" and "triton" in sys.modules:
+        raise GenerationError("triton was imported with TRITON_INTERPRET=1: nothing to compile")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stamp = _stamp(presets)
@@ -644,7 +678,8 @@ def generate(
             {
                 "symbol": k.symbol, "kernel": k.kernel, "op": k.op,
                 "format": formats[k.fmt].preset if k.fmt >= 0 else None,
-                "io_type": FLOATS[k.io_type], "constexprs": k.constexprs,
+                "io_type": FLOATS[k.io_type] if k.op < OP_PACK else k.io_type,
+                "constexprs": k.constexprs,
                 "options": k.options, "signature": k.signature,
                 "roles": [[n, r_, x] for n, r_, x in k.roles], "image": units.index(k.unit),
                 "cubin": {f"sm_{a}": list(images[a]) for a in ARCHS},

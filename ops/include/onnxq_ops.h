@@ -139,6 +139,21 @@ ONNXQ_API int32_t onnxq_cuda_dequantize(const char* dtype, int32_t ndim, const i
                                         int32_t values_type, void* stream, char* err,
                                         size_t errlen);
 
+/* As onnxq_cuda_quantize / _dequantize with the custom ops' layouts (docs/ops.md): q holds the
+ * codes bit-packed LSB first (ceil(n * bits / 8) bytes), meta_packed the MX shift bits packed one
+ * bit each (NULL: not wanted when quantizing). Codes under 8 bits go through device scratch. */
+ONNXQ_API int32_t onnxq_cuda_quantize_packed(const char* dtype, const onnxq_modes* modes,
+                                             const void* x, int32_t x_type, int32_t ndim,
+                                             const int64_t* shape, int32_t axis, void* q,
+                                             void* scale, void* tenscale, uint8_t* meta_packed,
+                                             void* stream, char* err, size_t errlen);
+ONNXQ_API int32_t onnxq_cuda_dequantize_packed(const char* dtype, int32_t ndim,
+                                               const int64_t* shape, int32_t axis,
+                                               const uint8_t* q, const void* scale,
+                                               const void* tenscale, const uint8_t* meta_packed,
+                                               void* values, int32_t values_type, void* stream,
+                                               char* err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -178,7 +178,7 @@ struct Device {
   std::map<int, CUdeviceptr> consts;
 };
 
-std::mutex g_mutex;
+std::recursive_mutex g_mutex;  // the packed calls nest the plain ones
 std::map<int, Device> g_devices;
 
 struct Error {
@@ -294,9 +294,11 @@ CUdeviceptr const_table(Device& dv, int index) {  // g_mutex held, context curre
 }
 
 // What the launcher passes for each role.
+constexpr int kPtrRoles = 14;  // kRoleX .. kRoleDst
 struct Bind {
-  const void* ptr[12] = {};  // by pointer role (kRoleX .. kRoleFlagOut)
+  const void* ptr[kPtrRoles] = {};  // by pointer role
   int64_t n_units = 0, n_chunks = 0, C = 0, TC = 0, inner = 1, nC = 0, sub_cols = 1;
+  int64_t count = 0, nbytes = 0;
 };
 
 void launch(Device& dv, int k, const Bind& b, CUstream stream) {
@@ -318,6 +320,8 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
       case kRoleNC: s32 = static_cast<int32_t>(b.nC); break;
       case kRoleSubCols: s32 = static_cast<int32_t>(b.sub_cols); break;
       case kRoleValue: s32 = static_cast<int32_t>(p.extra); break;
+      case kRoleCount: s32 = static_cast<int32_t>(b.count); break;
+      case kRoleNBytes: s32 = static_cast<int32_t>(b.nbytes); break;
       default: scalar = false;
     }
     if (scalar) {
@@ -326,7 +330,7 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
       v = const_table(dv, static_cast<int>(p.extra));
     } else if (p.role == kRoleNull || p.role == kRoleScratch) {
       v = 0;
-    } else if (p.role >= 0 && p.role < 12) {
+    } else if (p.role >= 0 && p.role < kPtrRoles) {
       v = reinterpret_cast<unsigned long long>(b.ptr[p.role]);
     } else {
       throw Error{"kernel " + std::string(K.name) + ": unknown parameter role " +
@@ -335,7 +339,12 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
     slots[i] = v;
     args[i] = &slots[i];
   }
-  int64_t grid = (b.n_units + K.bt - 1) / K.bt;
+  int64_t units = b.n_units, per = K.bt;
+  if (K.op == kOpPack || K.op == kOpUnpack) {
+    units = K.op == kOpPack ? b.nbytes : b.count;
+    per = K.chunk;
+  }
+  int64_t grid = per > 0 ? (units + per - 1) / per : 0;
   if (grid <= 0) return;
   check(driver().cuLaunchKernel(f, static_cast<unsigned>(grid), 1, 1, 32u * K.num_warps, 1, 1,
                                 K.shared, stream, args.data(), nullptr),
@@ -447,7 +456,7 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
   if ((values && kv < 0) || (codes && kc < 0))
     throw Error{std::string("no CUDA kernel for ") + F.preset + " with " + kTypes[x_type] + " input"};
   CUstream s = static_cast<CUstream>(stream);
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<std::recursive_mutex> lock(g_mutex);
   Device& dv = device(dev);
   CtxScope scope(dv.ctx);
   Bind b = g.b;
@@ -524,7 +533,7 @@ std::string dequantize_impl(const std::string& dtype, int ndim, const int64_t* s
   if (k < 0)
     throw Error{std::string("no CUDA kernel for ") + F.preset + " with " + kTypes[values_type] +
                 " output"};
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<std::recursive_mutex> lock(g_mutex);
   Device& dv = device(dev);
   CtxScope scope(dv.ctx);
   Bind b = g.b;
@@ -535,6 +544,92 @@ std::string dequantize_impl(const std::string& dtype, int ndim, const int64_t* s
   b.ptr[kRoleTs] = tenscale;  // a float32 tensor scale: its code is its bits
   launch(dv, k, b, static_cast<CUstream>(stream));
   return "";
+}
+
+std::string pack_impl(bool pack, const void* in, int64_t count, int bits, void* out,
+                      void* stream) {
+  if (kKernelCount == 0) throw Error{kNoKernels};
+  if (count < 0 || count >= (int64_t(1) << 31)) throw Error{"pack: count out of range"};
+  if (count == 0) return "";
+  if (!in || !out) throw Error{"pack: null buffer"};
+  int k = find_kernel(-1, pack ? kOpPack : kOpUnpack, bits);
+  if (k < 0) throw Error{"no CUDA kernel packs " + std::to_string(bits) + "-bit codes"};
+  need_driver();
+  int dev = device_of(in, pack ? "codes" : "packed");
+  same_device(out, pack ? "packed" : "codes", dev);
+  std::lock_guard<std::recursive_mutex> lock(g_mutex);
+  Device& dv = device(dev);
+  CtxScope scope(dv.ctx);
+  Bind b;
+  b.ptr[kRoleSrc] = in;
+  b.ptr[kRoleDst] = out;
+  b.count = count;
+  b.nbytes = (count * bits + 7) / 8;
+  launch(dv, k, b, static_cast<CUstream>(stream));
+  return "";
+}
+
+// The onnxruntime layouts: Q bit-packed (LSB first), Meta packed one bit per subtile. Codes
+// under 8 bits and the shift bits go through stream-ordered scratch and the pack kernels.
+std::string quantize_packed_impl(const std::string& dtype, const void* x, int x_type, int ndim,
+                                 const int64_t* shape, int axis, void* q, void* scale,
+                                 void* tenscale, void* meta_packed, void* stream) {
+  const AotFormat& F = format_for(dtype);
+  if (!q || !scale) throw Error{"Q and Scale are required"};
+  Geometry g = geometry(F, ndim, shape, axis);
+  if (g.numel == 0) return "";
+  need_driver();
+  int dev = device_of(x ? x : q, "x");
+  std::lock_guard<std::recursive_mutex> lock(g_mutex);
+  Device& dv = device(dev);
+  CtxScope scope(dv.ctx);
+  CUstream s = static_cast<CUstream>(stream);
+  int64_t ncodes = F.code_bits < 8 ? g.numel : 0;
+  int64_t nmeta = F.sub ? g.numel / g.b.C * g.b.sub_cols : 0;
+  std::unique_ptr<Scratch> scratch;
+  if (ncodes + nmeta) scratch.reset(new Scratch(static_cast<size_t>(ncodes + nmeta + 16), s));
+  CUdeviceptr base = scratch ? scratch->p : 0;
+  void* codes = ncodes ? reinterpret_cast<void*>(base) : q;
+  void* meta = nmeta ? reinterpret_cast<void*>(base + ncodes) : nullptr;
+  quantize_impl(dtype, x, x_type, ndim, shape, axis, nullptr, codes, scale, tenscale, meta,
+                stream);
+  if (ncodes) pack_impl(true, codes, ncodes, F.code_bits, q, stream);
+  if (nmeta && meta_packed) pack_impl(true, meta, nmeta, 1, meta_packed, stream);
+  return "";
+}
+
+std::string dequantize_packed_impl(const std::string& dtype, int ndim, const int64_t* shape,
+                                   int axis, const void* q, const void* scale,
+                                   const void* tenscale, const void* meta_packed, void* values,
+                                   int values_type, void* stream) {
+  const AotFormat& F = format_for(dtype);
+  if (!q || !values) throw Error{"Q and Y are required"};
+  if (F.sub && !meta_packed) throw Error{F.preset + std::string(" needs the Meta input")};
+  Geometry g = geometry(F, ndim, shape, axis);
+  if (g.numel == 0) return "";
+  need_driver();
+  int dev = device_of(q, "Q");
+  std::lock_guard<std::recursive_mutex> lock(g_mutex);
+  Device& dv = device(dev);
+  CtxScope scope(dv.ctx);
+  CUstream s = static_cast<CUstream>(stream);
+  int64_t ncodes = F.code_bits < 8 ? g.numel : 0;
+  int64_t nmeta = F.sub ? g.numel / g.b.C * g.b.sub_cols : 0;
+  std::unique_ptr<Scratch> scratch;
+  if (ncodes + nmeta) scratch.reset(new Scratch(static_cast<size_t>(ncodes + nmeta + 16), s));
+  CUdeviceptr base = scratch ? scratch->p : 0;
+  const void* codes = q;
+  const void* meta = nullptr;
+  if (ncodes) {
+    pack_impl(false, q, ncodes, F.code_bits, reinterpret_cast<void*>(base), stream);
+    codes = reinterpret_cast<const void*>(base);
+  }
+  if (nmeta) {
+    pack_impl(false, meta_packed, nmeta, 1, reinterpret_cast<void*>(base + ncodes), stream);
+    meta = reinterpret_cast<const void*>(base + ncodes);
+  }
+  return dequantize_impl(dtype, ndim, shape, axis, codes, scale, tenscale, meta, values,
+                         values_type, stream);
 }
 
 template <typename Fn>
@@ -609,6 +704,33 @@ std::string dequantize(const std::string& dtype, int ndim, const int64_t* shape,
   });
 }
 
+std::string quantize_packed(const std::string& dtype, const void* x, int x_type, int ndim,
+                            const int64_t* shape, int axis, void* q, void* scale, void* tenscale,
+                            void* meta_packed, void* stream) {
+  return guarded([&] {
+    return quantize_packed_impl(dtype, x, x_type, ndim, shape, axis, q, scale, tenscale,
+                                meta_packed, stream);
+  });
+}
+
+std::string dequantize_packed(const std::string& dtype, int ndim, const int64_t* shape, int axis,
+                              const void* q, const void* scale, const void* tenscale,
+                              const void* meta_packed, void* values, int values_type,
+                              void* stream) {
+  return guarded([&] {
+    return dequantize_packed_impl(dtype, ndim, shape, axis, q, scale, tenscale, meta_packed,
+                                  values, values_type, stream);
+  });
+}
+
+std::string pack_bits(const void* codes, int64_t count, int bits, void* packed, void* stream) {
+  return guarded([&] { return pack_impl(true, codes, count, bits, packed, stream); });
+}
+
+std::string unpack_bits(const void* packed, int64_t count, int bits, void* codes, void* stream) {
+  return guarded([&] { return pack_impl(false, packed, count, bits, codes, stream); });
+}
+
 }  // namespace cuda
 }  // namespace onnxq
 
@@ -678,6 +800,32 @@ int32_t onnxq_cuda_dequantize(const char* dtype, int32_t ndim, const int64_t* sh
   return status(err, errlen, op,
                 onnxq::cuda::dequantize(dtype, ndim, shape, axis, codes, scale, tenscale, meta,
                                         values, values_type, stream));
+}
+
+int32_t onnxq_cuda_quantize_packed(const char* dtype, const onnxq_modes* modes, const void* x,
+                                   int32_t x_type, int32_t ndim, const int64_t* shape,
+                                   int32_t axis, void* q, void* scale, void* tenscale,
+                                   uint8_t* meta_packed, void* stream, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_quantize_packed] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  if (modes && (modes->round_mode != 0 || modes->scale_mode != 0 || modes->nan_policy != 0 ||
+                modes->full_int_range != 0))
+    return status(err, errlen, op, "the CUDA kernels are compiled for the default modes only");
+  return status(err, errlen, op,
+                onnxq::cuda::quantize_packed(dtype, x, x_type, ndim, shape, axis, q, scale,
+                                             tenscale, meta_packed, stream));
+}
+
+int32_t onnxq_cuda_dequantize_packed(const char* dtype, int32_t ndim, const int64_t* shape,
+                                     int32_t axis, const uint8_t* q, const void* scale,
+                                     const void* tenscale, const uint8_t* meta_packed,
+                                     void* values, int32_t values_type, void* stream, char* err,
+                                     size_t errlen) {
+  const char* op = "[onnxq_cuda_dequantize_packed] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  return status(err, errlen, op,
+                onnxq::cuda::dequantize_packed(dtype, ndim, shape, axis, q, scale, tenscale,
+                                               meta_packed, values, values_type, stream));
 }
 
 }  // extern "C"

@@ -24,6 +24,8 @@ enum Role : int {
   kRoleConst = 9,
   kRoleAmaxOut = 10,
   kRoleFlagOut = 11,
+  kRoleSrc = 12,
+  kRoleDst = 13,
   kRoleNUnits = 20,
   kRoleNChunks = 21,
   kRoleC = 22,
@@ -32,10 +34,19 @@ enum Role : int {
   kRoleNC = 25,
   kRoleSubCols = 26,
   kRoleValue = 27,
+  kRoleCount = 28,
+  kRoleNBytes = 29,
   kRoleScratch = 30,
 };
 
-enum Op : int { kOpQuantValues = 0, kOpQuantCodes = 1, kOpDequant = 2, kOpStats = 3 };
+enum Op : int {
+  kOpQuantValues = 0,
+  kOpQuantCodes = 1,
+  kOpDequant = 2,
+  kOpStats = 3,
+  kOpPack = 4,
+  kOpUnpack = 5
+};
 
 struct AotFormat {
   const char* preset;
@@ -87,6 +98,16 @@ std::string quantize(const std::string& dtype, const void* x, int x_type, int nd
 std::string dequantize(const std::string& dtype, int ndim, const int64_t* shape, int axis,
                        const void* codes, const void* scale, const void* tenscale,
                        const void* meta, void* values, int values_type, void* stream);
+
+// The onnxruntime layouts (docs/ops.md): Q bit-packed, Meta packed one bit per subtile (may be
+// null when not wanted); scratch for the unpacked codes is stream-ordered (cuMemAllocAsync).
+std::string quantize_packed(const std::string& dtype, const void* x, int x_type, int ndim,
+                            const int64_t* shape, int axis, void* q, void* scale, void* tenscale,
+                            void* meta_packed, void* stream);
+std::string dequantize_packed(const std::string& dtype, int ndim, const int64_t* shape, int axis,
+                              const void* q, const void* scale, const void* tenscale,
+                              const void* meta_packed, void* values, int values_type,
+                              void* stream);
 
 // Bit packing on the device (LSB first, packing.py's stream): `count` one-byte codes of `bits`
 // (1..8) bits -> ceil(count * bits / 8) bytes, and back.

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -26,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_launch.h"
 #include "kernels.h"
 #include "onnxq_ops.h"
 #include "onnxruntime_c_api.h"
@@ -274,6 +276,7 @@ struct Kernel {
   Modes modes;
   std::vector<int64_t> shape;  // Dequantize / Lookup: X's shape
   int out_type = kTF32;         // ONNX element type of Y
+  const cuda::AotFormat* gpu = nullptr;  // CUDA EP registrations: the embedded kernels' format
 };
 
 void init_kernel(Kernel* k, const OrtKernelInfo* info) {
@@ -546,10 +549,113 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
 }
 
+// -- the CUDA execution provider (cuda_launch.h, docs/gpu.md) ------------------------------
+// The same ops on the session's compute stream with the Triton kernels compiled ahead of time:
+// formats the library embeds, tiles along the last axis, the default modes. Anything else is
+// refused when the session creates the kernel, naming what to do instead.
+
+void init_cuda_kernel(Kernel* k) {
+  k->gpu = cuda::find_format(k->parsed.code);
+  const char* where = "; run this node on the CPU execution provider (or quantize it to a format "
+                      "that has CUDA kernels)";
+  if (!k->gpu)
+    throw OpError("dtype '" + k->parsed.code + "' has no CUDA kernel in this library (" +
+                  cuda::describe() + ")" + where);
+  if (k->kind == kQuantize && (k->modes.round_mode != 0 || k->modes.scale_mode != 0 ||
+                               k->modes.nan_policy != 0 || k->modes.full_int_range))
+    throw OpError("the CUDA kernels are compiled for the default modes (round even, scale floor, "
+                  "nan element, symmetric ints)" + std::string(where));
+  if (k->kind == kDequantize && k->axis != -1 &&
+      k->axis != static_cast<int64_t>(k->shape.size()) - 1)
+    throw OpError("the CUDA kernels tile along the last axis only (axis " +
+                  std::to_string(k->axis) + ")" + where);
+}
+
+void* gpu_stream(OrtKernelContext* ctx) {
+  void* stream = nullptr;
+  check(g_api->KernelContext_GetGPUComputeStream(ctx, &stream), "getting the compute stream");
+  return stream;
+}
+
+std::vector<int64_t> gpu_grid(const cuda::AotFormat& F, std::vector<int64_t> shape) {
+  int64_t C = shape.back();
+  shape.back() = (C + F.tile - 1) / F.tile;
+  return shape;
+}
+
+int64_t gpu_meta_count(const cuda::AotFormat& F, const std::vector<int64_t>& shape) {
+  if (!F.sub) return 0;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  return rows * ((shape.back() + F.sub - 1) / F.sub);
+}
+
+void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx) {
+  In x = input(ctx, 0, "X");
+  if (!x) throw OpError("input X is missing");
+  if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
+    throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type));
+  if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
+  if (x.count == 0) throw OpError("cannot cast an empty tensor of shape " + shape_str(x.shape));
+  int axis = normal_axis(k.axis, x.shape.size(), x.shape, "X");
+  if (axis != static_cast<int>(x.shape.size()) - 1)
+    throw OpError("the CUDA kernels tile along the last axis only (axis " +
+                  std::to_string(k.axis) + " of X " + shape_str(x.shape) + ")");
+  const cuda::AotFormat& F = *k.gpu;
+  const std::string why = "dtype '" + k.parsed.code + "'";
+  void* q = output(ctx, 0, "Q", {packed_nbytes(x.count, F.code_bits)}, kU8, why);
+  if (!q) throw OpError("output Q is missing");
+  void* scale = output(ctx, 1, "Scale", gpu_grid(F, x.shape), kU8, why);
+  if (!scale) throw OpError("output Scale is missing");
+  output(ctx, 2, "Zero", {0}, 0, why);
+  void* ts = output(ctx, 3, "TenScale", {F.tenscale_bits ? 1 : 0}, F.tenscale_bits ? kU32 : 0,
+                    why);
+  int64_t nmeta = gpu_meta_count(F, x.shape);
+  void* meta = output(ctx, 4, "Meta", {nmeta ? packed_nbytes(nmeta, 1) : 0}, kU8, why);
+  output(ctx, 5, "Mask", {0}, kU8, why);
+  std::string e = cuda::quantize_packed(
+      k.parsed.code, x.data, float_kind(x.type), static_cast<int>(x.shape.size()),
+      x.shape.data(), axis, q, scale, F.tenscale_bits ? ts : nullptr, nmeta ? meta : nullptr,
+      gpu_stream(ctx));
+  if (!e.empty()) throw OpError(e);
+}
+
+void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx) {
+  const cuda::AotFormat& F = *k.gpu;
+  const std::vector<int64_t>& shape = k.shape;
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  auto need = [&](size_t index, const char* name, int type, int64_t n) {
+    In in = input(ctx, index, name);
+    if (!in) throw OpError(std::string("input ") + name + " is required by dtype '" +
+                           k.parsed.code + "'");
+    if (in.type != type || in.count != n)
+      throw OpError(std::string("input ") + name + " must be " + type_name(type) + " of " +
+                    std::to_string(n) + " elements, got " + type_name(in.type) + " " +
+                    shape_str(in.shape));
+    return in;
+  };
+  In q = need(0, "Q", kU8, packed_nbytes(count, F.code_bits));
+  std::vector<int64_t> grid = gpu_grid(F, shape);
+  int64_t ngrid = 1;
+  for (int64_t d : grid) ngrid *= d;
+  In scale = need(1, "Scale", kU8, ngrid);
+  const void* ts = F.tenscale_bits ? need(3, "TenScale", kU32, 1).data : nullptr;
+  int64_t nmeta = gpu_meta_count(F, shape);
+  const void* meta = nmeta ? need(4, "Meta", kU8, packed_nbytes(nmeta, 1)).data : nullptr;
+  void* y = output(ctx, 0, "Y", shape, k.out_type, "output_type " + std::to_string(k.out_type));
+  if (!y) throw OpError("output Y is missing");
+  std::string e = cuda::dequantize_packed(
+      k.parsed.code, static_cast<int>(shape.size()), shape.data(), -1, q.data, scale.data, ts,
+      meta, y, float_kind(k.out_type), gpu_stream(ctx));
+  if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
+}
+
 // -- the OrtCustomOp table ----------------------------------------------------------------
 
 struct OpDef : OrtCustomOp {
   OpKind kind;
+  bool cuda = false;  // registered for the CUDA execution provider
   TypeList inputs, outputs;
   std::vector<OrtCustomOpInputOutputCharacteristic> in_char, out_char;
 };
@@ -568,6 +674,7 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
     k->kind = def(op).kind;
     k->op = name;
     init_kernel(k.get(), info);
+    if (def(op).cuda) init_cuda_kernel(k.get());
     *kernel = k.release();
     return nullptr;
   } catch (const std::bad_alloc&) {
@@ -582,7 +689,13 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
 OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) noexcept {
   const Kernel& k = *static_cast<const Kernel*>(kernel);
   try {
-    if (k.kind == kQuantize) {
+    if (k.gpu) {
+      if (k.kind == kQuantize) {
+        compute_cuda_quantize(k, ctx);
+      } else {
+        compute_cuda_dequantize(k, ctx);
+      }
+    } else if (k.kind == kQuantize) {
       compute_quantize(k, ctx);
     } else {
       compute_dequantize(k, ctx);
@@ -599,11 +712,13 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) noexcept {
 
 void ORT_API_CALL destroy_kernel(void* kernel) noexcept { delete static_cast<Kernel*>(kernel); }
 
-OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, size_t required_inputs) {
+OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, size_t required_inputs,
+               bool cuda = false) {
   OpDef d;
   std::memset(static_cast<OrtCustomOp*>(&d), 0, sizeof(OrtCustomOp));
   d.version = g_version;
   d.kind = kind;
+  d.cuda = cuda;
   d.inputs = std::move(inputs);
   d.outputs = std::move(outputs);
   for (size_t i = 0; i < d.inputs.size(); ++i)
@@ -613,8 +728,8 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, size_t required_i
     d.out_char.push_back(kind == kQuantize && i == 0 ? INPUT_OUTPUT_REQUIRED
                                                      : INPUT_OUTPUT_OPTIONAL);
   d.GetName = [](const OrtCustomOp* op) noexcept { return kOpNames[def(op).kind]; };
-  d.GetExecutionProviderType = [](const OrtCustomOp*) noexcept -> const char* {
-    return "CPUExecutionProvider";
+  d.GetExecutionProviderType = [](const OrtCustomOp* op) noexcept -> const char* {
+    return def(op).cuda ? "CUDAExecutionProvider" : "CPUExecutionProvider";
   };
   d.GetInputType = [](const OrtCustomOp* op, size_t i) noexcept { return def(op).inputs[i]; };
   d.GetInputTypeCount = [](const OrtCustomOp* op) noexcept { return def(op).inputs.size(); };
@@ -653,6 +768,18 @@ std::vector<OpDef>& op_defs() {
   defs.push_back(make_def(kDequantize, TypeList(6, kAny), {kAny}, 1));
   for (auto sc : codes) defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}, 1));
   defs.push_back(make_def(kLookup, TypeList(4, kAny), {kAny}, 1));
+  // The same QuantizeMX / DequantizeMX for the CUDA execution provider, when the library embeds
+  // GPU kernels (ONNXQ_CUDA_OPS=0 leaves them out: every node then runs on the CPU).
+  const char* env = std::getenv("ONNXQ_CUDA_OPS");
+  if (cuda::kernel_count() > 0 && !(env && std::string(env) == "0")) {
+    for (auto x : {kTF32, kTF16, kTBF16, kAny})
+      defs.push_back(make_def(kQuantize, {x}, {kU8, kAny, kAny, kAny, kU8, kU8}, 1, true));
+    for (auto sc : codes)
+      for (auto z : codes)
+        for (auto t : codes)
+          defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8}, {kAny}, 1, true));
+    defs.push_back(make_def(kDequantize, TypeList(6, kAny), {kAny}, 1, true));
+  }
   return defs;
 }
 
