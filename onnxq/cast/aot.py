@@ -492,14 +492,12 @@ def _pack_specs(formats: list[FormatInfo]) -> list[KernelSpec]:
     for bits in sorted(widths):
         for op, name in ((OP_PACK, "_pack_kernel"), (OP_UNPACK, "_unpack_kernel")):
             ce = {"BITS": bits, "BLOCK": triton_pack.BLOCK}
-            specs.append(
-                KernelSpec(
-                    f"{name[1:-7]}{bits}", name, op, -1, bits,
-                    {**sig, "BITS": "constexpr", "BLOCK": "constexpr"}, ce,
-                    dict(_OPTION_DEFAULTS), roles, chunk=triton_pack.BLOCK,
-                    module="onnxq.cast.triton_pack",
-                )  # fmt: skip
-            )
+            spec = KernelSpec(
+                f"{name[1:-7]}{bits}", name, op, -1, bits,
+                {**sig, "BITS": "constexpr", "BLOCK": "constexpr"}, ce, dict(_OPTION_DEFAULTS),
+                roles, chunk=triton_pack.BLOCK, module="onnxq.cast.triton_pack",
+            )  # fmt: skip
+            specs.append(spec)
     return specs
 
 
@@ -520,10 +518,10 @@ def compile_spec(spec: KernelSpec, arch: int) -> dict[str, Any]:
         GenerationError: the compiled kernel needs something the launcher does not provide.
     """
     os.environ.setdefault("TRITON_DISABLE_LINE_INFO", "1")  # smaller images
+    import importlib
+
     import triton
     from triton.backends.compiler import GPUTarget
-
-    import importlib
 
     fn = getattr(importlib.import_module(spec.module), spec.kernel)
     target = GPUTarget("cuda", arch, 32)
