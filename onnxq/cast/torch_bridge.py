@@ -168,6 +168,10 @@ def _triton_gap(
         return f"the Triton engine needs triton ({err})"
     if metric is not None:
         return "the Triton engine does not implement custom codebook metrics"
+    from onnxq.cast import triton_fast
+
+    if triton_fast.fast_plan(tuple(x.shape), dt, axis, rmode) is not None:
+        return None
     try:
         tk.plan(tuple(x.shape), dt, axis)
     except NotImplementedError as err:

@@ -32,6 +32,7 @@ is rounded as written. Everything else goes to `onnxq.cast.triton`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Any
@@ -58,6 +59,7 @@ from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 __all__ = ["FastPlan", "fast_plan", "quantize", "why_not_fast"]
 
 _BLOCK, _WARPS = 4096, 8  # elements and warps per program (benchmarks/gpu.py --sweep)
+_AMAX_BLOCK = 8192  # elements per program of the tensor-amax pass
 
 
 def _config() -> tuple[int, int]:
@@ -130,15 +132,21 @@ def fast_plan(
     shape: tuple[int, ...], dt: DataType, axis: int, round_mode: RoundMode
 ) -> FastPlan | None:
     """The fast path's plan for this cast, or None when `onnxq.cast.triton` must do it."""
-    if os.environ.get("ONNXQ_TRITON_FAST", "1") == "0" or math.prod(shape) == 0:
+    if os.environ.get("ONNXQ_TRITON_FAST", "1") == "0":
         return None
-    if why_not_fast(shape, dt, axis, round_mode) is not None:
+    return _fast_plan(tuple(shape), dt, axis, round_mode, *_config())
+
+
+@functools.lru_cache(maxsize=512)
+def _fast_plan(
+    shape: tuple[int, ...], dt: DataType, axis: int, round_mode: RoundMode, block: int, warps: int
+) -> FastPlan | None:
+    if math.prod(shape) == 0 or why_not_fast(shape, dt, axis, round_mode) is not None:
         return None
     s = dt.sspec
     assert s is not None
     tc = s.tiles[0].size
     sub = s.tiles[0].subtile or tc
-    block, warps = _config()
     return FastPlan(math.prod(shape) // tc, tc, tc // sub, sub, max(1, block // tc), warps)
 
 
@@ -395,43 +403,42 @@ def _fast_kernel(
 
 
 # -- host side ---------------------------------------------------------------------------------
-def quantize(
-    x: torch.Tensor,
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """What one cast needs beside its tensors: sizes and the kernel's constexpr arguments."""
+
+    grid: tuple[int]
+    n_tiles: int
+    code_nbytes: int
+    meta_count: int
+    meta_nbytes: int
+    tensor_scale: bool
+    consts: dict[str, Any]
+
+
+@functools.lru_cache(maxsize=512)
+def _launch(
     dt: DataType,
+    shape: tuple[int, ...],
+    in_kind: int,
     fp: FastPlan,
-    *,
     scale_mode: ScaleMode,
     nan_policy: NanPolicy,
     full_int_range: bool,
     want_values: bool,
     want_codes: bool,
     packed: bool,
-) -> dict[str, Any]:
-    """`onnxq.cast.triton.quantize` for a cast `fast_plan` accepted, bit for bit.
-
-    Returns:
-        The same dict as `onnxq.cast.triton.quantize`; with ``packed``, ``codes`` and
-        ``meta`` are packing.py's byte streams (compress mode) instead of unpacked codes.
-    """
+    interpreting: bool,
+) -> _Launch:
+    # Worked out once per cast signature: the format arithmetic costs more host time than
+    # the kernel takes on a 64 MiB tensor.
     n, s = dt.nspec, dt.sspec
     assert s is not None and not isinstance(n, Codebook)
-    x = x.contiguous()
-    dev = x.device
     e = _elem_fmt(n)
-    numel = x.numel()
-    grid = (triton.cdiv(fp.n_tiles, fp.bt),)
-    y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
-    x_bits, y_bits = _int_view(x), _int_view(y)
-    u8 = torch.uint8
+    numel = math.prod(shape)
     code_nbytes = (numel * n.bits + 7) // 8 if packed else numel
     meta_count = fp.n_tiles * fp.nsub if s.tiles[0].subtile else 0
     meta_nbytes = (meta_count + 7) // 8 if packed else meta_count
-    empty = torch.empty(1, dtype=u8, device=dev)
-    codes = torch.empty(code_nbytes, dtype=u8, device=dev) if want_codes else empty
-    scale = torch.empty(fp.n_tiles, dtype=u8, device=dev) if want_codes else empty
-    meta = torch.empty(max(meta_nbytes, 1), dtype=u8, device=dev)
-    top = torch.zeros(1, dtype=torch.int32, device=dev)
-    ts_code = torch.zeros(1, dtype=torch.int32, device=dev)
     g, nb = _group(n.bits)
     if n.is_float:
         nan_mode = 2 if nan_policy is NanPolicy.BLOCK else 0
@@ -466,34 +473,88 @@ def quantize(
                 TS=True, TS_DENOM=float(denom), T_ROUND=t.mbits < 23 or t.emin > -126,
                 T_MBITS=t.mbits, T_EMIN=t.emin, T_MAXF=float(np.float32(t.maxfloat)),
             )  # fmt: skip
-            amax_block = 4096
-            _amax_kernel[(triton.cdiv(numel, amax_block),)](
-                x_bits, top, numel, IN_KIND=_IN_KIND[x.dtype], BLOCK=amax_block, num_warps=8
-            )
-    _fast_kernel[grid](
-        x_bits, y_bits, codes, scale, meta, top, ts_code, fp.n_tiles, code_nbytes, meta_nbytes,
-        TC=fp.tc, NSUB=fp.nsub, SUB=fp.sub, BT=fp.bt, OUT_KIND=_IN_KIND[x.dtype],
-        HW_BF16=os.environ.get("TRITON_INTERPRET", "") != "1",
-        WANT_Y=want_values, WANT_CODES=want_codes, PACKED=packed, NAN_MODE=nan_mode,
-        SHIFT=bool(s.tiles[0].subtile), E_FLOAT=e.is_float, E_MBITS=e.mbits, E_EMIN=e.emin,
-        E_EMAX=e.emax, E_MAXF=float(n.maxfloat), E_BITS=n.bits, E_G=g, E_NB=nb,
-        E_NEGZERO=e.negzero, E_NANCODE=e.nan_code, E_LIM=float(e.maxm),
-        FULL_INT=full_int_range and not e.is_float, num_warps=fp.warps, enable_fp_fusion=False,
-        **consts,
+    consts.update(
+        TC=fp.tc, NSUB=fp.nsub, SUB=fp.sub, BT=fp.bt, OUT_KIND=in_kind,
+        HW_BF16=not interpreting, WANT_Y=want_values, WANT_CODES=want_codes, PACKED=packed,
+        NAN_MODE=nan_mode, SHIFT=bool(s.tiles[0].subtile), E_FLOAT=e.is_float,
+        E_MBITS=e.mbits, E_EMIN=e.emin, E_EMAX=e.emax, E_MAXF=float(n.maxfloat), E_BITS=n.bits,
+        E_G=g, E_NB=nb, E_NEGZERO=e.negzero, E_NANCODE=e.nan_code, E_LIM=float(e.maxm),
+        FULL_INT=full_int_range and not e.is_float, num_warps=fp.warps,
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    grid = (triton.cdiv(fp.n_tiles, fp.bt),)
+    return _Launch(
+        grid, fp.n_tiles, code_nbytes, meta_count, meta_nbytes, s.tenscale is not None, consts
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _placeholder(device: torch.device) -> torch.Tensor:
+    """A one-byte tensor for the pointer arguments a cast does not use."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def quantize(
+    x: torch.Tensor,
+    dt: DataType,
+    fp: FastPlan,
+    *,
+    scale_mode: ScaleMode,
+    nan_policy: NanPolicy,
+    full_int_range: bool,
+    want_values: bool,
+    want_codes: bool,
+    packed: bool,
+) -> dict[str, Any]:
+    """`onnxq.cast.triton.quantize` for a cast `fast_plan` accepted, bit for bit.
+
+    Returns:
+        The same dict as `onnxq.cast.triton.quantize`; with ``packed``, ``codes`` and
+        ``meta`` are packing.py's byte streams (compress mode) instead of unpacked codes.
+    """
+    x = x.contiguous()
+    shape = tuple(x.shape)
+    launch = _launch(
+        dt, shape, _IN_KIND[x.dtype], fp, scale_mode, nan_policy, full_int_range,
+        want_values, want_codes, packed, os.environ.get("TRITON_INTERPRET", "") == "1",
+    )  # fmt: skip
+    dev = x.device
+    unused = _placeholder(dev)
+    u8 = torch.uint8
+    y = torch.empty_like(x) if want_values else unused
+    codes = scale = meta = top = ts_code = unused
+    if want_codes:
+        codes = torch.empty(launch.code_nbytes, dtype=u8, device=dev)
+        scale = torch.empty(launch.n_tiles, dtype=u8, device=dev)
+        if launch.meta_count:
+            meta = torch.empty(launch.meta_nbytes, dtype=u8, device=dev)
+    x_bits = _int_view(x)
+    if launch.tensor_scale:
+        top = torch.zeros(1, dtype=torch.int32, device=dev)
+        ts_code = torch.empty(1, dtype=torch.int32, device=dev)
+        numel = x.numel()
+        _amax_kernel[(triton.cdiv(numel, _AMAX_BLOCK),)](
+            x_bits, top, numel, IN_KIND=_IN_KIND[x.dtype], BLOCK=_AMAX_BLOCK, num_warps=8
+        )
+    _fast_kernel[launch.grid](
+        x_bits, _int_view(y) if want_values else y, codes, scale, meta, top, ts_code,
+        launch.n_tiles, launch.code_nbytes, launch.meta_nbytes, **launch.consts,
     )  # fmt: skip
     out: dict[str, Any] = {}
     if want_values:
         out["values"] = y
-    if want_codes:
-        out["codes"] = codes if packed else codes.view(x.shape)
-        out["scale"] = scale.reshape(*x.shape[:-1], x.shape[-1] // fp.tc)
-        if meta_count:
-            out["meta"] = (
-                meta[:meta_nbytes] if packed else meta.reshape(*x.shape[:-1], x.shape[-1] // fp.sub)
-            )
-        if s.tenscale is not None:
-            code = ts_code if s.tenscale.bits > 16 else ts_code.to(torch.int16)
-            out["tenscale"] = code.view(torch.uint32 if s.tenscale.bits > 16 else torch.uint16)
-            if s.tenscale.bits <= 8:
-                out["tenscale"] = ts_code.to(torch.uint8)
+    if not want_codes:
+        return out
+    out["codes"] = codes if packed else codes.view(shape)
+    out["scale"] = scale.view(*shape[:-1], shape[-1] // fp.tc)
+    if launch.meta_count:
+        out["meta"] = meta if packed else meta.view(*shape[:-1], shape[-1] // fp.sub)
+    tenscale = dt.sspec.tenscale if dt.sspec is not None else None
+    if tenscale is not None:
+        if tenscale.bits <= 8:
+            out["tenscale"] = ts_code.to(torch.uint8)
+        elif tenscale.bits <= 16:
+            out["tenscale"] = ts_code.to(torch.int16).view(torch.uint16)
+        else:
+            out["tenscale"] = ts_code.view(torch.uint32)
     return out
