@@ -230,7 +230,10 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
             tfmt = _elem_fmt(s.tenscale)
         if skind == 4:
             zfmt = _elem_fmt(s.zero)
-    single = skind != 0 and triton.next_power_of_2(TC) <= _MAX_SINGLE_TILE
+    # one scale per tensor always takes two passes: no compile per tensor size
+    single = (
+        skind != 0 and tiling.kind != "tensor" and triton.next_power_of_2(TC) <= _MAX_SINGLE_TILE
+    )
     return _Plan(
         dt, tiling, outer, inner, C, TC, nC, outer * nC * inner, skind, single, nsub, sub,
         sub_cols, _elem_fmt(n), sfmt, tfmt, zfmt,
@@ -490,20 +493,32 @@ def _load_bits(x_ptr, off, ok, IN_KIND: tl.constexpr):
 
 
 @triton.jit
-def _store_values(y_ptr, off, ok, yb, elem_nan, tile_nan, raw, OUT_KIND: tl.constexpr):
+def _load_any(x_ptr, off, ok, HALF: tl.constexpr, bf16):
+    # float32 bits of the input (exact widening of float16 / bfloat16) and the raw bits;
+    # 16-bit data picks its type at run time (one compile for both)
+    raw = tl.load(x_ptr + off, mask=ok, other=0)
+    if HALF:
+        hf = raw.to(tl.float16, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
+        xb = tl.where(bf16 != 0, raw.to(tl.int32) << 16, hf)
+    else:
+        xb = raw
+    return xb, raw
+
+
+@triton.jit
+def _store_values(y_ptr, off, ok, yb, elem_nan, tile_nan, HALF: tl.constexpr, bf16):
     # Convert float32 bits to the output type; every NaN is the canonical quiet NaN
     # (reference._canonical_nan), whatever the input's payload.
     nan = elem_nan | tile_nan | ((yb & 0x7FFFFFFF) > 0x7F800000)
-    if OUT_KIND == 0:
-        out = tl.where(nan, 0x7FC00000, yb)
-    elif OUT_KIND == 1:
+    if HALF:
         h = yb.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True)
-        out = tl.where(nan, 0x7E00, h).to(tl.int16)
-    else:
+        f16 = tl.where(nan, 0x7E00, h.to(tl.int32))
         mag = yb & 0x7FFFFFFF
         r = (mag + 0x7FFF + ((mag >> 16) & 1)) >> 16  # round-half-even to bfloat16
-        h = r | ((yb >> 16) & 0x8000)
-        out = tl.where(nan, 0x7FC0, h).to(tl.int16)
+        b16 = tl.where(nan, 0x7FC0, r | ((yb >> 16) & 0x8000))
+        out = tl.where(bf16 != 0, b16, f16).to(tl.int16)
+    else:
+        out = tl.where(nan, 0x7FC00000, yb)
     tl.store(y_ptr + off, out, mask=ok)
 
 
@@ -521,7 +536,7 @@ def _zswap(k):
 
 
 # -- kernels ----------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["n_units", "n_chunks", "C", "TC", "inner", "nC"])
+@triton.jit(do_not_specialize=["n_units", "n_chunks", "C", "TC", "inner", "nC", "bf16"])
 def _stats_kernel(
     x_ptr,
     amax_ptr,
@@ -534,7 +549,8 @@ def _stats_kernel(
     TC,
     inner,
     nC,
-    IN_KIND: tl.constexpr,
+    bf16,
+    HALF: tl.constexpr,
     LAST: tl.constexpr,
     TILE: tl.constexpr,
     BT: tl.constexpr,
@@ -544,7 +560,7 @@ def _stats_kernel(
     u_ok, _inst, _q, _j, _o, _i, off, ok, intile = _unit_offsets(
         pid, n_units, n_chunks, C, TC, inner, nC, LAST, TILE, 1, TILE, BT
     )
-    xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
+    xb, _raw = _load_any(x_ptr, off, ok, HALF, bf16)
     ab = xb & 0x7FFFFFFF
     finite = ab < 0x7F800000
     amax = tl.max(tl.max(tl.where(finite, ab, 0), axis=2), axis=1)
@@ -566,7 +582,8 @@ def _stats_kernel(
 # Format numbers are runtime arguments (one compile serves every format of a kind);
 # Triton would still specialise ints equal to 1 or divisible by 16, hence do_not_specialize.
 _QUANT_RUNTIME = [
-    "n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols", "key", "rmode", "nan_nf",
+    "n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols", "key", "bf16", "want_y",
+    "want_codes", "rmode", "nan_nf",
     "nan_nan", "full_int", "keep_inf", "e_mbits", "e_emin", "e_emax", "e_maxm", "e_bits",
     "e_negzero", "e_nancode", "e_infcode", "bump_t", "s_low", "s_high", "s_bias", "s_nan",
     "s_mbits", "s_emin", "s_emax", "s_maxm", "t_mbits", "t_emin", "t_emax", "t_maxm",
@@ -597,6 +614,9 @@ def _quant_kernel(
     nC,
     sub_cols,
     key,
+    bf16,
+    want_y,
+    want_codes,
     rmode,
     nan_nf,
     nan_nan,
@@ -631,9 +651,7 @@ def _quant_kernel(
     z_maxm,
     z_bits,
     z_negzero,
-    IN_KIND: tl.constexpr,
-    WANT_Y: tl.constexpr,
-    WANT_CODES: tl.constexpr,
+    HALF: tl.constexpr,
     PRE: tl.constexpr,
     LAST: tl.constexpr,
     TILE: tl.constexpr,
@@ -651,7 +669,7 @@ def _quant_kernel(
     u_ok, inst, q, j, o, i, off, ok, intile = _unit_offsets(
         pid, n_units, n_chunks, C, TC, inner, nC, LAST, TILE, NSUB, SUB, BT
     )
-    xb, raw = _load_bits(x_ptr, off, ok, IN_KIND)
+    xb, _raw = _load_any(x_ptr, off, ok, HALF, bf16)
     ab = xb & 0x7FFFFFFF
     finite = ab < 0x7F800000
     rand = off.to(tl.int32) * 0
@@ -788,28 +806,28 @@ def _quant_kernel(
         elem_nan = elem_nan & ~tile_nan
     else:
         elem_nan = elem_nan & False
-    if WANT_Y:
-        _store_values(y_ptr, off, ok, yb, elem_nan, tile_nan, raw, IN_KIND)
-    if WANT_CODES:
-        if SKIND >= 3:
-            code = n
-        elif E_FLOAT:
-            code = _float_code(n, s, e_mbits, e_emin) | (sgn.to(tl.int32) << (e_bits - 1))
-            infc = e_infcode | (vneg.to(tl.int32) << (e_bits - 1))
-            code = tl.where((ab == 0x7F800000) & (keep_inf != 0), infc, code)
-            code = tl.where(elem_nan, e_nancode, code)
-        else:
-            code = tl.where(vneg, -n, n) & ((1 << e_bits) - 1)
-        code = tl.where(tile_nan, 0, code)
-        tl.store(code_ptr + off, code.to(code_ptr.dtype.element_ty), mask=ok)
-        if SKIND != 0:
-            first = u_ok & (q == 0)
-            tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=first)
-        if SKIND >= 3:
-            tl.store(zero_ptr + inst, zcode.to(zero_ptr.dtype.element_ty), mask=first)
-        if SHIFT:
-            moff, mok = _meta_offsets(u_ok, q, j, o, i, TC, sub_cols, inner, LAST, TILE, NSUB, SUB)
-            tl.store(meta_ptr + moff, below.to(tl.uint8), mask=mok)
+    # virtual and actual casts share one compile: the unwanted stores are masked off
+    _store_values(y_ptr, off, ok & (want_y != 0), yb, elem_nan, tile_nan, HALF, bf16)
+    if SKIND >= 3:
+        code = n
+    elif E_FLOAT:
+        code = _float_code(n, s, e_mbits, e_emin) | (sgn.to(tl.int32) << (e_bits - 1))
+        infc = e_infcode | (vneg.to(tl.int32) << (e_bits - 1))
+        code = tl.where((ab == 0x7F800000) & (keep_inf != 0), infc, code)
+        code = tl.where(elem_nan, e_nancode, code)
+    else:
+        code = tl.where(vneg, -n, n) & ((1 << e_bits) - 1)
+    code = tl.where(tile_nan, 0, code)
+    wc = want_codes != 0
+    tl.store(code_ptr + off, code.to(code_ptr.dtype.element_ty), mask=ok & wc)
+    if SKIND != 0:
+        first = u_ok & (q == 0) & wc
+        tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=first)
+    if SKIND >= 3:
+        tl.store(zero_ptr + inst, zcode.to(zero_ptr.dtype.element_ty), mask=first)
+    if SHIFT:
+        moff, mok = _meta_offsets(u_ok, q, j, o, i, TC, sub_cols, inner, LAST, TILE, NSUB, SUB)
+        tl.store(meta_ptr + moff, below.to(tl.uint8), mask=mok & wc)
 
 
 @triton.jit
@@ -827,7 +845,7 @@ def _ldexp_bits(qb, k):
 @triton.jit(
     do_not_specialize=[
         "n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols", "code_mask", "s_bias",
-        "s_nan", "s_mask", "z_mask",
+        "s_nan", "s_mask", "z_mask", "bf16",
     ]
 )  # fmt: skip
 def _dequant_kernel(
@@ -852,7 +870,8 @@ def _dequant_kernel(
     s_nan,
     s_mask,
     z_mask,
-    OUT_KIND: tl.constexpr,
+    bf16,
+    HALF: tl.constexpr,
     LAST: tl.constexpr,
     TILE: tl.constexpr,
     NSUB: tl.constexpr,
@@ -908,10 +927,10 @@ def _dequant_kernel(
             else:
                 yb = (qf * eff3 + zf[:, None, None]).to(tl.int32, bitcast=True)
         tile_nan = tile_nan | ((scb & 0x7FFFFFFF) > 0x7F800000)[:, None, None]
-    _store_values(y_ptr, off, ok, yb, ok & False, tile_nan, yb, OUT_KIND)
+    _store_values(y_ptr, off, ok, yb, ok & False, tile_nan, HALF, bf16)
 
 
-@triton.jit(do_not_specialize=["n_groups", "L", "inner", "ng_l", "n_keep"])
+@triton.jit(do_not_specialize=["n_groups", "L", "inner", "ng_l", "n_keep", "bf16"])
 def _prune_kernel(
     x_ptr,
     y_ptr,
@@ -921,7 +940,8 @@ def _prune_kernel(
     inner,
     ng_l,
     n_keep,
-    IN_KIND: tl.constexpr,
+    bf16,
+    HALF: tl.constexpr,
     M: tl.constexpr,
     BG: tl.constexpr,
 ):
@@ -938,7 +958,7 @@ def _prune_kernel(
     pos = gl[:, None] * M + k[None, :]
     ok = g_ok[:, None] & (pos < L)
     off = o[:, None] * L * inner + pos * inner + i[:, None]
-    xb, raw = _load_bits(x_ptr, off, ok, IN_KIND)
+    xb, raw = _load_any(x_ptr, off, ok, HALF, bf16)
     ab = xb & 0x7FFFFFFF
     key = tl.where(ok, tl.minimum(ab, 0x7F800000), -1)
     kk = key[:, :, None]  # this element
@@ -953,6 +973,10 @@ def _prune_kernel(
 # -- host side ---------------------------------------------------------------------------------
 def _int_view(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+
+
+def _bf16(dtype: torch.dtype) -> int:
+    return int(dtype == torch.bfloat16)
 
 
 def _programs(n_units: int, bt: int) -> tuple[int]:
@@ -976,7 +1000,8 @@ def _layout(p: _Plan) -> tuple[int, int, int, int, int]:
             tile = min(tile, triton.next_power_of_2(p.TC))
         return tile, 1, tile, triton.cdiv(p.TC, tile), 1
     if p.single:
-        tile = triton.next_power_of_2(p.TC)
+        # tiles of 2-8 elements (and short channels) share the 16-lane compile
+        tile = triton.next_power_of_2(p.TC) if p.sub else max(16, triton.next_power_of_2(p.TC))
         nsub, sub = (p.nsub, p.sub) if p.sub else (1, tile)
         bt = max(1, _BLOCK // tile)
         if _interpreting():
@@ -998,8 +1023,8 @@ def _stats(x: torch.Tensor, tc: int, n_inst: int, nc: int, inner: int, C: int, m
     if minmax:
         lo, hi = torch.empty_like(amax), torch.empty_like(amax)
     _stats_kernel[_programs(n_units, 1)](
-        _int_view(x), amax, flags, lo, hi, n_units, n_chunks, C, tc, inner, nc,
-        IN_KIND=_IN_KIND[x.dtype], LAST=inner == 1, TILE=tile, BT=1, MINMAX=minmax,
+        _int_view(x), amax, flags, lo, hi, n_units, n_chunks, C, tc, inner, nc, _bf16(x.dtype),
+        HALF=x.dtype != torch.float32, LAST=inner == 1, TILE=tile, BT=1, MINMAX=minmax,
     )  # fmt: skip
     if n_chunks > 1:
         amax = amax.view(n_inst, n_chunks).amax(dim=1)
@@ -1052,8 +1077,8 @@ def _prune(x: torch.Tensor, p: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
     y = torch.empty_like(x)
     mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
     _prune_kernel[_programs(n_groups, bg)](
-        _int_view(x), _int_view(y), mask, n_groups, L, inner, ng_l, n_keep,
-        IN_KIND=_IN_KIND[x.dtype], M=m, BG=bg,
+        _int_view(x), _int_view(y), mask, n_groups, L, inner, ng_l, n_keep, _bf16(x.dtype),
+        HALF=x.dtype != torch.float32, M=m, BG=bg,
     )  # fmt: skip
     return y, mask.view(torch.bool)
 
@@ -1161,18 +1186,22 @@ def quantize(
     tile, nsub, sub, n_chunks, bt = _layout(p)
     n_units = p.n_inst * n_chunks
     y = torch.empty_like(xk) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
-    codes = (
-        torch.empty(xk.shape, dtype=_store_dtype(n.bits), device=dev)
-        if want_codes
-        else torch.empty(1, dtype=torch.uint8, device=dev)
-    )
+    # unwanted outputs are 1-element stand-ins of the same dtypes (the same compile)
+    codes = torch.empty(xk.shape if want_codes else 1, dtype=_store_dtype(n.bits), device=dev)
     dummy_i32 = torch.zeros(1, dtype=torch.int32, device=dev)
-    scale = meta = zero = dummy_i32
-    ts_code = amax = flags = lo = hi = dummy_i32
+    scale = zero = dummy_i32
+    meta = torch.zeros(1, dtype=torch.uint8, device=dev)
+    if s is not None:
+        scale = torch.zeros(1, dtype=_store_dtype(s.scale.bits), device=dev)
+        if s.zero is not None:
+            zero = torch.zeros(1, dtype=_store_dtype(s.zero.bits), device=dev)
+    ts_code = amax = lo = hi = dummy_i32
+    flags = torch.zeros(1, dtype=torch.int8, device=dev)
     top = torch.zeros(1, dtype=torch.float32, device=dev)
     nums = dict.fromkeys(_QUANT_RUNTIME[8:], 0)
     nums.update(el_maxf=1.0, ts_denom=1.0)
     nums.update(
+        bf16=_bf16(x.dtype), want_y=int(want_values), want_codes=int(want_codes),
         rmode=0 if stoch else _ROUND[round_mode],
         nan_nf=int(s is not None and nan_policy is NanPolicy.BLOCK),
         nan_nan=int(s is not None and not n.is_float),
@@ -1230,7 +1259,7 @@ def quantize(
         _int_view(xk), _int_view(y), codes, scale, meta, zero, amax, flags, lo, hi, top,
         ts_code, dummy_i32 if idx is None else idx, n_units, n_chunks, p.C, p.TC, p.inner,
         p.nC, max(p.sub_cols, 1), _hash_key(seed), **nums,
-        IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes,
+        HALF=x.dtype != torch.float32,
         PRE=not p.single, LAST=p.inner == 1, TILE=tile, NSUB=nsub, SUB=sub, BT=bt,
         SKIND=p.skind, SHIFT=bool(p.sub), STOCH=stoch, E_FLOAT=e.is_float,
         TS=p.tfmt is not None, IDX=idx is not None, enable_fp_fusion=False,
@@ -1321,6 +1350,7 @@ def dequantize(
     ts = torch.ones(1, dtype=torch.float32, device=dev)
     s_f32 = False
     nums = dict(code_mask=(1 << n.bits) - 1, s_bias=0, s_nan=0, s_mask=0, z_mask=0)
+    nums.update(bf16=_bf16(out_dtype))
     if s is not None:
         if s.scale.is_exponent:
             nums.update(
@@ -1345,7 +1375,7 @@ def dequantize(
     _dequant_kernel[_programs(n_units, bt)](
         c, _int_view(y), sc, mt, zc, _decode_table(n, str(dev)), stab, ztab, ts,
         n_units, n_chunks, p.C, p.TC, p.inner, p.nC, max(p.sub_cols, 1), **nums,
-        OUT_KIND=_IN_KIND[out_dtype], LAST=p.inner == 1, TILE=tile, NSUB=nsub, SUB=sub, BT=bt,
+        HALF=out_dtype != torch.float32, LAST=p.inner == 1, TILE=tile, NSUB=nsub, SUB=sub, BT=bt,
         SKIND=p.skind, SHIFT=bool(p.sub), S_F32=s_f32, TS=s is not None and s.tenscale
         is not None, enable_fp_fusion=False,
     )  # fmt: skip
