@@ -275,6 +275,20 @@ def test_shapes_and_axes(shape: tuple[int, ...], axis: int, name: str) -> None:
     check(x, name, axis=axis, modes=("virtual", "actual", "compress"))
 
 
+def test_long_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tiles over 1024 elements: chunked, one program per tile (the tile or its subtiles)
+    x = with_specials(sample((3, 1100), seed=13, spread=3))
+    x[1] = 0.0  # an all-zero tile: every mapping exact, a tie
+    x[2] = np.float32(1e-30) * np.sign(x[2])  # every entry 0 in both mappings: a tie
+    x[2, 0] = 6.0
+    check(x, "cb41fi_e2m2fnuz_e8m0_t0", "bfloat16", modes=("virtual", "compress"))
+    check(x[:2].T.copy(), "cb42fi012_e2m2fnuz_e8m0_t0", axis=0)
+    check(sample((40, 37), seed=14), "cb41fi_e2m2fnuz_e8m0", axis=0, modes=("virtual", "actual"))
+    check(x[:1], "cb42fi012_e2m2fnuz_e8m0_t2048s16", modes=("virtual", "compress"))
+    monkeypatch.setattr(tcb, "_FORCE_ORDERED", True)
+    check(x[:1, :1030], "cb41fi_e2m2fnuz_e8m0_t0", modes=("actual",))
+
+
 @pytest.mark.parametrize("round_mode", ["even", "away", "zero"])
 def test_round_modes(round_mode: str) -> None:
     # entries and their midpoints at every scale of a tile of 32 with max 6
@@ -349,8 +363,8 @@ def test_ordered_pass_matches(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_supports_and_refusals() -> None:
     assert tcb.supports(datatype(PRESET), (4, 64), 1) is None
     assert "2-D" in tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t4_t8"), (8, 8), 1)
-    assert "1024" in tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t0"), (2, 2000), 1)
-    assert "1024" in tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0"), (2000,), 0)
+    assert tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t0"), (2, 2000), 1) is None
+    assert "1024" in tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t4096s2048"), (2, 4096), 1)
     assert "codebook" in tcb.supports(datatype("mxfp4"), (4, 64), 1)
     assert "mappings" in tcb.supports(datatype("cb42_e4m3fn_mine_e8m0_t32"), (4, 64), 1)
     x = torch.ones(4, 32, device=DEV)

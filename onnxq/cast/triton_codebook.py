@@ -22,10 +22,17 @@ Values leave the kernel as ``q * 2^sexp`` rounded once to float32 with integer b
 arithmetic (as the reference's float64 -> float32 cast), then to float16 / bfloat16 as
 numpy's ``astype`` does.
 
-Supported: 1-D tiles (any axis) and tensor scales whose tile fits one program (up to 1024
-elements), with or without subtiles, exponent scales up to 8 bits, codebooks whose table
-values are float32 numbers. Not here (`supports` says why): 2-D tiles, N:M sparsity, longer
-tiles, custom metrics (the reference only), stochastic rounding (no backend has it).
+Tiles up to 1024 elements: BT whole tiles per program, loaded once (`_cb_quant_kernel`).
+Longer tiles (channel ``t0``, a tensor scale, ``t2048``...): one program per tile, in chunks
+(`_cb_long_kernel`): a statistics pass, then with subtiles one pass choosing and writing, and
+without (the tile is the unit) one pass adding every mapping's errors (margin 2^-50 * n,
+n the tile length) and one writing - the tile is read 2-3 times (from L2 when it fits). Its
+near-tie pass adds 512 elements per step one at a time (slow, and rare).
+
+Supported: 1-D tiles on any axis and tensor scales, with or without subtiles (up to 1024
+elements each), exponent scales up to 8 bits, compute types up to 16 bits (table values are
+float32 numbers). Not here (`supports` says why): 2-D tiles, N:M sparsity, custom metrics (the
+reference only), stochastic rounding (no backend has it).
 """
 
 # Layout, mode and codebook-shape parameters are tl.constexpr and upper case (Triton's
@@ -65,6 +72,7 @@ _IN_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _MAX_TILE = 1024  # a tile (or a whole-tensor scale's tensor) must fit one program
 _BLOCK = 512  # elements per program (float64 work: about 100 registers per thread at 4 warps)
 _NUM_WARPS = 4
+_CHUNK = 512  # elements per step of a long tile's program
 _FORCE_ORDERED = False  # tests: take the reference-order pass in every program
 
 
@@ -127,10 +135,10 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
     if not -len(shape) <= axis < len(shape):
         return f"axis {axis} is out of range for shape {shape}"
     tiling = Tiling.build(tuple(shape), axis, s)
-    if triton.next_power_of_2(tiling.Tc) > _MAX_TILE:
+    if tiling.Sc > _MAX_TILE:
         return (
-            f"the Triton codebook engine does not implement tiles over {_MAX_TILE} elements "
-            f"({name}, {tiling.Tc} per tile)"
+            f"the Triton codebook engine does not implement subtiles over {_MAX_TILE} "
+            f"elements ({name})"
         )
     return None
 
@@ -156,11 +164,21 @@ def _geom(shape: tuple[int, ...], dt: DataType, axis: int) -> _Geom:
     return _Geom(tiling, outer, inner, C, TC, nC, outer * nC * inner, nsub, sub, sub_cols, False)
 
 
-def _launch(g: _Geom) -> tuple[int, int, int, tuple[int]]:
-    """(NSUB_P, SUB_P, BT, grid): power-of-two block sizes and the program count."""
+def _is_long(g: _Geom) -> bool:
+    """Tiles over 1024 elements: one program per tile, in chunks of `_CHUNK` (or a subtile)."""
+    return triton.next_power_of_2(g.TC) > _MAX_TILE
+
+
+def _launch(g: _Geom) -> tuple[int, int, int, int]:
+    """(NSUB, SUB, BT, n_chunks): power-of-two block sizes, tiles per program, chunks."""
+    if _is_long(g):
+        if g.tiling.Sc:
+            chunk = max(_CHUNK, g.sub)
+            return chunk // g.sub, g.sub, 1, g.TC // chunk
+        return 1, _CHUNK, 1, triton.cdiv(g.TC, _CHUNK)
     nsub_p, sub_p = triton.next_power_of_2(g.nsub), triton.next_power_of_2(g.sub)
     bt = max(1, _BLOCK // (nsub_p * sub_p))  # not capped by n_inst: fewer compiles
-    return nsub_p, sub_p, bt, (triton.cdiv(g.n_inst, bt),)
+    return nsub_p, sub_p, bt, 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -281,6 +299,7 @@ def _cb_offsets(
     nC,
     nsub,
     sub,
+    p0,
     LAST: tl.constexpr,
     TENSOR: tl.constexpr,
     NSUB: tl.constexpr,
@@ -288,13 +307,13 @@ def _cb_offsets(
     BT: tl.constexpr,
 ):
     # BT tile instances per program, each (NSUB, SUB): subtile s, position k (tile position
-    # s * sub + k); element offsets are int64 (tensors over 2^31 elements)
+    # p0 + s * sub + k); element offsets are int64 (tensors over 2^31 elements)
     inst = pid.to(tl.int64) * BT + tl.arange(0, BT).to(tl.int64)
     u_ok = inst < n_inst
     sk = tl.arange(0, NSUB)[:, None]
     kk = tl.arange(0, SUB)[None, :]
-    pos = (sk * sub + kk).to(tl.int64)[None, :, :]
-    in_tile = ((sk < nsub) & (kk < sub))[None, :, :]
+    pos = (p0 + sk * sub + kk).to(tl.int64)[None, :, :]
+    in_tile = ((sk < nsub) & (kk < sub))[None, :, :] & (pos < TC)
     if TENSOR:
         # the whole tensor is one tile, in the reference's order: the axis moved last
         r = pos // C
@@ -302,7 +321,7 @@ def _cb_offsets(
         oo = r // inner
         ii = r - oo * inner
         off = oo * C * inner + c * inner + ii + inst[:, None, None] * 0
-        ok = u_ok[:, None, None] & in_tile & (pos < TC)
+        ok = u_ok[:, None, None] & in_tile
         j = inst * 0
         o = inst * 0
         i = inst * 0
@@ -335,21 +354,23 @@ def _cb_meta_offsets(
     o,
     i,
     nsub,
+    s0,
     sub_cols,
     inner,
     LAST: tl.constexpr,
     SUBT: tl.constexpr,
     NSUB: tl.constexpr,
 ):
-    # meta grid offsets and mask, (BT, NSUB): per subtile (layout.py `sub_grid`) or per tile
+    # meta grid offsets and mask, (BT, NSUB): per subtile (layout.py `sub_grid`; subtiles
+    # s0 + s of the tile's nsub) or per tile
     s = tl.arange(0, NSUB)[None, :]
     if SUBT:
-        sidx = j[:, None] * nsub + s
+        sidx = j[:, None] * nsub + s0 + s
         if LAST:
             moff = o[:, None] * sub_cols + sidx
         else:
             moff = o[:, None] * sub_cols * inner + sidx * inner + i[:, None]
-        mok = u_ok[:, None] & (s < nsub) & (sidx < sub_cols)
+        mok = u_ok[:, None] & (s0 + s < nsub) & (sidx < sub_cols)
     else:
         moff = inst[:, None] + s * 0
         mok = u_ok[:, None] & (s < 1)
@@ -416,6 +437,122 @@ def _cb_nearest(a, mag_ptr, even_ptr, base, K: tl.constexpr, LOG2K: tl.constexpr
     return tl.where(pick, hi, lo), tl.where(pick, t_hi, t_lo), tl.where(pick, d_hi, d_lo)
 
 
+@triton.jit
+def _cb_scaled(xb, sexp3):
+    # |x| * 2^-sexp in float64, exactly (mantissa times a power of two); NaN and Inf kept
+    ab = xb & 0x7FFFFFFF
+    E = ab >> 23
+    F = ab & 0x7FFFFF
+    Mi = tl.where(E > 0, F | 0x800000, F)
+    k = tl.where(E > 0, E - 127, -126) - 23 - sexp3
+    p2 = ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    a = Mi.to(tl.float64) * p2
+    nan64 = (xb.to(tl.int64) * 0 + 0x7FF8000000000000).to(tl.float64, bitcast=True)
+    inf64 = (xb.to(tl.int64) * 0 + 0x7FF0000000000000).to(tl.float64, bitcast=True)
+    return tl.where(ab < 0x7F800000, a, tl.where(ab > 0x7F800000, nan64, inf64))
+
+
+@triton.jit
+def _cb_select(
+    a,
+    mag_ptr,
+    even_ptr,
+    rmode,
+    BT: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    NMAP: tl.constexpr,
+    FORCE: tl.constexpr,
+):
+    # The mapping of each unit (BT, NSUB) of SUB elements and each element's entry index.
+    # Pass 1: every mapping, unit errors summed as a tree; decide where that is safe.
+    best_idx = (a != a).to(tl.int32) * 0
+    best_tq = tl.zeros([BT, NSUB, SUB], tl.float64)
+    best_err = tl.zeros([BT, NSUB], tl.float64)
+    best_map = tl.zeros([BT, NSUB], tl.int32)
+    if FORCE:
+        amb = best_map == 0
+    else:
+        amb = best_map != 0
+    for m in range(NMAP):
+        idx, tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
+        err = tl.sum(d * d, axis=2)
+        first = m == 0
+        later = m != 0
+        # equal entries: equal terms, equal sums in any order (a tie: the earlier stays)
+        same = tl.min((tq == best_tq).to(tl.int32), axis=2) > 0
+        # tree and ordered sums are both within 2^-43 (relative) of the exact sum
+        sure_better = err < best_err - best_err * 1.4551915228366852e-11  # 2^-36
+        sure_worse = best_err < err - err * 1.4551915228366852e-11
+        better = first | (~same & sure_better)
+        # a NaN or Inf in a unit makes every mapping's sum NaN or Inf, in any order: a tie
+        err_finite = (err - err) == 0.0
+        amb = amb | (later & err_finite & (~same) & (~sure_better) & (~sure_worse))
+        best_err = tl.where(better, err, best_err)
+        best_map = tl.where(better, m, best_map)
+        best_idx = tl.where(better[:, :, None], idx, best_idx)
+        best_tq = tl.where(better[:, :, None], tq, best_tq)
+
+    # Pass 2 (a near-tie in these units): every choice again, the reference's order.
+    if tl.max(tl.max(amb.to(tl.int32), axis=1), axis=0) > 0:
+        kpos = tl.arange(0, SUB)[None, None, :]
+        for m in range(NMAP):
+            idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
+            sq = d * d
+            err = tl.zeros([BT, NSUB], tl.float64)
+            for kk in range(SUB):
+                err = err + tl.sum(tl.where(kpos == kk, sq, 0.0), axis=2)
+            better = (m == 0) | (err < best_err)
+            best_err = tl.where(better, err, best_err)
+            best_map = tl.where(better, m, best_map)
+            best_idx = tl.where(better[:, :, None], idx, best_idx)
+    return best_idx, best_map
+
+
+@triton.jit
+def _cb_write(
+    y_ptr,
+    code_ptr,
+    magb_ptr,
+    off,
+    ok,
+    xb,
+    best_idx,
+    map3,
+    sexp3,
+    tile_nan,
+    negzero,
+    IN_KIND: tl.constexpr,
+    WANT_Y: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    IB: tl.constexpr,
+    K: tl.constexpr,
+):
+    # values (q * 2^sexp, rounded once to float32, then to the input type) or index codes
+    sgn = (xb < 0) & ((best_idx != 0) | (negzero != 0))
+    if WANT_Y:
+        magb = tl.load(magb_ptr + map3 * K + best_idx)
+        yb = _cb_ldexp_bits(magb, sexp3) | (sgn.to(tl.int32) << 31)
+        _cb_store_values(y_ptr, off, ok, yb, tile_nan, IN_KIND)
+    if WANT_CODES:
+        code = (sgn.to(tl.int32) << (IB - 1)) | best_idx
+        code = tl.where(tile_nan, 0, code)
+        tl.store(code_ptr + off, code.to(code_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _cb_tile_flags(xb):
+    # per tile (BT,): finite absmax bits, any NaN/Inf, any NaN
+    ab = xb & 0x7FFFFFFF
+    finite = ab < 0x7F800000
+    amax_b = tl.max(tl.max(tl.where(finite, ab, 0), axis=2), axis=1)
+    any_nf = tl.max(tl.max((~finite).to(tl.int32), axis=2), axis=1)
+    any_nan = tl.max(tl.max((ab > 0x7F800000).to(tl.int32), axis=2), axis=1)
+    return amax_b, any_nf, any_nan
+
+
 # -- kernels ---------------------------------------------------------------------------------
 # Format numbers are runtime arguments (not specialised): one compile per layout and mode.
 _FMT_ARGS = (
@@ -469,92 +606,214 @@ def _cb_quant_kernel(
     NMAP: tl.constexpr,
     FORCE: tl.constexpr,
 ):
+    # BT whole tiles per program, loaded once
     pid = tl.program_id(0)
     u_ok, inst, j, o, i, off, ok = _cb_offsets(
-        pid, n_inst, C, TC, inner, nC, nsub, sub, LAST, TENSOR, NSUB, SUB, BT
+        pid, n_inst, C, TC, inner, nC, nsub, sub, 0, LAST, TENSOR, NSUB, SUB, BT
     )
     xb = _cb_load_bits(x_ptr, off, ok, IN_KIND)
-    ab = xb & 0x7FFFFFFF
-    finite = ab < 0x7F800000
-    isnan = ab > 0x7F800000
-    amax_b = tl.max(tl.max(tl.where(finite, ab, 0), axis=2), axis=1)
+    amax_b, any_nf, any_nan = _cb_tile_flags(xb)
     # codebooks have no NaN code: a NaN (block policy: any NaN/Inf) makes its tile NaN
-    any_nf = tl.max(tl.max((~finite).to(tl.int32), axis=2), axis=1) > 0
-    any_nan = tl.max(tl.max(isnan.to(tl.int32), axis=2), axis=1) > 0
-    tnan = tl.where(nan_block != 0, any_nf, any_nan)
+    tnan = tl.where(nan_block != 0, any_nf, any_nan) > 0
     sexp = _cb_scale_exp(amax_b, e_mbits, e_emax, smode, mid_t, top_t, s_low, s_high)
     sexp3 = sexp[:, None, None]
-    # |x| * 2^-sexp in float64, exactly: mantissa (integer) times a power of two
-    E = ab >> 23
-    F = ab & 0x7FFFFF
-    Mi = tl.where(E > 0, F | 0x800000, F)
-    k = tl.where(E > 0, E - 127, -126) - 23 - sexp3
-    p2 = ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
-    a = Mi.to(tl.float64) * p2
-    nan64 = (xb.to(tl.int64) * 0 + 0x7FF8000000000000).to(tl.float64, bitcast=True)
-    inf64 = (xb.to(tl.int64) * 0 + 0x7FF0000000000000).to(tl.float64, bitcast=True)
-    a = tl.where(finite, a, tl.where(isnan, nan64, inf64))
-
-    # Pass 1: every mapping, unit errors summed as a tree; decide where that is safe.
-    best_idx = Mi * 0
-    best_tq = tl.zeros([BT, NSUB, SUB], tl.float64)
-    best_err = tl.zeros([BT, NSUB], tl.float64)
-    best_map = tl.zeros([BT, NSUB], tl.int32)
-    if FORCE:
-        amb = best_map == 0
-    else:
-        amb = best_map != 0
-    for m in range(NMAP):
-        idx, tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
-        err = tl.sum(d * d, axis=2)
-        first = m == 0
-        later = m != 0
-        # equal entries: equal terms, equal sums in any order (a tie: the earlier stays)
-        same = tl.min((tq == best_tq).to(tl.int32), axis=2) > 0
-        # tree and ordered sums are both within 2^-43 (relative) of the exact sum
-        sure_better = err < best_err - best_err * 1.4551915228366852e-11  # 2^-36
-        sure_worse = best_err < err - err * 1.4551915228366852e-11
-        better = first | (~same & sure_better)
-        # a NaN or Inf in a unit makes every mapping's sum NaN or Inf, in any order: a tie
-        err_finite = (err - err) == 0.0
-        amb = amb | (later & err_finite & (~same) & (~sure_better) & (~sure_worse))
-        best_err = tl.where(better, err, best_err)
-        best_map = tl.where(better, m, best_map)
-        best_idx = tl.where(better[:, :, None], idx, best_idx)
-        best_tq = tl.where(better[:, :, None], tq, best_tq)
-
-    # Pass 2 (a near-tie in this program's units): every choice again, the reference's order.
-    if tl.max(tl.max(amb.to(tl.int32), axis=1), axis=0) > 0:
-        kpos = tl.arange(0, SUB)[None, None, :]
-        for m in range(NMAP):
-            idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
-            sq = d * d
-            err = tl.zeros([BT, NSUB], tl.float64)
-            for kk in range(SUB):
-                err = err + tl.sum(tl.where(kpos == kk, sq, 0.0), axis=2)
-            better = (m == 0) | (err < best_err)
-            best_err = tl.where(better, err, best_err)
-            best_map = tl.where(better, m, best_map)
-            best_idx = tl.where(better[:, :, None], idx, best_idx)
-
-    neg = xb < 0
-    sgn = neg & ((best_idx != 0) | (negzero != 0))
+    a = _cb_scaled(xb, sexp3)
+    best_idx, best_map = _cb_select(
+        a, mag_ptr, even_ptr, rmode, BT, NSUB, SUB, K, LOG2K, NMAP, FORCE
+    )
     tile_nan = ok & tnan[:, None, None]
-    if WANT_Y:
-        magb = tl.load(magb_ptr + best_map[:, :, None] * K + best_idx)
-        yb = _cb_ldexp_bits(magb, sexp3) | (sgn.to(tl.int32) << 31)
-        _cb_store_values(y_ptr, off, ok, yb, tile_nan, IN_KIND)
+    _cb_write(
+        y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3, tile_nan,
+        negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+    )  # fmt: skip
     if WANT_CODES:
-        code = (sgn.to(tl.int32) << (IB - 1)) | best_idx
-        code = tl.where(tile_nan, 0, code)
-        tl.store(code_ptr + off, code.to(code_ptr.dtype.element_ty), mask=ok)
         scode = tl.where(tnan, s_nan, sexp + s_bias)
         tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
-        moff, mok = _cb_meta_offsets(u_ok, inst, j, o, i, nsub, sub_cols, inner, LAST, SUBT, NSUB)
+        moff, mok = _cb_meta_offsets(
+            u_ok, inst, j, o, i, nsub, 0, sub_cols, inner, LAST, SUBT, NSUB
+        )
         tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
 
 
-@triton.jit(do_not_specialize=("s_bias", "s_nan", "s_mask", "ib", "nmap"))
+@triton.jit(do_not_specialize=(*_FMT_ARGS, "n_chunks", "delta"))
+def _cb_long_kernel(
+    x_ptr,
+    y_ptr,
+    code_ptr,
+    scale_ptr,
+    meta_ptr,
+    mag_ptr,
+    magb_ptr,
+    even_ptr,
+    n_inst,
+    C,
+    TC,
+    inner,
+    nC,
+    nsub,
+    sub_cols,
+    n_chunks,
+    delta,
+    rmode,
+    nan_block,
+    e_mbits,
+    e_emax,
+    smode,
+    mid_t,
+    top_t,
+    s_low,
+    s_high,
+    s_bias,
+    s_nan,
+    negzero,
+    IN_KIND: tl.constexpr,
+    WANT_Y: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    LAST: tl.constexpr,
+    TENSOR: tl.constexpr,
+    SUBT: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    IB: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    NMAP: tl.constexpr,
+    NMAP_P: tl.constexpr,
+    FORCE: tl.constexpr,
+):
+    # One tile over 1024 elements per program, in chunks of NSUB * SUB: statistics first,
+    # then (subtiles) the chunk's units chosen and written, or (the tile is the unit) the
+    # mappings' errors added over the chunks, the choice, and the chunks written.
+    pid = tl.program_id(0)
+    CH: tl.constexpr = NSUB * SUB
+    amax_b = tl.zeros([1], tl.int32)
+    any_nf = tl.zeros([1], tl.int32)
+    any_nan = tl.zeros([1], tl.int32)
+    q = 0
+    while q < n_chunks:
+        u_ok, inst, j, o, i, off, ok = _cb_offsets(
+            pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+        )
+        cmax, cnf, cnan = _cb_tile_flags(_cb_load_bits(x_ptr, off, ok, IN_KIND))
+        amax_b = tl.maximum(amax_b, cmax)
+        any_nf = tl.maximum(any_nf, cnf)
+        any_nan = tl.maximum(any_nan, cnan)
+        q += 1
+    tnan = tl.where(nan_block != 0, any_nf, any_nan) > 0
+    sexp = _cb_scale_exp(amax_b, e_mbits, e_emax, smode, mid_t, top_t, s_low, s_high)
+    sexp3 = sexp[:, None, None]
+    u_ok, inst, j, o, i, off, ok = _cb_offsets(
+        pid, n_inst, C, TC, inner, nC, NSUB, SUB, 0, LAST, TENSOR, NSUB, SUB, 1
+    )
+    if SUBT:
+        q = 0
+        while q < n_chunks:
+            u_ok, inst, j, o, i, off, ok = _cb_offsets(
+                pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+            )
+            xb = _cb_load_bits(x_ptr, off, ok, IN_KIND)
+            a = _cb_scaled(xb, sexp3)
+            best_idx, best_map = _cb_select(
+                a, mag_ptr, even_ptr, rmode, 1, NSUB, SUB, K, LOG2K, NMAP, FORCE
+            )
+            _cb_write(
+                y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3,
+                ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+            )  # fmt: skip
+            if WANT_CODES:
+                moff, mok = _cb_meta_offsets(
+                    u_ok, inst, j, o, i, nsub, q * NSUB, sub_cols, inner, LAST, SUBT, NSUB
+                )
+                tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
+            q += 1
+        chosen = tl.zeros([1], tl.int32)
+    else:
+        # errors of every mapping over the whole tile (chunk trees added in order), and
+        # whether each mapping's entries equal mapping 0's everywhere
+        ar = tl.arange(0, NMAP_P)
+        errs = tl.zeros([NMAP_P], tl.float64)
+        same0 = tl.full([NMAP_P], 1, tl.int32)
+        q = 0
+        while q < n_chunks:
+            u_ok, inst, j, o, i, off, ok = _cb_offsets(
+                pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+            )
+            a = _cb_scaled(_cb_load_bits(x_ptr, off, ok, IN_KIND), sexp3)
+            _idx0, tq0, d0 = _cb_nearest(a, mag_ptr, even_ptr, 0, K, LOG2K, rmode)
+            errs = errs + tl.where(ar == 0, tl.sum(d0 * d0), 0.0)
+            for m in range(1, NMAP):
+                _idx, tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
+                errs = errs + tl.where(ar == m, tl.sum(d * d), 0.0)
+                sm = tl.min((tq == tq0).to(tl.int32))
+                same0 = tl.where(ar == m, tl.minimum(same0, sm), same0)
+            q += 1
+        best_err = tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == 0, errs, 0.0))
+        chosen = tl.zeros([1], tl.int32)
+        if FORCE:
+            amb = chosen == 0
+        else:
+            amb = chosen != 0
+        for m in range(1, NMAP):
+            err = tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == m, errs, 0.0))
+            same = (chosen + tl.sum(tl.where(ar == m, same0, 0)) > 0) & (chosen == 0)
+            same = same | ((err == 0.0) & (best_err == 0.0))  # all terms zero in both
+            sure_better = err < best_err - best_err * delta
+            sure_worse = best_err < err - err * delta
+            better = (~same) & sure_better
+            err_finite = (err - err) == 0.0
+            amb = amb | (err_finite & (~same) & (~sure_better) & (~sure_worse))
+            best_err = tl.where(better, err, best_err)
+            chosen = tl.where(better, m, chosen)
+        if tl.max(amb.to(tl.int32)) > 0:
+            # near-tie: the errors again, added in the reference's order
+            kpos = tl.arange(0, SUB)[None, None, :]
+            errs = tl.zeros([NMAP_P], tl.float64)
+            q = 0
+            while q < n_chunks:
+                u_ok, inst, j, o, i, off, ok = _cb_offsets(
+                    pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+                )
+                a = _cb_scaled(_cb_load_bits(x_ptr, off, ok, IN_KIND), sexp3)
+                n_valid = tl.minimum(TC - q * CH, CH)
+                for m in range(NMAP):
+                    _idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
+                    sq = d * d
+                    err = tl.sum(tl.where(ar == m, errs, 0.0))
+                    kk = 0
+                    while kk < n_valid:
+                        err = err + tl.sum(tl.where(kpos == kk, sq, 0.0))
+                        kk += 1
+                    errs = tl.where(ar == m, err, errs)
+                q += 1
+            best_err = tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == 0, errs, 0.0))
+            chosen = tl.zeros([1], tl.int32)
+            for m in range(1, NMAP):
+                err = tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == m, errs, 0.0))
+                better = err < best_err
+                best_err = tl.where(better, err, best_err)
+                chosen = tl.where(better, m, chosen)
+        q = 0
+        while q < n_chunks:
+            u_ok, inst, j, o, i, off, ok = _cb_offsets(
+                pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+            )
+            xb = _cb_load_bits(x_ptr, off, ok, IN_KIND)
+            a = _cb_scaled(xb, sexp3)
+            map3 = chosen[:, None, None]
+            best_idx, _tq, _d = _cb_nearest(a, mag_ptr, even_ptr, map3 * K, K, LOG2K, rmode)
+            _cb_write(
+                y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, map3, sexp3,
+                ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+            )  # fmt: skip
+            q += 1
+    if WANT_CODES:
+        scode = tl.where(tnan, s_nan, sexp + s_bias)
+        tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
+        if not SUBT:
+            tl.store(meta_ptr + inst, chosen.to(tl.uint8), mask=u_ok)
+
+
+@triton.jit(do_not_specialize=("n_chunks", "s_bias", "s_nan", "s_mask", "ib", "nmap"))
 def _cb_dequant_kernel(
     code_ptr,
     y_ptr,
@@ -569,6 +828,7 @@ def _cb_dequant_kernel(
     nsub,
     sub,
     sub_cols,
+    n_chunks,
     s_bias,
     s_nan,
     s_mask,
@@ -581,14 +841,29 @@ def _cb_dequant_kernel(
     NSUB: tl.constexpr,
     SUB: tl.constexpr,
     BT: tl.constexpr,
+    CHUNKED: tl.constexpr,
 ):
+    # BT whole tiles per program, or (CHUNKED, BT = 1) chunk q of tile t per program
     pid = tl.program_id(0)
-    u_ok, inst, j, o, i, off, ok = _cb_offsets(
-        pid, n_inst, C, TC, inner, nC, nsub, sub, LAST, TENSOR, NSUB, SUB, BT
-    )
+    if CHUNKED:
+        t = pid // n_chunks
+        q = pid - t * n_chunks
+        u_ok, inst, j, o, i, off, ok = _cb_offsets(
+            t, n_inst, C, TC, inner, nC, NSUB, SUB, q * NSUB * SUB, LAST, TENSOR, NSUB, SUB, BT
+        )
+        s0 = q * NSUB
+        nsub_t = nsub
+    else:
+        u_ok, inst, j, o, i, off, ok = _cb_offsets(
+            pid, n_inst, C, TC, inner, nC, nsub, sub, 0, LAST, TENSOR, NSUB, SUB, BT
+        )
+        s0 = 0
+        nsub_t = nsub
     c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & ((1 << ib) - 1)
-    moff, mok = _cb_meta_offsets(u_ok, inst, j, o, i, nsub, sub_cols, inner, LAST, SUBT, NSUB)
+    moff, mok = _cb_meta_offsets(u_ok, inst, j, o, i, nsub_t, s0, sub_cols, inner, LAST, SUBT, NSUB)
     mt = tl.load(meta_ptr + moff, mask=mok, other=0).to(tl.int32) & (nmap - 1)
+    if not SUBT:
+        mt = tl.max(mt, axis=1)[:, None]  # one meta per tile: broadcast over the tile
     qb = tl.load(tab_ptr + (mt[:, :, None] << ib) + c, mask=ok, other=0)
     sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & s_mask
     nan_t = sc == s_nan
@@ -656,7 +931,7 @@ def quantize(
     g = _geom(tuple(x.shape), dt, axis)
     x = x.contiguous()
     dev = x.device
-    nsub_p, sub_p, bt, grid = _launch(g)
+    nsub_p, sub_p, bt, n_chunks = _launch(g)
     m64, m32, even, _tab = _book_tables(book, dev)
     y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
     if want_codes:
@@ -666,16 +941,29 @@ def quantize(
     else:
         codes = scale = meta = torch.empty(1, dtype=torch.uint8, device=dev)
     ib = book.index_bits
-    _cb_quant_kernel[grid](
-        _int_view(x), _int_view(y), codes, scale, meta, m64, m32, even,
-        g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1),
+    fmt = (
         _ROUND[round_mode], int(nan_policy is NanPolicy.BLOCK),
         *_scale_args(book, dt, scale_mode), int(book.compute.has_negative_zero),
-        IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes,
-        IB=ib, K=1 << (ib - 1), LOG2K=ib - 1, NMAP=book.num_mappings, FORCE=_FORCE_ORDERED,
-        num_warps=_NUM_WARPS, enable_fp_fusion=False,
-        **_common(g, nsub_p, sub_p, bt),
     )  # fmt: skip
+    consts = dict(
+        IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes, IB=ib,
+        K=1 << (ib - 1), LOG2K=ib - 1, NMAP=book.num_mappings, FORCE=_FORCE_ORDERED,
+        LAST=g.inner == 1, TENSOR=g.tensor, SUBT=bool(g.tiling.Sc), NSUB=nsub_p, SUB=sub_p,
+        num_warps=_NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    ptrs = (_int_view(x), _int_view(y), codes, scale, meta, m64, m32, even)
+    if _is_long(g):
+        # the tree sums of a unit of n elements are within n * 2^-53 of the ordered ones
+        delta = 2.0 ** (math.ceil(math.log2(g.TC)) - 50)
+        _cb_long_kernel[(g.n_inst,)](
+            *ptrs, g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, max(g.sub_cols, 1), n_chunks,
+            delta, *fmt, NMAP_P=triton.next_power_of_2(book.num_mappings), **consts,
+        )  # fmt: skip
+    else:
+        _cb_quant_kernel[(triton.cdiv(g.n_inst, bt),)](
+            *ptrs, g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1),
+            *fmt, BT=bt, **consts,
+        )  # fmt: skip
     out: dict[str, Any] = {}
     if want_values:
         out["values"] = y
@@ -717,17 +1005,18 @@ def dequantize(
         raise ValueError(f"{dt.name}: dequantizing needs the meta tensor")
     g = _geom(shape, dt, int(axis) % len(shape))
     dev = codes.device
-    nsub_p, sub_p, bt, grid = _launch(g)
+    nsub_p, sub_p, bt, n_chunks = _launch(g)
     tab = _book_tables(book, dev)[3]
     y = torch.empty(shape, dtype=out_dtype, device=dev)
     c = codes.contiguous().reshape(-1)
     sc = scale.contiguous().reshape(-1)
     mt = meta.contiguous().reshape(-1)
-    _cb_dequant_kernel[grid](
+    long = _is_long(g)
+    _cb_dequant_kernel[(g.n_inst * n_chunks if long else triton.cdiv(g.n_inst, bt),)](
         c, _int_view(y), sc, mt, tab,
-        g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1),
+        g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1), n_chunks,
         s.scale.bias, (1 << s.scale.ebits) - 1, (1 << s.scale.bits) - 1, book.index_bits,
-        book.num_mappings, OUT_KIND=_IN_KIND[out_dtype], num_warps=_NUM_WARPS,
+        book.num_mappings, OUT_KIND=_IN_KIND[out_dtype], CHUNKED=long, num_warps=_NUM_WARPS,
         **_common(g, nsub_p, sub_p, bt),
     )  # fmt: skip
     return y
