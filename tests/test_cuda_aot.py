@@ -226,6 +226,22 @@ for fi, f in enumerate(formats):
         ok &= np.array_equal(bits(y.numpy()), bits(want))
         if not ok:
             bad.append(f"{f.preset} {shape}")
+from onnxq.cast.packing import pack_bits
+for k in kernels:
+    if k.op not in (aot.OP_PACK, aot.OP_UNPACK):
+        continue
+    bits = k.io_type
+    for count in (1, 9, 3001):
+        c = rng.integers(0, 1 << bits, count).astype(np.uint8)
+        nb = (count * bits + 7) // 8
+        packed = pack_bits(c, bits)
+        out = torch.zeros(nb if k.op == aot.OP_PACK else count, dtype=torch.uint8)
+        src = torch.from_numpy(c if k.op == aot.OP_PACK else packed.copy())
+        units = nb if k.op == aot.OP_PACK else count
+        kw = {**k.constexprs, "src_ptr": src, "dst_ptr": out, "count": count, "nbytes": nb}
+        getattr(__import__(k.module, fromlist=["x"]), k.kernel)[(-(-units // k.chunk),)](**kw)
+        if not np.array_equal(out.numpy(), packed if k.op == aot.OP_PACK else c):
+            bad.append(f"{k.symbol} {count}")
 print(json.dumps(bad))
 """
 
@@ -523,3 +539,80 @@ def test_runs_on_a_side_stream() -> None:
     s.synchronize()
     want = onnxq.cast(x.cpu().numpy(), "mxfp8e4", backend="reference")
     np.testing.assert_array_equal(_bits(got), _ref_bits(want))
+
+
+@gpu
+@pytest.mark.parametrize("preset", PRESETS)
+def test_packed_layouts_equal_compress_mode(preset: str) -> None:
+    """The custom ops' layouts (what the CUDA execution provider's ops write and read)."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    for i, shape in enumerate([(7, 96), (3, 5, 40), (2, 33)]):
+        for ftype in TYPES:
+            x = _data(shape, i).astype(_np_dtype(ftype))
+            q = onnxq.cast(x, preset, mode="compress", backend="reference")
+            got = cuda_aot.quantize_packed(_to_torch(x), preset)
+            torch.cuda.synchronize()
+            where = f"{preset} {ftype} {shape}"
+            np.testing.assert_array_equal(_bits(got["q"]), q.data, err_msg=where)
+            np.testing.assert_array_equal(_bits(got["scale"]), q.scale, err_msg=where)
+            if q.meta is not None:
+                np.testing.assert_array_equal(_bits(got["meta"]), q.meta, err_msg=where)
+            if q.tenscale is not None:
+                np.testing.assert_array_equal(
+                    _bits(got["tenscale"]), q.tenscale.view(np.int32), err_msg=where
+                )
+            y = cuda_aot.dequantize_packed(
+                preset, shape, _to_torch(q.data), _to_torch(q.scale),
+                tenscale=None if q.tenscale is None else _to_torch(q.tenscale.astype(np.uint32)),
+                meta=None if q.meta is None else _to_torch(q.meta),
+                out_dtype=getattr(torch, ftype),
+            )  # fmt: skip
+            want = onnxq.upcast(q, _np_dtype(ftype))
+            np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=where)
+
+
+def _ort_cuda() -> tuple[bool, str]:
+    ok, why = _gpu_ready()
+    if not ok:
+        return ok, why
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False, "onnxruntime not installed"
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False, "onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu not installed)"
+    return True, ""
+
+
+@pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
+@pytest.mark.parametrize("preset", PRESETS)
+def test_onnxruntime_cuda_ops_equal_the_reference(preset: str) -> None:
+    from onnx import TensorProto, helper
+
+    import onnxq.runtime
+
+    shape = [6, 64]
+    dt = onnxq.datatype(preset)
+    ts = "t" if dt.sspec.tenscale is not None else ""
+    meta = "m" if dt.sspec.tiles[0].subtile else ""
+    nodes = [
+        helper.make_node("QuantizeMX", ["x"], ["q", "s", "", ts, meta], domain="onnxq",
+                         dtype=preset),
+        helper.make_node("DequantizeMX", ["q", "s", "", ts, meta], ["y"], domain="onnxq",
+                         dtype=preset, shape=shape),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    sess = onnxq.runtime.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    x = _data(tuple(shape), 3)
+    (y,) = sess.run(None, {"x": x})
+    want = onnxq.cast(x, preset, backend="reference")
+    np.testing.assert_array_equal(_ref_bits(y), _ref_bits(want))

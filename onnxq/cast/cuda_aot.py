@@ -20,7 +20,15 @@ from typing import Any
 
 from onnxq.formats.datatype import DataType
 
-__all__ = ["available", "dequantize", "formats", "info", "quantize"]
+__all__ = [
+    "available",
+    "dequantize",
+    "dequantize_packed",
+    "formats",
+    "info",
+    "quantize",
+    "quantize_packed",
+]
 
 _ERRLEN = 1024
 _FLOAT_KINDS = ("float32", "float16", "bfloat16")
@@ -54,6 +62,12 @@ def _lib() -> ctypes.CDLL:
     lib.onnxq_cuda_dequantize.argtypes = [
         s, i32, ctypes.POINTER(i64), i32, p, p, p, p, p, i32, p, s, sz,
     ]  # fmt: skip
+    lib.onnxq_cuda_quantize_packed.restype = i32
+    lib.onnxq_cuda_quantize_packed.argtypes = [
+        s, p, p, i32, i32, ctypes.POINTER(i64), i32, p, p, p, p, p, s, sz,
+    ]  # fmt: skip
+    lib.onnxq_cuda_dequantize_packed.restype = i32
+    lib.onnxq_cuda_dequantize_packed.argtypes = lib.onnxq_cuda_dequantize.argtypes
     return lib
 
 
@@ -239,5 +253,89 @@ def dequantize(
         flat["tenscale"].data_ptr() if "tenscale" in flat else None,
         flat["meta"].data_ptr() if "meta" in flat else None, y.data_ptr(), kinds[out_dtype],
         _stream(codes.device, stream),
+    )  # fmt: skip
+    return y
+
+
+def quantize_packed(x: Any, dtype: DataType | str, *, stream: Any = None) -> dict[str, Any]:
+    """Quantize to the custom ops' layouts (``onnxq.cast(..., mode="compress")``'s fields).
+
+    ``q``: codes bit-packed (uint8 1-D); ``scale``: uint8 tile grid; ``meta``: shift bits
+    packed one bit each; ``tenscale``: uint32 (1,); the last two where the format has them.
+
+    Raises:
+        TypeError, ValueError, NotImplementedError, RuntimeError: as `quantize`.
+    """
+    import torch
+
+    _check(x, "x")
+    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
+    if x.dtype not in kinds:
+        raise TypeError(f"the CUDA path casts float32, float16 or bfloat16, not {x.dtype}")
+    dt = _as_datatype(dtype)
+    x = x.contiguous()
+    shape = tuple(x.shape)
+    grid, meta_shape = _grid(dt, shape)
+    dev = x.device
+    out = {
+        "q": torch.empty((x.numel() * dt.nspec.bits + 7) // 8, dtype=torch.uint8, device=dev),
+        "scale": torch.empty(grid, dtype=torch.uint8, device=dev),
+    }
+    if meta_shape is not None:
+        out["meta"] = torch.empty((math.prod(meta_shape) + 7) // 8, dtype=torch.uint8, device=dev)
+    if dt.sspec.tenscale is not None:
+        out["tenscale"] = torch.zeros(1, dtype=torch.uint32, device=dev)
+    arr = (ctypes.c_int64 * len(shape))(*shape)
+    _call(
+        _lib().onnxq_cuda_quantize_packed, dt.code.encode(), None, x.data_ptr(), kinds[x.dtype],
+        len(shape), arr, -1, out["q"].data_ptr(), out["scale"].data_ptr(),
+        out["tenscale"].data_ptr() if "tenscale" in out else None,
+        out["meta"].data_ptr() if "meta" in out else None, _stream(dev, stream),
+    )  # fmt: skip
+    return out
+
+
+def dequantize_packed(
+    dtype: DataType | str, shape: tuple[int, ...], q: Any, scale: Any, *, tenscale: Any = None,
+    meta: Any = None, out_dtype: Any = None, stream: Any = None,
+) -> Any:  # fmt: skip
+    """Values of the custom ops' layouts (`quantize_packed`) as a CUDA tensor of ``shape``.
+
+    Raises:
+        TypeError, ValueError, RuntimeError: as `dequantize`.
+    """
+    import torch
+
+    out_dtype = torch.float32 if out_dtype is None else out_dtype
+    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
+    if out_dtype not in kinds:
+        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    dt = _as_datatype(dtype)
+    shape = tuple(shape)
+    grid, meta_shape = _grid(dt, shape)
+    n = math.prod(shape)
+    fields = {"q": (q, (n * dt.nspec.bits + 7) // 8, 1), "scale": (scale, math.prod(grid), 1)}
+    if meta_shape is not None:
+        fields["meta"] = (meta, (math.prod(meta_shape) + 7) // 8, 1)
+    if dt.sspec.tenscale is not None:
+        fields["tenscale"] = (tenscale, 1, 4)
+    flat: dict[str, Any] = {}
+    for name, (t, size, width) in fields.items():
+        if t is None:
+            raise ValueError(f"{dt.code}: dequantizing needs {name}")
+        _check(t, name)
+        if t.element_size() != width or t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be {'uint32' if width == 4 else 'uint8'}, not {t.dtype}")
+        if t.numel() != size:
+            raise ValueError(f"{name} has {t.numel()} elements, not {size}")
+        flat[name] = t.contiguous()
+    y = torch.empty(shape, dtype=out_dtype, device=flat["q"].device)
+    arr = (ctypes.c_int64 * len(shape))(*shape)
+    _call(
+        _lib().onnxq_cuda_dequantize_packed, dt.code.encode(), len(shape), arr, -1,
+        flat["q"].data_ptr(), flat["scale"].data_ptr(),
+        flat["tenscale"].data_ptr() if "tenscale" in flat else None,
+        flat["meta"].data_ptr() if "meta" in flat else None, y.data_ptr(), kinds[out_dtype],
+        _stream(y.device, stream),
     )  # fmt: skip
     return y
