@@ -243,3 +243,39 @@ def test_wrong_input_names(host: Path, tmp_path: Path, mlp_model: tuple[Path, di
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     _assert_one_line_error(proc, "not a .npy file")
+
+
+def _has_cuda_ep() -> bool:
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def test_cuda_flag_without_a_cuda_onnxruntime(
+    host: Path, tmp_path: Path, mlp_model: tuple[Path, dict]
+) -> None:
+    if _has_cuda_ep():
+        pytest.skip("this onnxruntime has the CUDA execution provider")
+    path, inputs = mlp_model
+    proc = _run_host(host, path, inputs, tmp_path, "--cuda")
+    _assert_one_line_error(proc, "--cuda", "onnxruntime built with CUDA")
+    proc = _run_host(host, path, inputs, tmp_path, "--cuda=x")
+    assert proc.returncode == 2 and "--cuda expects a device number" in proc.stderr
+
+
+def test_cuda_flag_gives_the_cpu_bits(
+    host: Path, tmp_path: Path, mlp_model: tuple[Path, dict]
+) -> None:
+    if not _has_cuda_ep():
+        pytest.skip("onnxruntime has no CUDA execution provider (onnxruntime-gpu)")
+    from models import builders
+
+    model, inputs = builders.mlp()
+    qpath = tmp_path / "q.onnx"
+    onnxq.quantize_model(model, qpath, weights="mxfp4", activations="mxfp8e4")
+    x = inputs["x"]
+    cpu = _run_host(host, qpath, {"x": x}, tmp_path / "cpu")
+    gpu = _run_host(host, qpath, {"x": x}, tmp_path / "gpu", "--cuda", "0")
+    assert cpu.returncode == 0 and gpu.returncode == 0, gpu.stderr
+    for f in (tmp_path / "cpu" / "out").iterdir():
+        assert np.load(f).tobytes() == np.load(tmp_path / "gpu" / "out" / f.name).tobytes()

@@ -1,6 +1,13 @@
 // onnxq_host: run an onnxq-quantized ONNX model through the onnxruntime C API, without Python.
 //
 //   onnxq_host --model M.onnx --ops libonnxq_ops.so --input NAME=FILE.npy ... --output-dir DIR
+//              [--threads N] [--cuda [DEVICE]]
+//
+// --cuda runs the model on onnxruntime's CUDA execution provider (device 0 unless DEVICE is
+// given), where onnxq's QuantizeMX / DequantizeMX run the Triton kernels the library embeds
+// (docs/gpu.md); other nodes fall back to the CPU as onnxruntime places them. It needs an
+// onnxruntime built with CUDA (onnxruntime-gpu's library): with any other, the CUDA provider
+// cannot be created and onnxq_host says so (status 1).
 //
 // Registers onnxq's custom-op library (QuantizeMX / DequantizeMX / CodebookLookup), reads each
 // input from a .npy file (format 1.0/2.0/3.0 headers; float32, float16, float64, int8/16/32/64,
@@ -331,11 +338,12 @@ struct Options {
   std::vector<std::pair<std::string, std::string>> inputs;  // name, file
   std::string output_dir;
   int threads = 0;
+  int cuda_device = -1;  // -1: CPU only
 };
 
 const char kUsage[] =
     "usage: onnxq_host --model MODEL.onnx --ops LIBONNXQ_OPS.so --input NAME=FILE.npy ... "
-    "--output-dir DIR [--threads N]";
+    "--output-dir DIR [--threads N] [--cuda [DEVICE]]";
 
 Options ParseArgs(int argc, char** argv) {
   Options o;
@@ -380,6 +388,18 @@ Options ParseArgs(int argc, char** argv) {
       if (n.empty() || *end || t < 0 || t > 1024)
         throw Error("--threads expects a count, got '" + n + "'", kUsageError);
       o.threads = static_cast<int>(t);
+    } else if (arg == "--cuda") {
+      std::string n = "0";
+      if (inline_value) {
+        n = value;
+      } else if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9') {
+        n = argv[++i];
+      }
+      char* end = nullptr;
+      const long d = strtol(n.c_str(), &end, 10);
+      if (n.empty() || *end || d < 0 || d > 1024)
+        throw Error("--cuda expects a device number, got '" + n + "'", kUsageError);
+      o.cuda_device = static_cast<int>(d);
     } else {
       throw Error("unknown argument '" + std::string(argv[i]) + "'; " + kUsage, kUsageError);
     }
@@ -389,6 +409,28 @@ Options ParseArgs(int argc, char** argv) {
   if (o.output_dir.empty())
     throw Error(std::string("--output-dir is required; ") + kUsage, kUsageError);
   return o;
+}
+
+// The CUDA execution provider on `device`; a clear error where this onnxruntime has none.
+void AppendCuda(OrtSessionOptions* so, int device) {
+  OrtCUDAProviderOptionsV2* cuda = nullptr;
+  auto fail = [](OrtStatus* st, const std::string& what) {
+    std::string msg = g_ort->GetErrorMessage(st);
+    g_ort->ReleaseStatus(st);
+    throw Error("--cuda: " + what + ": " + OneLine(msg) +
+                " (it needs an onnxruntime built with CUDA, such as onnxruntime-gpu's library)");
+  };
+  if (OrtStatus* st = g_ort->CreateCUDAProviderOptions(&cuda))
+    fail(st, "this onnxruntime has no CUDA execution provider");
+  std::unique_ptr<OrtCUDAProviderOptionsV2, void (*)(OrtCUDAProviderOptionsV2*)> hold(
+      cuda, [](OrtCUDAProviderOptionsV2* p) { g_ort->ReleaseCUDAProviderOptions(p); });
+  const std::string id = std::to_string(device);
+  const char* keys[] = {"device_id"};
+  const char* values[] = {id.c_str()};
+  if (OrtStatus* st = g_ort->UpdateCUDAProviderOptions(cuda, keys, values, 1))
+    fail(st, "bad CUDA device " + id);
+  if (OrtStatus* st = g_ort->SessionOptionsAppendExecutionProvider_CUDA_V2(so, cuda))
+    fail(st, "the CUDA execution provider cannot be used");
 }
 
 void Run(const Options& o) {
@@ -407,6 +449,7 @@ void Run(const Options& o) {
   Ptr<OrtSessionOptions> so(g_ort->ReleaseSessionOptions);
   Check(g_ort->CreateSessionOptions(so.out()), "onnxruntime");
   if (o.threads) Check(g_ort->SetIntraOpNumThreads(so.get(), o.threads), "--threads");
+  if (o.cuda_device >= 0) AppendCuda(so.get(), o.cuda_device);
   Check(g_ort->RegisterCustomOpsLibrary_V2(so.get(), o.ops.c_str()),
         "cannot register the custom-op library " + o.ops);
 
