@@ -116,6 +116,8 @@ def why_not_fast(
         # 2^sexp (and 2^(sexp - 1) for MX shifts) must be float32 numbers
         if low - 1 < -149 or high > 127:
             return "scale exponents beyond float32"
+        if n.is_float and -(low - bool(s.tiles[0].subtile)) > 127:
+            return "float elements whose 2^-scale exceeds float32"
     else:
         for spec in (s.scale, s.tenscale):
             if spec is not None and not (
@@ -165,6 +167,22 @@ def _pow2(k):
 
 
 @triton.jit
+def _expand(
+    t,
+    BT: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    TC: tl.constexpr,
+    SHIFT: tl.constexpr,
+):
+    # a value per unit -> a value per element of the (BT, TC) block
+    if SHIFT:
+        return tl.reshape(tl.broadcast_to(t[:, :, None], (BT, NSUB, SUB)), (BT, TC))
+    else:
+        return tl.broadcast_to(t[:, None], (BT, TC))
+
+
+@triton.jit
 def _round_float(a, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXF: tl.constexpr):
     # a >= 0: round half-even onto the grid of a float format with MBITS mantissa bits and
     # smallest normal exponent EMIN, saturating at MAXF. Inf (and NaN, whose lanes are the
@@ -187,23 +205,35 @@ def _pack_store(
     codes,
     pid,
     nbytes,
-    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
     BITS: tl.constexpr,
     G: tl.constexpr,
     NB: tl.constexpr,
 ):
-    # Write this program's BLOCK codes (C order) as packing.py's little-endian bit stream:
-    # groups of G codes fill NB whole bytes, and the program's stream starts on a byte.
-    c = tl.reshape(codes, (BLOCK // G, G))
-    if G * BITS > 32:
-        word = tl.sum(c.to(tl.int64) << (tl.arange(0, G) * BITS).to(tl.int64)[None, :], axis=1)
+    # Write this program's ROWS x COLS codes (C order) as packing.py's little-endian bit
+    # stream: groups of G codes fill NB whole bytes, and the program's stream starts on a
+    # byte. Rows of at least G codes split in place; shorter rows are joined first.
+    if COLS >= G:
+        c = tl.reshape(codes, (ROWS, COLS // G, G))
+        shifts = (tl.arange(0, G) * BITS)[None, None, :]
+        if G * BITS > 32:
+            word = tl.sum(c.to(tl.int64) << shifts.to(tl.int64), axis=2)
+        else:
+            word = tl.sum(c << shifts, axis=2)
+        gidx = tl.arange(0, ROWS)[:, None] * (COLS // G) + tl.arange(0, COLS // G)[None, :]
     else:
-        word = tl.sum(c << (tl.arange(0, G) * BITS)[None, :], axis=1)
-    base = pid.to(tl.int64) * (BLOCK // G * NB)
-    gidx = tl.arange(0, BLOCK // G) * NB
+        c = tl.reshape(codes, (ROWS * COLS // G, G))
+        shifts = (tl.arange(0, G) * BITS)[None, :]
+        if G * BITS > 32:
+            word = tl.sum(c.to(tl.int64) << shifts.to(tl.int64), axis=1)
+        else:
+            word = tl.sum(c << shifts, axis=1)
+        gidx = tl.arange(0, ROWS * COLS // G)
+    base = pid.to(tl.int64) * (ROWS * COLS // G * NB)
     for b in tl.static_range(NB):
         byte = ((word >> (8 * b)) & 0xFF).to(tl.uint8)
-        pos = base + gidx + b
+        pos = base + gidx * NB + b
         tl.store(ptr + pos, byte, mask=pos < nbytes)
 
 
@@ -303,19 +333,26 @@ def _fast_kernel(
             amax_b, E_FLOAT, E_MBITS, E_EMAX, SMODE, MID_T, TOP_T, S_LOW, S_HIGH
         )
         scode = tl.where(tnan, S_NAN, sexp + S_BIAS)
-        sexp2 = tl.broadcast_to(sexp[:, None], (BT, TC))
+        # Scale factors per unit (a tile, or an MX subtile whose exponent is one lower), so
+        # each element pays a multiply, not the power-of-two arithmetic.
         if SHIFT:
             # MX: a subtile is shifted when all of it is below 2^floor(log2 amax)
             p2 = _pow2(tl.maximum(maxexp, -149)).to(tl.int32, bitcast=True)
             below = (sub_max < p2[:, None]) & (amax_b[:, None] != 0)
-            sh = tl.broadcast_to(below[:, :, None].to(tl.int32), (BT, NSUB, SUB))
-            sexp2 = sexp2 - tl.reshape(sh, (BT, TC))
-        if SPLIT:
-            big = sexp2 < -127
-            v = (a * _pow2(tl.where(big, 127, -sexp2))) * _pow2(tl.where(big, -sexp2 - 127, 0))
+            eu = sexp[:, None] - below.to(tl.int32)
         else:
-            v = a * _pow2(-sexp2)
-        eff = _pow2(sexp2)
+            eu = sexp
+        if SPLIT:
+            # 2^-eu may exceed float32: scale by 2^-(eu + K) and round onto a grid 2^K finer
+            k = tl.maximum(-eu - 127, 0)
+        else:
+            k = eu * 0
+        v = a * _expand(_pow2(-eu - k), BT, NSUB, SUB, TC, SHIFT)
+        eff = _expand(_pow2(eu + k), BT, NSUB, SUB, TC, SHIFT)
+        if SPLIT:
+            kk = _expand(k, BT, NSUB, SUB, TC, SHIFT)
+        else:
+            kk = 0
     else:
         # float scale: scale = cast(amax / maxfloat [/ tensor scale]); v = x / scale
         amax_f = amax_b.to(tl.float32, bitcast=True)
@@ -341,10 +378,19 @@ def _fast_kernel(
             eff_t = sc
         eff = tl.broadcast_to(eff_t[:, None], (BT, TC))
         v = tl.where(eff > 0, tl.div_rn(a, eff), 0.0)
+        kk = 0
     if E_FLOAT:
         r = _round_float(v, E_MBITS, E_EMIN, E_MAXF)
+    elif SPLIT:
+        # v < 2^(22 - K) rounds to a multiple of 2^-K; Inf's NaN sum meets min() below
+        magic = ((150 - kk) << 23 | 0x400000).to(tl.float32, bitcast=True)
+        r = (v + magic) - magic
+        if FULL_INT:
+            r = tl.minimum(r, (E_LIM + neg.to(tl.float32)) * _pow2(-kk))
+        else:
+            r = tl.minimum(r, E_LIM * _pow2(-kk))
     else:
-        # v < 2^22 (the scale bounds it) rounds to an integer; Inf's NaN sum meets min() below
+        # v < 2^22 (the scale bounds it) rounds to an integer; Inf's NaN sum meets min()
         r = (v + 12582912.0) - 12582912.0
         if FULL_INT:
             r = tl.minimum(r, E_LIM + neg.to(tl.float32))
@@ -380,23 +426,24 @@ def _fast_kernel(
             code = _float_code_of(r, E_MBITS, E_EMIN) | (sgn.to(tl.int32) << (E_BITS - 1))
             code = tl.where(elem_nan & ~tile_nan, E_NANCODE, code)
         else:
-            n = r.to(tl.int32)
+            if SPLIT:
+                n = (r * _pow2(kk)).to(tl.int32)
+            else:
+                n = r.to(tl.int32)
             code = tl.where(neg, -n, n) & ((1 << E_BITS) - 1)
         code = tl.where(tile_nan, 0, code)
         if PACKED:
             if E_G == 1:
                 tl.store(code_ptr + start + offs, code.to(tl.uint8), mask=ok)
             else:
-                flat = tl.reshape(code, (BLOCK,))
-                _pack_store(code_ptr, flat, pid, code_nbytes, BLOCK, E_BITS, E_G, E_NB)
+                _pack_store(code_ptr, code, pid, code_nbytes, BT, TC, E_BITS, E_G, E_NB)
         else:
             tl.store(code_ptr + start + offs, code.to(tl.uint8), mask=ok)
         tl.store(scale_ptr + tile, scode.to(tl.uint8), mask=t_ok)
         if SHIFT:
             bits = below.to(tl.int32) & t_ok[:, None]
             if PACKED:
-                flat = tl.reshape(bits, (BT * NSUB,))
-                _pack_store(meta_ptr, flat, pid, meta_nbytes, BT * NSUB, 1, 8, 1)
+                _pack_store(meta_ptr, bits, pid, meta_nbytes, BT, NSUB, 1, 8, 1)
             else:
                 moffs = tile[:, None] * NSUB + tl.arange(0, NSUB)[None, :]
                 tl.store(meta_ptr + moffs, bits.to(tl.uint8), mask=t_ok[:, None])
@@ -459,7 +506,8 @@ def _launch(
         consts.update(
             SKIND=1, SMODE=_SMODE[scale_mode] if e.is_float else 0, MID_T=mid_t, TOP_T=top_t,
             S_LOW=low, S_HIGH=high, S_BIAS=s.scale.bias + frac,
-            S_NAN=(1 << s.scale.ebits) - 1, SPLIT=-(low - 1) > 127,
+            S_NAN=(1 << s.scale.ebits) - 1,
+            SPLIT=-(low - bool(s.tiles[0].subtile)) > 127,
         )  # fmt: skip
     else:
         consts.update(
