@@ -74,7 +74,7 @@ def test_generation_covers_every_specialisation(manifest: tuple[dict, bytes]) ->
         (p, op, t)
         for p in aot.PRESETS
         for t in aot.FLOATS
-        for op in (aot.OP_QUANT_VALUES, aot.OP_QUANT_CODES, aot.OP_DEQUANT)
+        for op in (aot.OP_QUANT_VALUES, aot.OP_QUANT_CODES, aot.OP_QUANT_BOTH, aot.OP_DEQUANT)
     }
     have = {(k["format"], k["op"], k["io_type"]) for k in m["kernels"] if k["format"]}
     assert want <= have
@@ -184,9 +184,20 @@ def quantize(fi, x, io):
             if c == 1:
                 break
         ptrs["top"] = src
+    launch(find(fi, aot.OP_QUANT_BOTH, io), ptrs, geo)
+    alone = quantize_apart(fi, x, io, dict(ptrs))
+    return vals, codes, scale, meta, ts, alone
+
+def quantize_apart(fi, x, io, ptrs):
+    # the values-only and codes-only kernels, into fresh buffers
+    f = formats[fi]
+    ptrs["y"] = torch.empty_like(ptrs["y"])
+    for key in ("codes", "scale") + (("meta",) if f.sub else ()):
+        ptrs[key] = torch.empty_like(ptrs[key])
+    geo = f.geometry(tuple(x.shape))
     launch(find(fi, aot.OP_QUANT_VALUES, io), ptrs, geo)
     launch(find(fi, aot.OP_QUANT_CODES, io), ptrs, geo)
-    return vals, codes, scale, meta, ts
+    return ptrs
 
 def bits(a):
     a = np.ascontiguousarray(a)
@@ -203,7 +214,7 @@ for fi, f in enumerate(formats):
             x = rng.standard_normal(shape).astype(np.float32)
             x[[3, 70]] = np.inf, np.nan
             x[-3] = -100.0
-        vals, codes, scale, meta, ts = quantize(fi, torch.from_numpy(x), 0)
+        vals, codes, scale, meta, ts, alone = quantize(fi, torch.from_numpy(x), 0)
         want = onnxq.cast(x, f.preset, backend="reference")
         q = onnxq.cast(x, f.preset, mode="actual", backend="reference")
         ok = np.array_equal(bits(vals.numpy()), bits(want))
@@ -213,6 +224,11 @@ for fi, f in enumerate(formats):
             ok &= np.array_equal(meta.numpy()[: q.meta.size], q.meta.reshape(-1))
         if q.tenscale is not None:
             ok &= int(ts[0]) & 0xFFFFFFFF == int(q.tenscale[0])
+        ok &= np.array_equal(alone["y"].view(torch.float32).numpy().view(np.int32), bits(want))
+        ok &= np.array_equal(alone["codes"].numpy(), codes.numpy())
+        ok &= np.array_equal(alone["scale"].numpy(), scale.numpy())
+        if f.sub:
+            ok &= np.array_equal(alone["meta"].numpy(), meta.numpy())
         # dequantize the reference's codes
         y = torch.empty(shape, dtype=torch.float32)
         k = find(fi, aot.OP_DEQUANT, 0)

@@ -66,6 +66,7 @@ FORMAT_VERSION = 1  # of kernels.bin / aot_index.inc; the launcher checks it
 
 # Kernel operations (the launcher's `op`)
 OP_QUANT_VALUES, OP_QUANT_CODES, OP_DEQUANT, OP_STATS, OP_PACK, OP_UNPACK = 0, 1, 2, 3, 4, 5
+OP_QUANT_BOTH = 6  # values and codes in one launch
 
 # Parameter roles: what the launcher passes for each kernel parameter (ops/src/cuda_launch.h).
 ROLE_IDS = {
@@ -241,7 +242,7 @@ def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: 
         tm.quantize(
             x, dt, axis=-1, round_mode=RoundMode.EVEN, scale_mode=ScaleMode.FLOOR,
             nan_policy=NanPolicy.ELEMENT, seed=0, full_int_range=False,
-            want_values=want == "values", want_codes=want == "codes",
+            want_values=want in ("values", "both"), want_codes=want in ("codes", "both"),
         )  # fmt: skip
     return launches
 
@@ -425,7 +426,9 @@ def specialisations(
         formats.append(info)
         has_ts = s.tenscale is not None
         for k, ftype in enumerate(FLOATS):
-            for op, want in ((OP_QUANT_VALUES, "values"), (OP_QUANT_CODES, "codes")):
+            quants = ((OP_QUANT_VALUES, "values"), (OP_QUANT_CODES, "codes"),
+                      (OP_QUANT_BOTH, "both"))  # fmt: skip
+            for op, want in quants:
                 rec = [_record_quant(tm, dt, shape, ftype, want) for shape in _SHAPES]
                 mains = [named(r, "_quant_kernel") for r in rec]
                 if [len(m) for m in mains] != [1, 1]:
@@ -676,7 +679,7 @@ def generate(
             {
                 "symbol": k.symbol, "kernel": k.kernel, "op": k.op,
                 "format": formats[k.fmt].preset if k.fmt >= 0 else None,
-                "io_type": FLOATS[k.io_type] if k.op < OP_PACK else k.io_type,
+                "io_type": k.io_type if k.op in (OP_PACK, OP_UNPACK) else FLOATS[k.io_type],
                 "constexprs": k.constexprs,
                 "options": k.options, "signature": k.signature,
                 "roles": [[n, r_, x] for n, r_, x in k.roles], "image": units.index(k.unit),

@@ -81,6 +81,7 @@ struct Driver {
   CUresult (*cuInit)(unsigned) = nullptr;
   CUresult (*cuDriverGetVersion)(int*) = nullptr;
   CUresult (*cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
   CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*cuCtxPushCurrent)(CUcontext) = nullptr;
@@ -131,6 +132,7 @@ Driver load_driver() {
   bool ok = resolve(d.handle, "cuInit", &d.cuInit) &&
             resolve(d.handle, "cuDriverGetVersion", &d.cuDriverGetVersion) &&
             resolve(d.handle, "cuDeviceGetCount", &d.cuDeviceGetCount) &&
+            resolve(d.handle, "cuDeviceGet", &d.cuDeviceGet) &&
             resolve(d.handle, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute) &&
             resolve(d.handle, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain) &&
             resolve(d.handle, "cuCtxPushCurrent_v2", &d.cuCtxPushCurrent) &&
@@ -193,12 +195,14 @@ Device& device(int ordinal) {  // g_mutex held
   Device& dv = g_devices[ordinal];
   if (!dv.ctx) {
     const Driver& d = driver();
+    CUdevice handle = 0;
+    check(d.cuDeviceGet(&handle, ordinal), "cuDeviceGet(" + std::to_string(ordinal) + ")");
     CUcontext ctx = nullptr;
-    check(d.cuDevicePrimaryCtxRetain(&ctx, ordinal),
+    check(d.cuDevicePrimaryCtxRetain(&ctx, handle),
           "cuDevicePrimaryCtxRetain(" + std::to_string(ordinal) + ")");
     int major = 0, minor = 0;
-    check(d.cuDeviceGetAttribute(&major, kAttrMajor, ordinal), "cuDeviceGetAttribute");
-    check(d.cuDeviceGetAttribute(&minor, kAttrMinor, ordinal), "cuDeviceGetAttribute");
+    check(d.cuDeviceGetAttribute(&major, kAttrMajor, handle), "cuDeviceGetAttribute");
+    check(d.cuDeviceGetAttribute(&minor, kAttrMinor, handle), "cuDeviceGetAttribute");
     dv.ctx = ctx;
     dv.cc = major * 10 + minor;
   }
@@ -505,8 +509,13 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
     b.ptr[kRoleTop] = in;
     b.ptr[kRoleTsCode] = tenscale ? tenscale : reinterpret_cast<void*>(base);
   }
-  if (kv >= 0) launch(dv, kv, b, s);
-  if (kc >= 0) launch(dv, kc, b, s);
+  int kb = values && codes ? find_kernel(fi, kOpQuantBoth, x_type) : -1;
+  if (kb >= 0) {
+    launch(dv, kb, b, s);  // one pass writes both
+  } else {
+    if (kv >= 0) launch(dv, kv, b, s);
+    if (kc >= 0) launch(dv, kc, b, s);
+  }
   return "";
 }
 

@@ -45,7 +45,8 @@ enum Op : int {
   kOpDequant = 2,
   kOpStats = 3,
   kOpPack = 4,
-  kOpUnpack = 5
+  kOpUnpack = 5,
+  kOpQuantBoth = 6
 };
 
 struct AotFormat {
