@@ -207,3 +207,13 @@ def test_what_the_fast_path_leaves_to_the_general_kernel(shape, axis, kw, why) -
     rmode = RoundMode.parse(kw.get("round_mode", "even"))
     reason = tf.why_not_fast(shape, dt, axis, rmode)
     assert reason is not None and why in reason
+
+
+def test_tensor_amax_pass_with_several_blocks_per_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVFP4's tensor scale comes from one strided reduction pass; with two programs, each
+    # takes several blocks and the last rounds fall past the end of the tensor.
+    monkeypatch.setattr(tf, "_AMAX_PROGRAMS", 2)
+    x = hostile((5, 4096 + 16 * 3), 16, seed=21)  # 5 rows: a little over 5 blocks of 4096
+    x[4, -1] = 3.0e6  # the largest finite value sits in the last block
+    check(x, "nvfp4", "float32", modes=("virtual", "compress"))
+    check(x, "nvfp4", "bfloat16", modes=("virtual",))

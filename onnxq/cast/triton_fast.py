@@ -59,7 +59,7 @@ from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 __all__ = ["FastPlan", "fast_plan", "quantize", "why_not_fast"]
 
 _BLOCK, _WARPS = 4096, 8  # elements and warps per program (benchmarks/gpu.py --sweep)
-_AMAX_BLOCK = 8192  # elements per program of the tensor-amax pass
+_AMAX_BLOCK, _AMAX_PROGRAMS = 4096, 1056  # the tensor-amax pass: 8 programs per H100 SM
 
 
 def _config() -> tuple[int, int]:
@@ -238,13 +238,21 @@ def _pack_store(
 
 
 @triton.jit
-def _amax_kernel(x_ptr, top_ptr, numel, IN_KIND: tl.constexpr, BLOCK: tl.constexpr):
-    # Finite absmax of the whole tensor (float32 bits; non-negative, so integer max works)
+def _amax_kernel(
+    x_ptr, top_ptr, numel, IN_KIND: tl.constexpr, BLOCK: tl.constexpr, ROUNDS: tl.constexpr
+):
+    # Finite absmax of the whole tensor (float32 bits: non-negative, so an integer max).
+    # Each program takes ROUNDS blocks (a power of two, so few compiles), then one atomic:
+    # thousands of atomics on one word would serialise.
     pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    xb, _raw = _load_bits(x_ptr, offs, offs < numel, IN_KIND)
-    ab = xb & 0x7FFFFFFF
-    tl.atomic_max(top_ptr, tl.max(tl.where(ab < 0x7F800000, ab, 0), axis=0))
+    nprog = tl.num_programs(0)
+    acc = tl.zeros((BLOCK,), tl.int32)
+    for i in range(ROUNDS):
+        offs = (pid + i * nprog).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        xb, _raw = _load_bits(x_ptr, offs, offs < numel, IN_KIND)
+        ab = xb & 0x7FFFFFFF
+        acc = tl.maximum(acc, tl.where(ab < 0x7F800000, ab, 0))
+    tl.atomic_max(top_ptr, tl.max(acc, axis=0))
 
 
 @triton.jit
@@ -581,9 +589,12 @@ def quantize(
         top = torch.zeros(1, dtype=torch.int32, device=dev)
         ts_code = torch.empty(1, dtype=torch.int32, device=dev)
         numel = x.numel()
-        _amax_kernel[(triton.cdiv(numel, _AMAX_BLOCK),)](
-            x_bits, top, numel, IN_KIND=_IN_KIND[x.dtype], BLOCK=_AMAX_BLOCK, num_warps=8
-        )
+        blocks = triton.cdiv(numel, _AMAX_BLOCK)
+        rounds = triton.next_power_of_2(triton.cdiv(blocks, _AMAX_PROGRAMS))
+        _amax_kernel[(triton.cdiv(blocks, rounds),)](
+            x_bits, top, numel, IN_KIND=_IN_KIND[x.dtype], BLOCK=_AMAX_BLOCK, ROUNDS=rounds,
+            num_warps=8,
+        )  # fmt: skip
     _fast_kernel[launch.grid](
         x_bits, _int_view(y) if want_values else y, codes, scale, meta, top, ts_code,
         launch.n_tiles, launch.code_nbytes, launch.meta_nbytes, **launch.consts,
