@@ -1275,9 +1275,9 @@ def quantize(
             codes = _from_tile_rows(codes, p.tiling)
         out["codes"] = codes.view(_code_torch_dtype(n.bits))
         if s is not None:
-            out["scale"] = _tile_grid(scale.view(_code_torch_dtype(s.scale.bits)), p)
+            out["scale"] = _tile_grid(scale, p).view(_code_torch_dtype(s.scale.bits))
             if s.zero is not None:
-                out["zero"] = _tile_grid(zero.view(_code_torch_dtype(s.zero.bits)), p)
+                out["zero"] = _tile_grid(zero, p).view(_code_torch_dtype(s.zero.bits))
             if p.sub:
                 out["meta"] = _sub_grid(meta, p.tiling) if p.rows else meta.reshape(p.meta_shape)
             if s.tenscale is not None:
@@ -1336,13 +1336,14 @@ def dequantize(
     tile, nsub, sub, n_chunks, bt = _layout(p)
     n_units = p.n_inst * n_chunks
     dummy = torch.zeros(1, dtype=torch.int32, device=dev)
-    c = codes.contiguous().reshape(shape)
+    # signed views first: torch's unsigned 16/32-bit types lack most CUDA ops
+    c = _signed(codes.contiguous()).reshape(shape)
     if p.rows:
         c = _to_tile_rows(c, p.tiling)
     c = _flat_codes(c)
     y = torch.empty(c.shape, dtype=out_dtype, device=dev)
-    sc = dummy if scale is None else _flat_codes(_tile_ungrid(scale, p))
-    zc = dummy if zero is None else _flat_codes(_tile_ungrid(zero, p))
+    sc = dummy if scale is None else _tile_ungrid(_signed(scale.contiguous()), p)
+    zc = dummy if zero is None else _tile_ungrid(_signed(zero.contiguous()), p)
     mt = dummy
     if meta is not None:
         mt = _sub_ungrid(meta, p.tiling) if p.rows else meta.contiguous().reshape(-1)
@@ -1398,7 +1399,7 @@ def to_qtensor(
 
     codes, meta, mask = res["codes"], res.get("meta"), res.get("mask")
     if mode is CastMode.COMPRESS:
-        codes = pack_bits(codes if mask is None else codes[mask], dt.nspec.bits)
+        codes = pack_bits(codes if mask is None else _signed(codes)[mask], dt.nspec.bits)
         meta = None if meta is None else pack_bits(meta, _meta_bits(dt))
         mask = None if mask is None else pack_bits(mask.to(torch.uint8), 1)
     return QTensor(
@@ -1423,8 +1424,8 @@ def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if mask is not None:
             mask = unpack_bits(mask, 1, count).to(torch.bool).reshape(q.shape)
             kept = unpack_bits(codes, bits, int(mask.sum()))
-            codes = torch.zeros(q.shape, dtype=kept.dtype, device=kept.device)
-            codes[mask] = kept
+            codes = torch.zeros(q.shape, dtype=_signed(kept).dtype, device=kept.device)
+            codes[mask] = _signed(kept)
         else:
             codes = unpack_bits(codes, bits, count).reshape(q.shape)
         if meta is not None:
@@ -1436,13 +1437,16 @@ def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     )  # fmt: skip
 
 
+def _signed(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.uint16:
+        return t.view(torch.int16)
+    if t.dtype == torch.uint32:
+        return t.view(torch.int32)
+    return t
+
+
 def _flat_codes(t: torch.Tensor) -> torch.Tensor:
-    flat = t.contiguous().reshape(-1)
-    if flat.dtype == torch.uint16:
-        return flat.view(torch.int16)
-    if flat.dtype == torch.uint32:
-        return flat.view(torch.int32)
-    return flat
+    return _signed(t.contiguous().reshape(-1))
 
 
 # -- packing on the device (packing.py's stream, with torch ops) -------------------------------
