@@ -176,6 +176,7 @@ const Driver& driver() {
 struct Device {
   CUcontext ctx = nullptr;
   int cc = 0;  // compute capability * 10 + minor
+  std::map<uint32_t, CUmodule> modules;  // by image (its PTX offset in the blob)
   std::map<int, CUfunction> functions;
   std::map<int, CUdeviceptr> consts;
 };
@@ -258,6 +259,8 @@ CUfunction function(Device& dv, int k) {  // g_mutex held, context current
     throw Error{"unsupported GPU architecture sm_" + std::to_string(dv.cc) +
                 ": the embedded kernels need sm_" + std::to_string(ptx_arch) + " or newer"};
   CUmodule mod = nullptr;
+  auto known = dv.modules.find(K.ptx.off);  // table entries share images
+  if (known != dv.modules.end()) mod = known->second;
   std::string tried;
   // A cubin runs on its own major version from its minor on (sm_90a: on sm_90 only).
   for (int a = kAotArchs - 1; a >= 0 && !mod; --a) {
@@ -277,6 +280,7 @@ CUfunction function(Device& dv, int k) {  // g_mutex held, context current
                   "PTX sm_" + std::to_string(ptx_arch) + ": " + err_text(d, r) +
                   "; a driver older than the Triton that compiled them?)"};
   }
+  dv.modules[K.ptx.off] = mod;
   CUfunction f = nullptr;
   check(d.cuModuleGetFunction(&f, mod, K.name), std::string("cuModuleGetFunction(") + K.name + ")");
   if (K.shared > 48 * 1024)
