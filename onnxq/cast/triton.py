@@ -1,32 +1,42 @@
 """Triton cast engine: the reference's casts on torch tensors, bit for bit (design.md item 12).
 
-Three kernels serve every supported data type; the format is a set of ``tl.constexpr``
-parameters (`_ElemFmt`, `_Plan`), so Triton compiles one specialisation per format and mode:
+Four kernels serve every supported data type. What selects code or block shapes is
+``tl.constexpr`` (scale kind, element float/int, tile layout, stochastic rounding, float32 or
+16-bit data); format numbers (exponent ranges, biases, thresholds, codes, the round mode, the
+NaN policy, bfloat16 vs float16, which outputs are wanted) are runtime arguments kept out of
+Triton's int specialisation, so one compile serves many formats and modes:
 
-- `_quant_kernel`: tile statistics (or precomputed ones), the scale, element rounding,
-  values (virtual), element codes, scale codes, MX shift bits and the tensor-scale code.
-- `_stats_kernel`: per-chunk finite absmax and NaN/Inf flags, for tiles too long for one
-  program (channel tiles over 1024 elements, tensor scales, NVFP4's tensor amax).
-- `_dequant_kernel`: codes + scales (+ shift bits, tensor scale) -> values.
+- `_quant_kernel`: tile statistics (or precomputed ones), the scale (exponent, float, float
+  with a tensor scale, float with an int or float zero point), element rounding, values
+  (virtual), element codes, scale and zero-point codes, MX shift bits, the tensor-scale code.
+- `_stats_kernel`: per-chunk finite absmax, NaN/Inf flags and (zero points) min/max, for
+  tiles too long for one program (over 1024 elements, tensor scales, NVFP4's tensor amax).
+- `_dequant_kernel`: codes + scales (+ zero points, shift bits, tensor scale) -> values.
+- `_prune_kernel`: N:M sparsity, a pruned copy of the input and the keep mask.
 
 Element rounding is integer arithmetic on the float32 bits (never a float8 conversion, whose
 rounding and saturation differ), with the reference's stochastic rule. Floating-point
 operations appear only where the reference itself computes in float32 (float scales:
-``amax / maxfloat``, ``x / scale`` and ``q * scale``), and use correctly rounded division.
+``amax / maxfloat``, ``x / scale``, ``q * scale``, zero points), use correctly rounded
+division, and are launched with fused multiply-add off.
 
 Geometry (layout.py, 1-D tiles): the input is seen as ``(outer, C, inner)`` with ``C`` the
 tiled axis. A *tile instance* is ``(o, j, i)`` - tile ``j`` of row ``(o, i)`` - numbered in the
 order of the scale grid, so the grid index of a tile is its instance number. A non-last
 axis is read with strided loads (stride ``inner``); no transposed copy is made.
 Non-contiguous inputs are copied to contiguous memory first (the stochastic index is the
-element's flat C-order index, which needs that order anyway).
+element's flat C-order index, which needs that order anyway). 2-D tiles are cast as the rows
+of a padded copy holding one tile per row (subtiles contiguous), with the flat input index
+alongside for stochastic rounding.
 
-Not implemented here (`NotImplementedError` names them, design.md item 12): codebooks,
-2-D tiles, N:M sparsity, zero points, element formats over 16 bits.
+Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py),
+element formats over 16 bits, float scales wider than float32, zero points over 16 bits,
+exponent scales over 10 bits (the reference's float64 powers overflow beyond; native stops
+there too).
 """
 
-# Kernel format parameters are tl.constexpr and upper case (Triton's convention); tile geometry
-# keeps layout.py's names (C, TC, nC).
+# Kernel constexprs are upper case (Triton's convention), runtime format numbers lower case; tile
+# geometry keeps layout.py's names (C, TC, nC).
 # ruff: noqa: N803, N815
 
 from __future__ import annotations
