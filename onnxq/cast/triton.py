@@ -298,16 +298,6 @@ def _rand24(idx, key):
 
 
 @triton.jit
-def _round_shift(M, sh, rand, ROUND: tl.constexpr):
-    # round(M / 2^sh) for 0 <= M < 2^25 with a constexpr mode (0 even, 3 stochastic)
-    if ROUND == 3:
-        out = _round_bits(M, sh, rand, 0, True)
-    else:
-        out = _round_bits(M, sh, rand, ROUND, False)
-    return out
-
-
-@triton.jit
 def _round_bits(M, sh, rand, rmode, STOCH: tl.constexpr):
     # round(M / 2^sh) for 0 <= M < 2^25 (sh <= 0: exact left shift); shifts clamped: no UB.
     # rmode (runtime) 0 even, 1 away, 2 zero; STOCH: the reference's stochastic rule.
