@@ -158,6 +158,11 @@ def _geom(shape: tuple[int, ...], dt: DataType, axis: int) -> _Geom:
     if tiling.kind == "tensor":
         return _Geom(tiling, outer, inner, C, size, 1, 1, 1, size, 0, True)
     TC, nC = tiling.Tc, tiling.nC
+    if triton.next_power_of_2(TC) > _MAX_TILE and C < TC:
+        # one long tile, mostly padding: its zeros add nothing to any sum (nor meta, whose
+        # padding-only subtiles are dropped), so it is as long as the axis (whole subtiles)
+        step = tiling.Sc or 1
+        TC = -(-C // step) * step
     nsub, sub, sub_cols = 1, TC, 0
     if tiling.Sc:
         nsub, sub, sub_cols = TC // tiling.Sc, tiling.Sc, -(-C // tiling.Sc)
@@ -174,7 +179,7 @@ def _launch(g: _Geom) -> tuple[int, int, int, int]:
     if _is_long(g):
         if g.tiling.Sc:
             chunk = max(_CHUNK, g.sub)
-            return chunk // g.sub, g.sub, 1, g.TC // chunk
+            return chunk // g.sub, g.sub, 1, triton.cdiv(g.TC, chunk)
         return 1, _CHUNK, 1, triton.cdiv(g.TC, _CHUNK)
     nsub_p, sub_p = triton.next_power_of_2(g.nsub), triton.next_power_of_2(g.sub)
     bt = max(1, _BLOCK // (nsub_p * sub_p))  # not capped by n_inst: fewer compiles
