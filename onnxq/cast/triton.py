@@ -30,9 +30,10 @@ of a padded copy holding one tile per row (subtiles contiguous), with the flat i
 alongside for stochastic rounding.
 
 Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py),
-element formats over 16 bits, float scales wider than float32, zero points over 16 bits,
-exponent scales over 10 bits (the reference's float64 powers overflow beyond; native stops
-there too).
+element formats over 16 bits other than float32 and ints up to 24 bits (the integer rounding
+holds 25-bit magnitudes; the reference decodes no other wide floats), float scales wider than
+float32, zero points over 16 bits, exponent scales over 10 bits (the reference's float64
+powers overflow beyond; native stops there too).
 """
 
 # Kernel constexprs are upper case (Triton's convention), runtime format numbers lower case; tile
@@ -186,6 +187,11 @@ def _grid_2d(t: Tiling, rows: int, cols: int) -> tuple[int, ...]:
     return (*g[: t.axis], g[-1], *g[t.axis : -1])  # moveaxis(-1, axis)
 
 
+def _float32_like(n: NumberSpec) -> bool:
+    """Codes that are float32 bits (the reference's only float elements over 16 bits)."""
+    return n.is_float and n.bits == 32 and n.ebits == 8 and n.infnan is InfNaN.IEEE
+
+
 def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
     """Check that the Triton engine can do this cast and work out its geometry.
 
@@ -197,8 +203,10 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
     missing = f"the Triton engine does not implement {{}} ({dt.name}); use backend='reference'"
     if isinstance(n, Codebook):
         raise NotImplementedError(missing.format("codebook formats"))
-    if n.bits > 16:
-        raise NotImplementedError(missing.format("element formats over 16 bits"))
+    if n.bits > 16 and not (_float32_like(n) or (not n.is_float and n.bits <= 24)):
+        raise NotImplementedError(
+            missing.format("element formats over 16 bits other than float32 and ints up to 24")
+        )
     if s is not None:
         for extra in (s.scale, s.tenscale):
             if extra is not None and extra.is_float and (extra.bits > 32 or extra.mbits > 23):
@@ -844,8 +852,8 @@ def _ldexp_bits(qb, k):
 
 @triton.jit(
     do_not_specialize=[
-        "n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols", "code_mask", "s_bias",
-        "s_nan", "s_mask", "z_mask", "bf16",
+        "n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols", "code_mask", "c_shift",
+        "s_bias", "s_nan", "s_mask", "z_mask", "bf16",
     ]
 )  # fmt: skip
 def _dequant_kernel(
@@ -866,6 +874,7 @@ def _dequant_kernel(
     nC,
     sub_cols,
     code_mask,
+    c_shift,
     s_bias,
     s_nan,
     s_mask,
@@ -879,6 +888,7 @@ def _dequant_kernel(
     BT: tl.constexpr,
     SKIND: tl.constexpr,
     SHIFT: tl.constexpr,
+    WIDE: tl.constexpr,  # codes over 16 bits: float32 bits (c_shift < 0) or ints, no table
     S_F32: tl.constexpr,
     TS: tl.constexpr,
 ):
@@ -887,7 +897,11 @@ def _dequant_kernel(
         pid, n_units, n_chunks, C, TC, inner, nC, LAST, TILE, NSUB, SUB, BT
     )
     c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & code_mask
-    qb = tl.load(tab_ptr + c, mask=ok, other=0)
+    if WIDE:
+        si = (c << tl.maximum(c_shift, 0)) >> tl.maximum(c_shift, 0)  # sign-extended ints
+        qb = tl.where(c_shift < 0, c, si.to(tl.float32).to(tl.int32, bitcast=True))
+    else:
+        qb = tl.load(tab_ptr + c, mask=ok, other=0)
     tile_nan = ok & False
     if SKIND == 0:
         yb = qb
@@ -1048,7 +1062,7 @@ def _bump_threshold(e: _ElemFmt, mode: ScaleMode) -> int:
         case 1:  # ceil: anything above a power of two
             return 0x800000
         case 2:  # midmax
-            return (2 * e.maxm + 1) << (22 - m) if m <= 22 else 0
+            return (2 * e.maxm + 1) << (22 - m) if m <= 22 else e.maxm
         case 3:  # topbinade / rceil
             return e.maxm << (23 - m)
         case 4:  # option3 / even: rounding to mbits+1 bits carries into the next binade
@@ -1350,7 +1364,10 @@ def dequantize(
     stab = ztab = dummy
     ts = torch.ones(1, dtype=torch.float32, device=dev)
     s_f32 = False
-    nums = dict(code_mask=(1 << n.bits) - 1, s_bias=0, s_nan=0, s_mask=0, z_mask=0)
+    wide = n.bits > 16
+    c_shift = -1 if n.is_float else (32 - n.bits if n.is_int else 0)
+    code_mask = (1 << n.bits) - 1 if n.bits < 32 else -1
+    nums = dict(code_mask=code_mask, c_shift=c_shift, s_bias=0, s_nan=0, s_mask=0, z_mask=0)
     nums.update(bf16=_bf16(out_dtype))
     if s is not None:
         if s.scale.is_exponent:
@@ -1374,10 +1391,10 @@ def dequantize(
                 tval = decode_codes(tcode.astype(np.uint64), s.tenscale).astype(np.float32)
                 ts = torch.from_numpy(tval).to(dev)
     _dequant_kernel[_programs(n_units, bt)](
-        c, _int_view(y), sc, mt, zc, _decode_table(n, str(dev)), stab, ztab, ts,
+        c, _int_view(y), sc, mt, zc, dummy if wide else _decode_table(n, str(dev)), stab, ztab, ts,
         n_units, n_chunks, p.C, p.TC, p.inner, p.nC, max(p.sub_cols, 1), **nums,
         HALF=out_dtype != torch.float32, LAST=p.inner == 1, TILE=tile, NSUB=nsub, SUB=sub, BT=bt,
-        SKIND=p.skind, SHIFT=bool(p.sub), S_F32=s_f32, TS=s is not None and s.tenscale
+        SKIND=p.skind, SHIFT=bool(p.sub), WIDE=wide, S_F32=s_f32, TS=s is not None and s.tenscale
         is not None, enable_fp_fusion=False,
     )  # fmt: skip
     if p.rows:
@@ -1454,15 +1471,21 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack unsigned codes (C order) into packing.py's little-endian uint8 stream.
 
     Raises:
-        NotImplementedError: widths other than 1-8 and 16 bits.
+        NotImplementedError: widths over 32 bits.
     """
     flat = _flat_codes(codes)
     count = flat.numel()
     nbytes = (count * bits + 7) // 8
-    if bits in (8, 16):
+    if bits in (8, 16, 32):
         return flat.view(torch.uint8)  # the kernels' code tensor is fresh: no copy needed
-    if bits > 8:
+    if bits > 32:
         raise NotImplementedError(f"packing {bits}-bit codes on the device")
+    if bits > 8:  # rare widths: one byte per bit, then eight bits per byte
+        lane = torch.arange(bits, device=flat.device, dtype=torch.int64)
+        bit = ((flat.to(torch.int64)[:, None] >> lane) & 1).reshape(-1)
+        bit = torch.nn.functional.pad(bit, (0, nbytes * 8 - bit.numel()))
+        weight = 1 << torch.arange(8, device=flat.device, dtype=torch.int64)
+        return (bit.view(nbytes, 8) * weight).sum(dim=1).to(torch.uint8)
     # `per` codes fill `bits * per / 8` whole bytes; gather them into one word, then split it
     per = 8 // math.gcd(8, bits)
     wide = torch.int32 if per * bits <= 31 else torch.int64
@@ -1490,7 +1513,7 @@ def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """Inverse of `pack_bits`: the first ``count`` codes.
 
     Raises:
-        NotImplementedError: widths other than 1-8 and 16 bits.
+        NotImplementedError: widths over 32 bits.
         ValueError: the stream is too short.
     """
     need = (count * bits + 7) // 8
@@ -1503,8 +1526,16 @@ def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
         return stream[:count].clone()
     if bits == 16:
         return stream[: 2 * count].clone().view(torch.int16).view(torch.uint16)
-    if bits > 8:
+    if bits == 32:
+        return stream[: 4 * count].clone().view(torch.int32).view(torch.uint32)
+    if bits > 32:
         raise NotImplementedError(f"unpacking {bits}-bit codes on the device")
+    if bits > 8:  # rare widths: the bits of each code from its bytes, as int32
+        lane = torch.arange(8, device=stream.device, dtype=torch.int64)
+        bit = ((stream[:need].to(torch.int64)[:, None] >> lane) & 1).reshape(-1)
+        bit = bit[: count * bits].view(count, bits)
+        weight = 1 << torch.arange(bits, device=stream.device, dtype=torch.int64)
+        return (bit * weight).sum(dim=1).to(torch.int32).view(torch.uint32)
     groups = -(-count // 8)
     padded = torch.zeros(groups * bits, dtype=torch.int64, device=stream.device)
     padded[:need] = stream[:need].to(torch.int64)
