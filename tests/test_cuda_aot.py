@@ -5,7 +5,8 @@ On any machine: the ahead-of-time generation covers every specialisation for sm_
 refuses clearly without a driver. On a GPU (torch.cuda): every embedded specialisation, through
 the C ABI on torch CUDA tensors, equals the numpy reference bit for bit.
 
-GPU run: ``python -m pytest -q tests/test_cuda_aot.py`` (about 20 s on an H100).
+GPU run: ``python -m pytest -q tests/test_cuda_aot.py`` after ``pip install -e .`` built the
+library with triton importable (the kernels are compiled then, not by the tests).
 """
 
 from __future__ import annotations
