@@ -656,6 +656,11 @@ def generate(
     for u in units:
         images = {a: put(results[(u, a)]["cubin"]) for a in ARCHS}
         placed[u] = (images, put(results[(u, PTX_ARCH)]["ptx"]))
+    extras = {results[key]["extra_params"] for key in results}
+    if len(extras) != 1 or extras.pop() > 2:
+        # Triton keeps every run-time argument and appends its scratch pointers; anything else
+        # would shift the parameters the launcher passes
+        raise GenerationError(f"kernels disagree on trailing parameters: {sorted(extras)}")
     rows, params, entries = [], [], []
     for k in kernels:
         r = {a: results[(k.unit, a)] for a in ARCHS}
