@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import Backend, CastMode, NanPolicy, RoundMode, ScaleMode, current_defaults
 
@@ -168,6 +169,10 @@ def _triton_gap(
         return f"the Triton engine needs triton ({err})"
     if metric is not None:
         return "the Triton engine does not implement custom codebook metrics"
+    if isinstance(dt.nspec, Codebook):
+        from onnxq.cast import triton_codebook as tcb
+
+        return tcb.supports(dt, tuple(x.shape), axis)
     from onnxq.cast import triton_fast
 
     if triton_fast.fast_plan(tuple(x.shape), dt, axis, rmode) is not None:
@@ -191,12 +196,14 @@ def _cast_triton(
     int_range: str,
 ) -> Any:
     from onnxq.cast import triton as tk
+    from onnxq.cast import triton_codebook as tcb
     from onnxq.cast import triton_fast as tf
     from onnxq.cast.api import QTensor, _meta_bits
 
     virtual = cast_mode is CastMode.VIRTUAL
     compress = cast_mode is CastMode.COMPRESS
-    fp = tf.fast_plan(tuple(x.shape), dt, axis, rmode)
+    book = isinstance(dt.nspec, Codebook)
+    fp = None if book else tf.fast_plan(tuple(x.shape), dt, axis, rmode)
     if fp is not None:
         res = tf.quantize(
             x.detach(),
@@ -221,7 +228,7 @@ def _cast_triton(
             tenscale=res.get("tenscale"),
             meta=res.get("meta"),
         )
-    res = tk.quantize(
+    res = (tcb if book else tk).quantize(
         x.detach(),
         dt,
         axis=axis,
@@ -285,7 +292,13 @@ def upcast_torch(q: Any, dtype: Any = np.float32) -> torch.Tensor:
         try:
             from onnxq.cast import triton as tk
 
-            tk.plan(q.shape, q.dtype, q.axis)
+            if isinstance(q.dtype.nspec, Codebook):
+                from onnxq.cast import triton_codebook as tcb
+
+                if (why := tcb.supports(q.dtype, q.shape, q.axis)) is not None:
+                    raise NotImplementedError(why)
+            else:
+                tk.plan(q.shape, q.dtype, q.axis)
         except (ImportError, NotImplementedError) as err:
             _warn_once(f"{err}; falling back to the numpy reference for this upcast")
         else:
@@ -310,12 +323,20 @@ def upcast_triton(q: Any, out: torch.dtype = torch.float32) -> torch.Tensor:
     import math
 
     from onnxq.cast import triton as tk
+    from onnxq.cast import triton_codebook as tcb
     from onnxq.cast.api import _meta_bits
 
+    book = isinstance(q.dtype.nspec, Codebook)
     codes, meta = q.data, q.meta
     if q.mode is CastMode.COMPRESS:
         codes = tk.unpack_bits(codes, q.dtype.nspec.bits, math.prod(q.shape)).reshape(q.shape)
         if meta is not None:
-            p = tk.plan(q.shape, q.dtype, q.axis)
-            meta = tk.unpack_bits(meta, _meta_bits(q.dtype), math.prod(p.meta_shape))
-    return tk.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out)
+            if book:
+                grid = tcb.meta_shape(q.dtype, q.shape, q.axis)
+            else:
+                grid = tk.plan(q.shape, q.dtype, q.axis).meta_shape
+            meta = tk.unpack_bits(meta, _meta_bits(q.dtype), math.prod(grid))
+    engine = tcb if book else tk
+    return engine.dequantize(
+        q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out
+    )
