@@ -26,8 +26,14 @@ for t in tests/test_triton_fast.py tests/test_triton.py tests/test_triton_codebo
          tests/test_cuda_aot.py; do
   [ -f "$t" ] && TESTS="$TESTS $t"
 done
+# Kernel compilation dominates: with pytest-xdist, workers compile in parallel on the host's
+# cores (the GPU is shared; each test compares with the reference on the CPU anyway).
+WORKERS=""
+if python3 -c "import xdist" 2>/dev/null; then
+  WORKERS="-n ${GPU_CHECK_WORKERS:-8}"
+fi
 # -v streams one line per test, so a run cut by the timeout still shows what passed
-timeout "$TEST_BUDGET" python3 -m pytest -v -p no:cacheprovider $TESTS \
+timeout "$TEST_BUDGET" python3 -m pytest -v -p no:cacheprovider $WORKERS $TESTS \
   --junitxml="$OUT/tests.xml" --durations=15 -o addopts="" > "$OUT/tests.log" 2>&1
 echo "pytest exit code: $? (124 = cut at ${TEST_BUDGET} s)" | tee -a "$OUT/tests.log"
 grep -E "FAILED|ERROR" "$OUT/tests.log" | head -40
