@@ -329,8 +329,19 @@ def _round_bits(M, sh, rand, rmode, STOCH: tl.constexpr):
 
 
 @triton.jit
-def _quant_elem(xb, sexp, rand, IS_FLOAT: tl.constexpr, mbits, emin, emax, maxm, rmode,
-                full_int, STOCH: tl.constexpr):  # fmt: skip
+def _quant_elem(
+    xb,
+    sexp,
+    rand,
+    IS_FLOAT: tl.constexpr,
+    mbits,
+    emin,
+    emax,
+    maxm,
+    rmode,
+    full_int,
+    STOCH: tl.constexpr,
+):
     # Round |xb| * 2^-sexp onto the element grid (elements.py `quantize_values`), saturating
     # (Inf lanes too; NaN lanes are the caller's). Returns (n, s): magnitude n * 2^s.
     ab = xb & 0x7FFFFFFF
@@ -476,8 +487,20 @@ def _unit_offsets(
 
 
 @triton.jit
-def _meta_offsets(u_ok, q, j, o, i, TC, sub_cols, inner, LAST: tl.constexpr,
-                  TILE: tl.constexpr, NSUB: tl.constexpr, SUB: tl.constexpr):  # fmt: skip
+def _meta_offsets(
+    u_ok,
+    q,
+    j,
+    o,
+    i,
+    TC,
+    sub_cols,
+    inner,
+    LAST: tl.constexpr,
+    TILE: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+):
     # grid offsets of a unit's NSUB subtiles (layout.py `sub_grid`); padding-only ones masked
     sidx = (j[:, None] * TC + q[:, None] * TILE) // SUB + tl.arange(0, NSUB)[None, :]
     if LAST:
@@ -1228,8 +1251,11 @@ def quantize(
         if want_codes:
             scale = torch.empty(p.n_inst, dtype=_store_dtype(s.scale.bits), device=dev)
             if p.sub:
-                meta = torch.empty(p.n_inst * p.nsub if p.rows else math.prod(p.meta_shape),
-                                   dtype=torch.uint8, device=dev)  # fmt: skip
+                meta = torch.empty(
+                    p.n_inst * p.nsub if p.rows else math.prod(p.meta_shape),
+                    dtype=torch.uint8,
+                    device=dev,
+                )
             if s.zero is not None:
                 zero = torch.empty(p.n_inst, dtype=_store_dtype(s.zero.bits), device=dev)
         if not p.single:
@@ -1420,10 +1446,17 @@ def to_qtensor(
         meta = None if meta is None else pack_bits(meta, _meta_bits(dt))
         mask = None if mask is None else pack_bits(mask.to(torch.uint8), 1)
     return QTensor(
-        data=codes, dtype=dt, shape=tuple(x.shape), axis=axis, mode=mode,
-        scale=res.get("scale"), zero=res.get("zero"), tenscale=res.get("tenscale"), meta=meta,
+        data=codes,
+        dtype=dt,
+        shape=tuple(x.shape),
+        axis=axis,
+        mode=mode,
+        scale=res.get("scale"),
+        zero=res.get("zero"),
+        tenscale=res.get("tenscale"),
+        meta=meta,
         mask=mask,
-    )  # fmt: skip
+    )
 
 
 def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -1449,9 +1482,17 @@ def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
             p = plan(q.shape, q.dtype, q.axis)
             meta = unpack_bits(meta, _meta_bits(q.dtype), math.prod(p.meta_shape))
     return dequantize(
-        q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype, zero=q.zero,
+        q.dtype,
+        q.shape,
+        q.axis,
+        codes,
+        q.scale,
+        q.tenscale,
+        meta,
+        out_dtype,
+        zero=q.zero,
         mask=mask,
-    )  # fmt: skip
+    )
 
 
 def _signed(t: torch.Tensor) -> torch.Tensor:
