@@ -217,3 +217,25 @@ def test_tensor_amax_pass_with_several_blocks_per_program(monkeypatch: pytest.Mo
     x[4, -1] = 3.0e6  # the largest finite value sits in the last block
     check(x, "nvfp4", "float32", modes=("virtual", "compress"))
     check(x, "nvfp4", "bfloat16", modes=("virtual",))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["uint4_block32", "int8_e8m0_t16n2m4", "e4m3fn_e8m0_t4n2m4_t8", "cb41fi_e2m2fnuz_e8m0_t32"],
+)
+def test_every_engine_through_onnxq_cast(name: str) -> None:
+    # Zero points, N:M masks, 2-D tiles and codebooks leave the fast path: onnxq.cast and
+    # onnxq.upcast must route them to the engine that has them and carry every field.
+    x = hostile((8, 64), 32, seed=17)
+    dt = datatype(name)
+    assert tf.why_not_fast(x.shape, dt, 1, RoundMode.EVEN) is not None
+    xt = to_torch(x, "float32")
+    for mode in ("virtual", "actual", "compress"):
+        want = cast(x, name, mode=mode, backend="reference")
+        got = cast(xt, name, mode=mode, backend="triton")
+        if mode == "virtual":
+            same(got, want, f"{name} virtual")
+            continue
+        for field in ("data", "scale", "zero", "tenscale", "meta", "mask"):
+            same(getattr(got, field), getattr(want, field), f"{name} {mode} {field}")
+        same(onnxq.upcast(got), upcast(want), f"{name} {mode} upcast")

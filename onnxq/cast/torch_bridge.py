@@ -242,7 +242,9 @@ def _cast_triton(
     )
     if virtual:
         return res["values"]
-    q = QTensor(
+    if not book:
+        return tk.to_qtensor(res, x, dt, axis, cast_mode)  # zero points, N:M masks
+    q = QTensor(  # codebooks
         data=res["codes"],
         dtype=dt,
         shape=tuple(x.shape),
@@ -326,17 +328,12 @@ def upcast_triton(q: Any, out: torch.dtype = torch.float32) -> torch.Tensor:
     from onnxq.cast import triton_codebook as tcb
     from onnxq.cast.api import _meta_bits
 
-    book = isinstance(q.dtype.nspec, Codebook)
+    if not isinstance(q.dtype.nspec, Codebook):
+        return tk.upcast(q, out)
     codes, meta = q.data, q.meta
     if q.mode is CastMode.COMPRESS:
         codes = tk.unpack_bits(codes, q.dtype.nspec.bits, math.prod(q.shape)).reshape(q.shape)
         if meta is not None:
-            if book:
-                grid = tcb.meta_shape(q.dtype, q.shape, q.axis)
-            else:
-                grid = tk.plan(q.shape, q.dtype, q.axis).meta_shape
+            grid = tcb.meta_shape(q.dtype, q.shape, q.axis)
             meta = tk.unpack_bits(meta, _meta_bits(q.dtype), math.prod(grid))
-    engine = tcb if book else tk
-    return engine.dequantize(
-        q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out
-    )
+    return tcb.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out)
