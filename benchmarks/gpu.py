@@ -96,8 +96,22 @@ def torchao_casts() -> dict[str, Any]:
     except Exception as err:  # any import problem means "absent"
         print(f"torchao MXTensor: {err}")
     try:
-        from torchao.prototype.mx_formats.kernels import triton_to_mxfp8_dim0
+        import importlib
 
+        import torch.utils._triton as torch_triton
+        from torchao.prototype.mx_formats import kernels
+
+        if not torch_triton.has_triton():
+            # torchao defines its Triton kernels only where torch's has_triton() said yes at
+            # import; say why it did not, then load them anyway (triton itself imports here)
+            print(f"torch has_triton() is False (package: {torch_triton.has_triton_package()})")
+            saved = torch_triton.has_triton
+            torch_triton.has_triton = lambda: True
+            try:
+                kernels = importlib.reload(kernels)
+            finally:
+                torch_triton.has_triton = saved
+        triton_to_mxfp8_dim0 = kernels.triton_to_mxfp8_dim0
         found["triton_to_mxfp8_dim0"] = (
             {"mxfp8e4"},
             {torch.bfloat16},
