@@ -1,21 +1,28 @@
 """Ahead-of-time compilation of the Triton cast kernels for the C library's CUDA path.
 
-The library (``ops/``) launches the *same* kernels as `onnxq.cast.triton` through the CUDA
-driver API, without Python. This module compiles them at build time:
+The library (``ops/``) launches the *same* kernels as `onnxq.cast.triton` and
+`onnxq.cast.triton_fast` through the CUDA driver API, without Python: quantize through the fast
+kernel (`triton_fast._fast_kernel`, and `_amax_kernel` for NVFP4's tensor amax) when the last
+axis is a multiple of the tile, through the general kernels otherwise; dequantize and the bit
+packing through the general ones. This module compiles them at build time:
 
 1. For each specialisation (`PRESETS` x input/output float types, tiles along the last axis,
    the default modes: round even, scale floor, nan element), the host functions
-   `triton.quantize` / `triton.dequantize` are called on small CPU tensors with their kernels
-   replaced by recorders. The recorded launch gives every constexpr value and the type of every
-   pointer argument, so nothing of the kernels' parameter lists is copied here; a change in the
-   host code is picked up by the next build. Two shapes are recorded and must agree (checks that
-   the constexprs do not depend on the shape, and that the scalar arguments follow
-   `_geometry`, which the C++ launcher computes the same way).
+   `triton.quantize` / `triton.dequantize` / `triton_fast.quantize` are called on small CPU
+   tensors with their kernels replaced by recorders. The recorded launch gives every
+   constexpr value and the type of every pointer argument, so nothing of the kernels'
+   parameter lists is copied here; a change in the host code is picked up by the next build.
+   Two shapes are recorded and must agree (checks that the constexprs do not depend on the
+   shape, and that the scalar arguments follow `_geometry` / `_fast_geometry`, which the C++
+   launcher computes the same way).
 2. Each specialisation is compiled with ``triton.compile`` for sm_80 and sm_90 (cubin) plus
    PTX for sm_80 (loaded through the driver's JIT on newer GPUs), with floating-point fusion
-   off. One constexpr is chosen here rather than recorded: ``BT`` (tile instances per
-   program), which the host itself shrinks for small tensors and which changes no result;
-   `ELEMS_PER_PROGRAM` keeps the cubins small.
+   off. Chosen here rather than recorded: the general kernels' ``BT`` (tile instances per
+   program), which the host itself shrinks for small tensors and which changes no result
+   (`ELEMS_PER_PROGRAM` keeps the cubins small); the fast kernel's ``HW_BF16`` (True: the
+   recording may run in the interpreter, the images convert in hardware); the amax kernel's
+   ``ROUNDS`` (the host's grows with the tensor: `AMAX_ROUNDS` are compiled). The fast
+   kernel's program size is the host's tuned one (``triton_fast._BLOCK`` / ``_WARPS``).
 3. ``kernels.bin`` (all images and constant tables), ``aot_index.inc`` (the C++ table the
    launcher reads: formats, kernels, the role of every kernel parameter) and ``manifest.json``
    are written to the output folder. A stamp of the inputs (this module, the Triton engine,
@@ -62,11 +69,16 @@ FLOATS = ("float32", "float16", "bfloat16")  # index = the kernels' IN_KIND / OU
 ARCHS = (80, 90)
 PTX_ARCH = 80  # the PTX kept for GPUs newer than the cubins (JIT-compiled by the driver)
 ELEMS_PER_PROGRAM = 1024
-FORMAT_VERSION = 1  # of kernels.bin / aot_index.inc; the launcher checks it
+FORMAT_VERSION = 2  # of kernels.bin / aot_index.inc; the launcher checks it
 
 # Kernel operations (the launcher's `op`)
 OP_QUANT_VALUES, OP_QUANT_CODES, OP_DEQUANT, OP_STATS, OP_PACK, OP_UNPACK = 0, 1, 2, 3, 4, 5
 OP_QUANT_BOTH = 6  # values and codes in one launch
+# The fast path (onnxq.cast.triton_fast): quantize when the last axis is a multiple of the tile
+OP_FAST_VALUES, OP_FAST_CODES, OP_FAST_PACKED, OP_AMAX = 7, 8, 9, 10
+# (formats with 8-bit codes and no shift bits have no OP_FAST_PACKED: the layouts are the same)
+FAST_OPS = ((OP_FAST_VALUES, "values"), (OP_FAST_CODES, "codes"), (OP_FAST_PACKED, "packed"))
+AMAX_ROUNDS = (1, 8, 64)  # the tensor-amax pass's blocks per program: the variants compiled
 
 # Parameter roles: what the launcher passes for each kernel parameter (ops/src/cuda_launch.h).
 ROLE_IDS = {
@@ -95,6 +107,10 @@ ROLE_IDS = {
     "count": 28,  # pack / unpack: codes
     "nbytes": 29,  # pack / unpack: bytes of the packed stream
     "scratch": 30,  # a trailing pointer Triton adds (global / profile scratch): null
+    "n_tiles": 31,  # fast path: tiles in the tensor
+    "code_nbytes": 32,  # fast path: bytes of the codes (packed: the bit stream)
+    "meta_nbytes": 33,  # fast path: bytes of the shift bits (packed: one bit each)
+    "numel": 34,  # tensor amax: elements
 }
 _GEOMETRY = ("n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols")
 
@@ -117,6 +133,13 @@ _ROLES: dict[str, dict[str, str]] = {
         "x_ptr": "x", "amax_ptr": "amax_out", "flag_ptr": "flag_out", "lo_ptr": "null",
         "hi_ptr": "null",
     },
+    # onnxq.cast.triton_fast (outputs a launch does not want are never touched: WANT_Y,
+    # WANT_CODES, SHIFT and TS are constexprs)
+    "_fast_kernel": {
+        "x_ptr": "x", "y_ptr": "y", "code_ptr": "codes", "scale_ptr": "scale",
+        "meta_ptr": "meta", "top_ptr": "top", "ts_code_ptr": "ts_code",
+    },
+    "_amax_kernel": {"x_ptr": "x", "top_ptr": "top"},
 }  # fmt: skip
 # Constexprs that must have these values for the roles above to hold (a "null" pointer is
 # never touched only if its feature is off).
@@ -156,6 +179,17 @@ class FormatInfo:
         return _geometry(shape, self.tile, self.sub)
 
 
+def _fast_geometry(shape: tuple[int, ...], f: FormatInfo, packed: bool) -> dict[str, int]:
+    """The fast kernel's scalar arguments (the launcher computes the same)."""
+    numel = math.prod(shape)
+    n_tiles = numel // f.tile
+    meta = n_tiles * (f.tile // f.sub) if f.sub else 0
+    return dict(
+        n_tiles=n_tiles, code_nbytes=(numel * f.code_bits + 7) // 8 if packed else numel,
+        meta_nbytes=(meta + 7) // 8 if packed else meta,
+    )  # fmt: skip
+
+
 @dataclasses.dataclass
 class KernelSpec:
     """One kernel of the table: a compile unit plus the values of its parameters."""
@@ -169,7 +203,7 @@ class KernelSpec:
     constexprs: dict[str, Any]
     options: dict[str, Any]  # compile options (num_warps, enable_fp_fusion)
     roles: list[tuple[str, str, int]]  # (parameter, role, const index or 32-bit value)
-    chunk: int = 0  # stats kernels: elements per program (one chunk each)
+    chunk: int = 0  # stats / amax / pack kernels: elements per program
     module: str = "onnxq.cast.triton"
 
     @property
@@ -206,7 +240,7 @@ class _Launch:
 
 @contextlib.contextmanager
 def _recording(tm: Any) -> Iterator[list[_Launch]]:
-    """Replace the engine's kernels by recorders for the duration of the block."""
+    """Replace the kernels of module ``tm`` by recorders for the duration of the block."""
     kinds = ("JITFunction", "InterpretedFunction")  # (TRITON_INTERPRET=1: the tests)
     names = [n for n, v in vars(tm).items() if type(v).__name__ in kinds]
     names = [n for n in names if n in _ROLES]
@@ -243,6 +277,26 @@ def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: 
             x, dt, axis=-1, round_mode=RoundMode.EVEN, scale_mode=ScaleMode.FLOOR,
             nan_policy=NanPolicy.ELEMENT, seed=0, full_int_range=False,
             want_values=want in ("values", "both"), want_codes=want in ("codes", "both"),
+        )  # fmt: skip
+    return launches
+
+
+def _record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str):
+    """The fast path's launches for one cast (the tuned program size, not the environment's)."""
+    import torch
+
+    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+
+    fp = tf._fast_plan(shape, dt, -1, RoundMode.EVEN, tf._BLOCK, tf._WARPS)
+    if fp is None:
+        why = tf.why_not_fast(shape, dt, -1, RoundMode.EVEN)
+        raise GenerationError(f"{dt.code}: the fast path refuses {shape} ({why})")
+    x = torch.zeros(shape, dtype=getattr(torch, in_type))
+    with _recording(tf) as launches:
+        tf.quantize(
+            x, dt, fp, scale_mode=ScaleMode.FLOOR, nan_policy=NanPolicy.ELEMENT,
+            full_int_range=False, want_values=want == "values", want_codes=want != "values",
+            packed=want == "packed",
         )  # fmt: skip
     return launches
 
@@ -384,6 +438,7 @@ def _same(a: tuple, b: tuple, what: str) -> None:
 
 
 _SHAPES = ((512, 96), (3, 5, 40))  # recorded and compared; the first is the one compiled
+_FAST_SHAPES = ((512, 96), (3, 5, 64))  # the last axis a multiple of every preset's tile
 
 
 def specialisations(
@@ -397,11 +452,13 @@ def specialisations(
     """
     import onnxq
     from onnxq.cast import triton as tm
+    from onnxq.cast import triton_fast as tf
 
     formats: list[FormatInfo] = []
     kernels: list[KernelSpec] = []
     consts: list[bytes] = []
     stats_done: set[int] = set()
+    amax_done: set[int] = set()
 
     def named(launches: list[_Launch], kernel: str) -> list[_Launch]:
         return [la for la in launches if la.kernel.fn.__name__ == kernel]
@@ -447,6 +504,33 @@ def specialisations(
                     KernelSpec(f"q{op}_{preset}_{ftype}", "_quant_kernel", op, fi, k, sig, ce,
                                opts, roles)
                 )  # fmt: skip
+            for op, want in FAST_OPS:
+                if want == "packed" and info.code_bits == 8 and not info.sub:
+                    continue  # the packed layouts are the unpacked ones: OP_FAST_CODES
+                rec = [_record_fast(tf, dt, shape, ftype, want) for shape in _FAST_SHAPES]
+                mains = [named(r, "_fast_kernel") for r in rec]
+                if [len(m) for m in mains] != [1, 1]:
+                    raise GenerationError(f"{preset}: expected one _fast_kernel launch")
+                extra = [la.kernel.fn.__name__ for la in rec[0] if la not in mains[0]]
+                if extra != (["_amax_kernel"] if has_ts else []):
+                    raise GenerationError(f"{preset}: unexpected fast launches {extra}")
+                d = [
+                    _describe(m[0], _fast_geometry(shape, info, want == "packed"), consts,
+                              tenscale=has_ts)
+                    for m, shape in zip(mains, _FAST_SHAPES, strict=True)
+                ]  # fmt: skip
+                _same(d[0], d[1], f"{preset} fast {want}")
+                sig, ce, opts, roles = d[0]
+                if ce.get("HW_BF16") is None or ce.get("BT", 0) * ce.get("TC", 0) < 1:
+                    raise GenerationError(f"{preset}: fast kernel constexprs {sorted(ce)}")
+                ce["HW_BF16"] = True  # the interpreter's switch; the images convert in hardware
+                kernels.append(
+                    KernelSpec(f"f{op}_{preset}_{ftype}", "_fast_kernel", op, fi, k, sig, ce,
+                               opts, roles, module="onnxq.cast.triton_fast")
+                )  # fmt: skip
+                if has_ts and k not in amax_done:
+                    amax_done.add(k)
+                    kernels.extend(_amax_specs(tf, rec[0], k, consts))
             if has_ts and k not in stats_done:
                 stats_done.add(k)
                 sizes = (1 << 16, 3 * (1 << 16) + 5)
@@ -480,6 +564,29 @@ def specialisations(
             )  # fmt: skip
     kernels.extend(_pack_specs(formats))
     return formats, kernels, consts
+
+
+def _amax_specs(tf: Any, launches: list[_Launch], k: int, consts: list[bytes]) -> list[KernelSpec]:
+    """NVFP4's tensor amax for the fast path: one image per `AMAX_ROUNDS` value.
+
+    The host picks ``ROUNDS`` (blocks per program, a loop count) from the tensor size so that
+    about ``_AMAX_PROGRAMS`` programs run; the launcher takes the largest compiled value that
+    does not exceed the host's, so it runs at most 8x as many programs (atomics).
+    """
+    am = [la for la in launches if la.kernel.fn.__name__ == "_amax_kernel"]
+    if len(am) != 1:
+        raise GenerationError("expected one _amax_kernel launch (tensor amax)")
+    numel = am[0].args[2] if len(am[0].args) > 2 else am[0].kwargs.get("numel")
+    sig, ce, opts, roles = _describe(am[0], {"numel": int(numel)}, consts, tenscale=False)
+    if set(ce) != {"IN_KIND", "BLOCK", "ROUNDS"} or ce["IN_KIND"] != k:
+        raise GenerationError(f"amax kernel constexprs {ce}")
+    specs = []
+    for rounds in AMAX_ROUNDS:
+        c = {**ce, "ROUNDS": rounds}
+        specs.append(KernelSpec(f"amax{rounds}_{FLOATS[k]}", "_amax_kernel", OP_AMAX, -1, k, sig,
+                                c, opts, roles, chunk=ce["BLOCK"] * rounds,
+                                module="onnxq.cast.triton_fast"))  # fmt: skip
+    return specs
 
 
 def _pack_specs(formats: list[FormatInfo]) -> list[KernelSpec]:
@@ -588,12 +695,19 @@ def _stamp(presets: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     h.update(repr((FORMAT_VERSION, presets, ARCHS, PTX_ARCH, ELEMS_PER_PROGRAM)).encode())
     h.update(metadata.version("triton").encode())
-    names = ("aot", "triton", "triton_pack", "elements", "layout", "reference", "packing")
+    names = ("aot", "triton", "triton_fast", "triton_pack", "elements", "layout", "reference",
+             "packing")  # fmt: skip
     files = [here / f"{n}.py" for n in names] + sorted((here.parent / "formats").glob("*.py"))
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()
+
+
+def _amax_programs() -> int:
+    from onnxq.cast import triton_fast
+
+    return int(triton_fast._AMAX_PROGRAMS)
 
 
 def _c_str(s: str) -> str:
@@ -672,7 +786,7 @@ def generate(
         params.extend((ROLE_IDS[role], extra) for _, role, extra in k.roles)
         params.extend([(ROLE_IDS["scratch"], -1)] * nextra)
         images, ptx = placed[k.unit]
-        bt = k.constexprs.get("BT", 1)
+        bt = k.constexprs.get("ROUNDS", k.constexprs.get("BT", 1))  # amax: blocks per program
         cubins = ", ".join(f"{{{a}, {images[a][0]}u, {images[a][1]}u}}" for a in ARCHS)
         rows.append(
             f"  {{{k.fmt}, {k.op}, {k.io_type}, {_c_str(r[ARCHS[0]]['name'])}, {warps.pop()}, "
@@ -710,6 +824,7 @@ def generate(
             f"#define ONNXQ_AOT_TRITON_VERSION {_c_str(triton.__version__)}",
             f"#define ONNXQ_AOT_BLOB_BYTES {len(blob)}u",
             f"#define ONNXQ_AOT_NARCH {len(ARCHS)}",
+            f"#define ONNXQ_AOT_AMAX_PROGRAMS {_amax_programs()}",
             "static const AotFormat kAotFormats[] = {", *fmt_rows, "};",
             "static const AotParam kAotParams[] = {", *param_rows, "};",
             "static const AotSpan kAotConsts[] = {", *(const_rows or ["  {0u, 0u},"]), "};",

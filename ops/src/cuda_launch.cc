@@ -40,11 +40,13 @@ namespace {
 #if defined(ONNXQ_WITH_AOT)
 #include "aot_index.inc"
 static_assert(ONNXQ_AOT_NARCH == kAotArchs, "aot.py ARCHS and cuda_launch.h disagree");
-static_assert(ONNXQ_AOT_FORMAT_VERSION == 1, "aot_index.inc of another format version");
+static_assert(ONNXQ_AOT_FORMAT_VERSION == 2, "aot_index.inc of another format version");
+constexpr int64_t kAmaxPrograms = ONNXQ_AOT_AMAX_PROGRAMS;
 constexpr int kFormatCount = sizeof(kAotFormats) / sizeof(kAotFormats[0]);
 constexpr int kKernelCount = sizeof(kAotKernels) / sizeof(kAotKernels[0]);
 const unsigned char* blob() { return onnxq_aot_blob; }
 #else
+constexpr int64_t kAmaxPrograms = 1;
 constexpr int kFormatCount = 0;
 constexpr int kKernelCount = 0;
 const AotFormat* const kAotFormats = nullptr;
@@ -96,6 +98,7 @@ struct Driver {
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream) = nullptr;
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream) = nullptr;
+  CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream) = nullptr;
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
   int device_count = 0;
@@ -152,6 +155,7 @@ Driver load_driver() {
   }
   resolve(d.handle, "cuMemAllocAsync", &d.cuMemAllocAsync);  // CUDA 11.2+; NVFP4 needs them
   resolve(d.handle, "cuMemFreeAsync", &d.cuMemFreeAsync);
+  resolve(d.handle, "cuMemsetD32Async", &d.cuMemsetD32Async);
   CUresult r = d.cuInit(0);
   if (r != 0) {
     d.error = "cuInit failed: " + err_text(d, r);
@@ -307,6 +311,7 @@ struct Bind {
   const void* ptr[kPtrRoles] = {};  // by pointer role
   int64_t n_units = 0, n_chunks = 0, C = 0, TC = 0, inner = 1, nC = 0, sub_cols = 1;
   int64_t count = 0, nbytes = 0;
+  int64_t n_tiles = 0, code_nbytes = 0, meta_nbytes = 0, numel = 0;  // fast path, tensor amax
 };
 
 void launch(Device& dv, int k, const Bind& b, CUstream stream) {
@@ -330,6 +335,10 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
       case kRoleValue: s32 = static_cast<int32_t>(p.extra); break;
       case kRoleCount: s32 = static_cast<int32_t>(b.count); break;
       case kRoleNBytes: s32 = static_cast<int32_t>(b.nbytes); break;
+      case kRoleNTiles: s32 = static_cast<int32_t>(b.n_tiles); break;
+      case kRoleCodeNBytes: s32 = static_cast<int32_t>(b.code_nbytes); break;
+      case kRoleMetaNBytes: s32 = static_cast<int32_t>(b.meta_nbytes); break;
+      case kRoleNumel: s32 = static_cast<int32_t>(b.numel); break;
       default: scalar = false;
     }
     if (scalar) {
@@ -350,6 +359,11 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
   int64_t units = b.n_units, per = K.bt;
   if (K.op == kOpPack || K.op == kOpUnpack) {
     units = K.op == kOpPack ? b.nbytes : b.count;
+    per = K.chunk;
+  } else if (K.op == kOpFastValues || K.op == kOpFastCodes || K.op == kOpFastPacked) {
+    units = b.n_tiles;  // BT whole tiles a program
+  } else if (K.op == kOpAmax) {
+    units = b.numel;  // BLOCK * ROUNDS elements a program (it strides over the grid)
     per = K.chunk;
   }
   int64_t grid = per > 0 ? (units + per - 1) / per : 0;
@@ -440,9 +454,53 @@ struct Scratch {
   Scratch& operator=(const Scratch&) = delete;
 };
 
+// The fast path (onnxq/cast/triton_fast.py: whole tiles, one pass) takes a quantization when
+// the last axis is a multiple of the tile and the library has its kernels for the input type;
+// the general kernels (onnxq/cast/triton.py) take the rest. ONNXQ_CUDA_FAST=0 sends every
+// quantization to the general kernels (tests and comparisons; read at each call).
+bool fast_enabled() {
+  const char* e = std::getenv("ONNXQ_CUDA_FAST");
+  return !(e && std::strcmp(e, "0") == 0);
+}
+
+// NVFP4's tensor amax on the fast path: of the compiled ROUNDS (blocks per program) variants,
+// the largest not above the host's choice (about kAmaxPrograms programs, one atomic each).
+int amax_kernel(int x_type, int64_t numel) {
+  int best = -1, smallest = -1;
+  for (int k = 0; k < kKernelCount; ++k) {
+    const AotKernel& K = kAotKernels[k];
+    if (K.op != kOpAmax || K.io_type != x_type || K.bt < 1 || K.chunk < K.bt) continue;
+    int64_t block = K.chunk / K.bt;
+    int64_t blocks = (numel + block - 1) / block;
+    int64_t need = (blocks + kAmaxPrograms - 1) / kAmaxPrograms, rounds = 1;
+    while (rounds < need) rounds <<= 1;
+    if (smallest < 0 || K.bt < kAotKernels[smallest].bt) smallest = k;
+    if (K.bt <= rounds && (best < 0 || K.bt > kAotKernels[best].bt)) best = k;
+  }
+  return best >= 0 ? best : smallest;
+}
+
+// The fast kernels for this quantization (*kv values, *kc codes, -1 where not wanted), or
+// false when the general kernels must take it.
+bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, bool values,
+                  bool codes, bool packed, int* kv, int* kc) {
+  *kv = *kc = -1;
+  if (!fast_enabled() || F.tile < 1 || g.b.C % F.tile != 0) return false;
+  if (F.tenscale_bits && amax_kernel(x_type, g.numel) < 0) return false;
+  if (packed) {  // 8-bit codes without shift bits: the packed layouts are the unpacked ones
+    const bool same = F.code_bits == 8 && !F.sub;
+    *kc = find_kernel(fi, same ? kOpFastCodes : kOpFastPacked, x_type);
+    return *kc >= 0;
+  }
+  if (values) *kv = find_kernel(fi, kOpFastValues, x_type);
+  if (codes) *kc = find_kernel(fi, kOpFastCodes, x_type);
+  return (!values || *kv >= 0) && (!codes || *kc >= 0);
+}
+
+// packed (the custom ops' layouts, fast path only): codes is Q, meta the packed shift bits.
 std::string quantize_impl(const std::string& dtype, const void* x, int x_type, int ndim,
                           const int64_t* shape, int axis, void* values, void* codes, void* scale,
-                          void* tenscale, void* meta, void* stream) {
+                          void* tenscale, void* meta, void* stream, bool packed = false) {
   const AotFormat& F = format_for(dtype);
   if (x_type < 0 || x_type > 2) throw Error{"float types are 0 (float32), 1 (float16), 2 (bfloat16)"};
   if (!x) throw Error{"x is null"};
@@ -459,9 +517,12 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
   same_device(tenscale, "tenscale", dev);
   same_device(meta, "meta", dev);
   int fi = static_cast<int>(&F - kAotFormats);
-  int kv = values ? find_kernel(fi, kOpQuantValues, x_type) : -1;
-  int kc = codes ? find_kernel(fi, kOpQuantCodes, x_type) : -1;
-  if ((values && kv < 0) || (codes && kc < 0))
+  int fv = -1, fc = -1;
+  const bool fast = fast_kernels(F, fi, g, x_type, values, codes, packed, &fv, &fc);
+  if (packed && !fast) throw Error{"packed quantize without its fast kernel (internal error)"};
+  int kv = values && !fast ? find_kernel(fi, kOpQuantValues, x_type) : -1;
+  int kc = codes && !fast ? find_kernel(fi, kOpQuantCodes, x_type) : -1;
+  if (!fast && ((values && kv < 0) || (codes && kc < 0)))
     throw Error{std::string("no CUDA kernel for ") + F.preset + " with " + kTypes[x_type] + " input"};
   CUstream s = static_cast<CUstream>(stream);
   std::lock_guard<std::recursive_mutex> lock(g_mutex);
@@ -474,6 +535,27 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
   b.ptr[kRoleScale] = scale;
   b.ptr[kRoleMeta] = meta;
   std::unique_ptr<Scratch> scratch;
+  if (fast) {
+    const int64_t n_tiles = g.numel / F.tile;
+    const int64_t nmeta = F.sub ? n_tiles * (F.tile / F.sub) : 0;
+    b.n_tiles = n_tiles;
+    b.code_nbytes = packed ? (g.numel * F.code_bits + 7) / 8 : g.numel;
+    b.meta_nbytes = packed ? (nmeta + 7) / 8 : nmeta;
+    b.numel = g.numel;
+    if (F.tenscale_bits) {
+      // Tensor amax: one pass, an atomic max per program into a zeroed int32 (float32 bits)
+      const Driver& d = driver();
+      if (!d.cuMemsetD32Async) throw Error{"this CUDA driver has no cuMemsetD32Async"};
+      scratch.reset(new Scratch(16, s));
+      check(d.cuMemsetD32Async(scratch->p, 0, 1, s), "cuMemsetD32Async");
+      b.ptr[kRoleTop] = reinterpret_cast<void*>(scratch->p);
+      b.ptr[kRoleTsCode] = tenscale ? tenscale : reinterpret_cast<void*>(scratch->p + 8);
+      launch(dv, amax_kernel(x_type, g.numel), b, s);
+    }
+    if (fv >= 0) launch(dv, fv, b, s);  // values and codes: two one-pass launches
+    if (fc >= 0) launch(dv, fc, b, s);
+    return "";
+  }
   if (F.tenscale_bits) {
     // Tensor amax: chunks of the stats kernel's tile, then the chunk maxima again (their bits
     // read as float32: finite, non-negative) until one is left.
@@ -582,8 +664,9 @@ std::string pack_impl(bool pack, const void* in, int64_t count, int bits, void* 
   return "";
 }
 
-// The onnxruntime layouts: Q bit-packed (LSB first), Meta packed one bit per subtile. Codes
-// under 8 bits and the shift bits go through stream-ordered scratch and the pack kernels.
+// The onnxruntime layouts: Q bit-packed (LSB first), Meta packed one bit per subtile. The fast
+// kernel writes them directly; on the general kernels, codes under 8 bits and the shift bits go
+// through stream-ordered scratch and the pack kernels.
 std::string quantize_packed_impl(const std::string& dtype, const void* x, int x_type, int ndim,
                                  const int64_t* shape, int axis, void* q, void* scale,
                                  void* tenscale, void* meta_packed, void* stream) {
@@ -600,6 +683,16 @@ std::string quantize_packed_impl(const std::string& dtype, const void* x, int x_
   int64_t ncodes = F.code_bits < 8 ? g.numel : 0;
   int64_t nmeta = F.sub ? g.numel / g.b.C * g.b.sub_cols : 0;
   std::unique_ptr<Scratch> scratch;
+  int fv = -1, fc = -1;
+  if (fast_kernels(F, static_cast<int>(&F - kAotFormats), g, x_type, false, true, true, &fv, &fc)) {
+    void* meta = meta_packed;
+    if (nmeta && !meta) {  // the kernel writes the shift bits anyway
+      scratch.reset(new Scratch(static_cast<size_t>((nmeta + 7) / 8 + 16), s));
+      meta = reinterpret_cast<void*>(scratch->p);
+    }
+    return quantize_impl(dtype, x, x_type, ndim, shape, axis, nullptr, q, scale, tenscale, meta,
+                         stream, true);
+  }
   if (ncodes + nmeta) scratch.reset(new Scratch(static_cast<size_t>(ncodes + nmeta + 16), s));
   CUdeviceptr base = scratch ? scratch->p : 0;
   void* codes = ncodes ? reinterpret_cast<void*>(base) : q;

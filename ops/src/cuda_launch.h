@@ -37,6 +37,10 @@ enum Role : int {
   kRoleCount = 28,
   kRoleNBytes = 29,
   kRoleScratch = 30,
+  kRoleNTiles = 31,
+  kRoleCodeNBytes = 32,
+  kRoleMetaNBytes = 33,
+  kRoleNumel = 34,
 };
 
 enum Op : int {
@@ -46,7 +50,12 @@ enum Op : int {
   kOpStats = 3,
   kOpPack = 4,
   kOpUnpack = 5,
-  kOpQuantBoth = 6
+  kOpQuantBoth = 6,
+  // onnxq/cast/triton_fast.py: quantize when the last axis is a multiple of the tile
+  kOpFastValues = 7,
+  kOpFastCodes = 8,
+  kOpFastPacked = 9,  // codes and shift bits in the custom ops' packed layouts
+  kOpAmax = 10        // NVFP4's tensor amax for the fast path (bt: blocks per program)
 };
 
 struct AotFormat {
@@ -69,8 +78,8 @@ constexpr int kAotArchs = 2;  // sm_80, sm_90 (aot.py ARCHS)
 struct AotKernel {
   int fmt, op, io_type;  // format index (-1: any), Op, input (or output) float type
   const char* name;      // the entry point in the image
-  int num_warps, shared, bt;  // bt: tile instances (units) per program
-  int chunk;                  // stats kernels: elements per program
+  int num_warps, shared, bt;  // bt: tile instances (units, fast: tiles) per program
+  int chunk;                  // stats, amax and pack kernels: elements per program
   int first_param, nparams;
   AotImage cubin[kAotArchs];
   AotImage ptx;
@@ -87,7 +96,8 @@ const AotFormat* find_format(const std::string& dtype);
 bool available(std::string* why);
 
 // Quantize (tiles along the last axis, default modes) on `stream` (a CUstream; null: the
-// legacy default stream). x, values: float type x_type (0 float32, 1 float16, 2 bfloat16);
+// legacy default stream): the fast kernel (onnxq/cast/triton_fast.py) when the last axis is a
+// multiple of the tile, else the general kernels (ONNXQ_CUDA_FAST=0: always the general ones). x, values: float type x_type (0 float32, 1 float16, 2 bfloat16);
 // codes: one byte per element; scale: one byte per tile; tenscale: uint32 [1]; meta: one
 // byte per subtile. values or codes may be null (not both); with codes, scale (and meta for
 // MX formats) are required. "" on success, else the message.
