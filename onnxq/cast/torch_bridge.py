@@ -198,10 +198,8 @@ def _cast_triton(
     from onnxq.cast import triton as tk
     from onnxq.cast import triton_codebook as tcb
     from onnxq.cast import triton_fast as tf
-    from onnxq.cast.api import QTensor, _meta_bits
 
     virtual = cast_mode is CastMode.VIRTUAL
-    compress = cast_mode is CastMode.COMPRESS
     book = isinstance(dt.nspec, Codebook)
     fp = None if book else tf.fast_plan(tuple(x.shape), dt, axis, rmode)
     if fp is not None:
@@ -214,53 +212,24 @@ def _cast_triton(
             full_int_range=int_range == "full",
             want_values=virtual,
             want_codes=not virtual,
-            packed=compress,
+            packed=cast_mode is CastMode.COMPRESS,
         )
-        if virtual:
-            return res["values"]
-        return QTensor(
-            data=res["codes"],
-            dtype=dt,
-            shape=tuple(x.shape),
+    else:
+        res = (tcb if book else tk).quantize(
+            x.detach(),
+            dt,
             axis=axis,
-            mode=cast_mode,
-            scale=res.get("scale"),
-            tenscale=res.get("tenscale"),
-            meta=res.get("meta"),
+            round_mode=rmode,
+            scale_mode=smode,
+            nan_policy=policy,
+            seed=seed,
+            full_int_range=int_range == "full",
+            want_values=virtual,
+            want_codes=not virtual,
         )
-    res = (tcb if book else tk).quantize(
-        x.detach(),
-        dt,
-        axis=axis,
-        round_mode=rmode,
-        scale_mode=smode,
-        nan_policy=policy,
-        seed=seed,
-        full_int_range=int_range == "full",
-        want_values=virtual,
-        want_codes=not virtual,
-    )
     if virtual:
         return res["values"]
-    if not book:
-        return tk.to_qtensor(res, x, dt, axis, cast_mode)  # zero points, N:M masks
-    q = QTensor(  # codebooks
-        data=res["codes"],
-        dtype=dt,
-        shape=tuple(x.shape),
-        axis=axis,
-        mode=cast_mode,
-        scale=res.get("scale"),
-        tenscale=res.get("tenscale"),
-        meta=res.get("meta"),
-    )
-    if compress:
-        q = dataclasses.replace(
-            q,
-            data=tk.pack_bits(q.data, dt.nspec.bits),
-            meta=None if q.meta is None else tk.pack_bits(q.meta, _meta_bits(dt)),
-        )
-    return q
+    return tk.to_qtensor(res, x, dt, axis, cast_mode, packed=fp is not None)
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:

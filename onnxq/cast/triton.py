@@ -1432,16 +1432,23 @@ def dequantize(
 
 
 def to_qtensor(
-    res: dict[str, Any], x: torch.Tensor, dt: DataType, axis: int, mode: CastMode
+    res: dict[str, Any],
+    x: torch.Tensor,
+    dt: DataType,
+    axis: int,
+    mode: CastMode,
+    *,
+    packed: bool = False,
 ) -> Any:
-    """The `QTensor` of `quantize`'s codes (actual or compress mode; api.py's layouts).
+    """The `QTensor` of a quantize result (actual or compress mode; api.py's layouts).
 
-    Compress mode packs the codes of kept (N:M) positions only, the meta bits and the mask.
+    Compress mode packs the codes of kept (N:M) positions only, the meta bits and the mask,
+    unless ``packed`` says the kernel wrote them packed already (`triton_fast.quantize`).
     """
     from onnxq.cast.api import QTensor, _meta_bits
 
     codes, meta, mask = res["codes"], res.get("meta"), res.get("mask")
-    if mode is CastMode.COMPRESS:
+    if mode is CastMode.COMPRESS and not packed:
         codes = pack_bits(codes if mask is None else _signed(codes)[mask], dt.nspec.bits)
         meta = None if meta is None else pack_bits(meta, _meta_bits(dt))
         mask = None if mask is None else pack_bits(mask.to(torch.uint8), 1)
