@@ -205,14 +205,18 @@ class KernelSpec:
     roles: list[tuple[str, str, int]]  # (parameter, role, const index or 32-bit value)
     chunk: int = 0  # stats / amax / pack kernels: elements per program
     module: str = "onnxq.cast.triton"
+    # parameters compiled with Triton's divisibility hint (pointers 16-byte aligned, integers
+    # multiples of 16; what the JIT assumes where it holds): the launcher guarantees them
+    hints: tuple[str, ...] = ()
 
     @property
     def unit(self) -> str:
         """Key of the compiled image: specs with equal keys share one."""
         return json.dumps(
-            [self.module, self.kernel, self.signature, self.constexprs, self.options],
+            [self.module, self.kernel, self.signature, self.constexprs, self.options,
+             list(self.hints)],
             sort_keys=True,
-        )
+        )  # fmt: skip
 
 
 def _geometry(shape: tuple[int, ...], tile: int, sub: int) -> dict[str, int]:
@@ -526,7 +530,7 @@ def specialisations(
                 ce["HW_BF16"] = True  # the interpreter's switch; the images convert in hardware
                 kernels.append(
                     KernelSpec(f"f{op}_{preset}_{ftype}", "_fast_kernel", op, fi, k, sig, ce,
-                               opts, roles, module="onnxq.cast.triton_fast")
+                               opts, roles, module="onnxq.cast.triton_fast", hints=_ptrs(sig))
                 )  # fmt: skip
                 if has_ts and k not in amax_done:
                     amax_done.add(k)
@@ -585,8 +589,13 @@ def _amax_specs(tf: Any, launches: list[_Launch], k: int, consts: list[bytes]) -
         c = {**ce, "ROUNDS": rounds}
         specs.append(KernelSpec(f"amax{rounds}_{FLOATS[k]}", "_amax_kernel", OP_AMAX, -1, k, sig,
                                 c, opts, roles, chunk=ce["BLOCK"] * rounds,
-                                module="onnxq.cast.triton_fast"))  # fmt: skip
+                                module="onnxq.cast.triton_fast",
+                                hints=(*_ptrs(sig), "numel")))  # fmt: skip
     return specs
+
+
+def _ptrs(signature: dict[str, str]) -> tuple[str, ...]:
+    return tuple(n for n, t in signature.items() if t.startswith("*"))
 
 
 def _pack_specs(formats: list[FormatInfo]) -> list[KernelSpec]:
@@ -637,7 +646,10 @@ def compile_spec(spec: KernelSpec, arch: int) -> dict[str, Any]:
     target = GPUTarget("cuda", arch, 32)
     backend = triton.compiler.make_backend(target)
     options = backend.parse_options(dict(spec.options))
-    src = triton.compiler.ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in spec.hints}
+    src = triton.compiler.ASTSource(
+        fn=fn, signature=spec.signature, constexprs=spec.constexprs, attrs=attrs
+    )
     ck = triton.compile(src, target=target, options=options.__dict__)
     md = ck.metadata
     for what in ("global_scratch_size", "profile_scratch_size", "tmem_size"):
@@ -790,7 +802,8 @@ def generate(
         cubins = ", ".join(f"{{{a}, {images[a][0]}u, {images[a][1]}u}}" for a in ARCHS)
         rows.append(
             f"  {{{k.fmt}, {k.op}, {k.io_type}, {_c_str(r[ARCHS[0]]['name'])}, {warps.pop()}, "
-            f"{max(x['shared'] for x in r.values())}, {bt}, {k.chunk}, {first}, "
+            f"{max(x['shared'] for x in r.values())}, {bt}, {k.chunk}, {int(bool(k.hints))}, "
+            f"{first}, "
             f"{len(params) - first}, {{{cubins}}}, {{{PTX_ARCH}, {ptx[0]}u, {ptx[1]}u}}}},"
             f"  // {k.symbol}"
         )
@@ -800,7 +813,7 @@ def generate(
                 "format": formats[k.fmt].preset if k.fmt >= 0 else None,
                 "io_type": k.io_type if k.op in (OP_PACK, OP_UNPACK) else FLOATS[k.io_type],
                 "constexprs": k.constexprs,
-                "options": k.options, "signature": k.signature,
+                "options": k.options, "signature": k.signature, "hints": list(k.hints),
                 "roles": [[n, r_, x] for n, r_, x in k.roles], "image": units.index(k.unit),
                 "cubin": {f"sm_{a}": list(images[a]) for a in ARCHS},
                 "ptx": {f"sm_{PTX_ARCH}": list(ptx)},

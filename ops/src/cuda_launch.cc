@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -341,6 +342,8 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
       case kRoleNumel: s32 = static_cast<int32_t>(b.numel); break;
       default: scalar = false;
     }
+    if (scalar && K.div16 && p.role == kRoleNumel && s32 % 16 != 0)
+      throw Error{"kernel " + std::string(K.name) + ": numel must be a multiple of 16"};
     if (scalar) {
       std::memcpy(&v, &s32, sizeof s32);  // a 4-byte parameter: the launch reads 4 bytes
     } else if (p.role == kRoleConst) {
@@ -353,6 +356,8 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
       throw Error{"kernel " + std::string(K.name) + ": unknown parameter role " +
                   std::to_string(p.role) + " (library and generator disagree)"};
     }
+    if (!scalar && K.div16 && v % 16 != 0)
+      throw Error{"kernel " + std::string(K.name) + ": a pointer not 16-byte aligned"};
     slots[i] = v;
     args[i] = &slots[i];
   }
@@ -480,13 +485,21 @@ int amax_kernel(int x_type, int64_t numel) {
   return best >= 0 ? best : smallest;
 }
 
+bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
 // The fast kernels for this quantization (*kv values, *kc codes, -1 where not wanted), or
-// false when the general kernels must take it.
+// false when the general kernels must take it. They are compiled for 16-byte aligned buffers
+// (`ptrs`: the caller's), as the JIT compiles them for aligned tensors.
 bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, bool values,
-                  bool codes, bool packed, int* kv, int* kc) {
+                  bool codes, bool packed, std::initializer_list<const void*> ptrs, int* kv,
+                  int* kc) {
   *kv = *kc = -1;
-  if (!fast_enabled() || F.tile < 1 || g.b.C % F.tile != 0) return false;
-  if (F.tenscale_bits && amax_kernel(x_type, g.numel) < 0) return false;
+  if (!fast_enabled() || F.tile < 1 || g.b.C % F.tile != 0 || !aligned16(ptrs)) return false;
+  if (F.tenscale_bits && (g.numel % 16 != 0 || amax_kernel(x_type, g.numel) < 0)) return false;
   if (packed) {  // 8-bit codes without shift bits: the packed layouts are the unpacked ones
     const bool same = F.code_bits == 8 && !F.sub;
     *kc = find_kernel(fi, same ? kOpFastCodes : kOpFastPacked, x_type);
@@ -518,7 +531,8 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
   same_device(meta, "meta", dev);
   int fi = static_cast<int>(&F - kAotFormats);
   int fv = -1, fc = -1;
-  const bool fast = fast_kernels(F, fi, g, x_type, values, codes, packed, &fv, &fc);
+  const bool fast = fast_kernels(F, fi, g, x_type, values, codes, packed,
+                                 {x, values, codes, scale, tenscale, meta}, &fv, &fc);
   if (packed && !fast) throw Error{"packed quantize without its fast kernel (internal error)"};
   int kv = values && !fast ? find_kernel(fi, kOpQuantValues, x_type) : -1;
   int kc = codes && !fast ? find_kernel(fi, kOpQuantCodes, x_type) : -1;
@@ -546,10 +560,10 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
       // Tensor amax: one pass, an atomic max per program into a zeroed int32 (float32 bits)
       const Driver& d = driver();
       if (!d.cuMemsetD32Async) throw Error{"this CUDA driver has no cuMemsetD32Async"};
-      scratch.reset(new Scratch(16, s));
+      scratch.reset(new Scratch(32, s));  // the amax, the tensor-scale code if not wanted
       check(d.cuMemsetD32Async(scratch->p, 0, 1, s), "cuMemsetD32Async");
       b.ptr[kRoleTop] = reinterpret_cast<void*>(scratch->p);
-      b.ptr[kRoleTsCode] = tenscale ? tenscale : reinterpret_cast<void*>(scratch->p + 8);
+      b.ptr[kRoleTsCode] = tenscale ? tenscale : reinterpret_cast<void*>(scratch->p + 16);
       launch(dv, amax_kernel(x_type, g.numel), b, s);
     }
     if (fv >= 0) launch(dv, fv, b, s);  // values and codes: two one-pass launches
@@ -684,7 +698,8 @@ std::string quantize_packed_impl(const std::string& dtype, const void* x, int x_
   int64_t nmeta = F.sub ? g.numel / g.b.C * g.b.sub_cols : 0;
   std::unique_ptr<Scratch> scratch;
   int fv = -1, fc = -1;
-  if (fast_kernels(F, static_cast<int>(&F - kAotFormats), g, x_type, false, true, true, &fv, &fc)) {
+  if (fast_kernels(F, static_cast<int>(&F - kAotFormats), g, x_type, false, true, true,
+                   {x, q, scale, tenscale, meta_packed}, &fv, &fc)) {
     void* meta = meta_packed;
     if (nmeta && !meta) {  // the kernel writes the shift bits anyway
       scratch.reset(new Scratch(static_cast<size_t>((nmeta + 7) / 8 + 16), s));

@@ -80,6 +80,8 @@ struct AotKernel {
   const char* name;      // the entry point in the image
   int num_warps, shared, bt;  // bt: tile instances (units, fast: tiles) per program
   int chunk;                  // stats, amax and pack kernels: elements per program
+  int div16;  // compiled with Triton's divisibility hints: every pointer parameter 16-byte
+              // aligned and the numel scalar a multiple of 16 (the launcher checks both)
   int first_param, nparams;
   AotImage cubin[kAotArchs];
   AotImage ptx;
