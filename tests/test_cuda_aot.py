@@ -104,6 +104,11 @@ def test_generation_covers_every_specialisation(manifest: tuple[dict, bytes]) ->
             ce = k["constexprs"]
             assert ce["HW_BF16"] is True and ce["BT"] * ce["TC"] == 4096, k["symbol"]
             assert k["num_warps"] == 8, k["symbol"]
+        if k["op"] in (aot.OP_FAST_VALUES, aot.OP_FAST_CODES, aot.OP_FAST_PACKED, aot.OP_AMAX):
+            # compiled for aligned buffers, as the JIT does (vector loads; the launcher checks)
+            ptrs = [n for n, t in k["signature"].items() if t.startswith("*")]
+            extra = ["numel"] if k["op"] == aot.OP_AMAX else []
+            assert k["hints"] == ptrs + extra, k["symbol"]
     for k in m["kernels"]:
         for arch in ("sm_80", "sm_90"):
             off, size = k["cubin"][arch]
@@ -809,6 +814,48 @@ def test_packed_layouts_equal_compress_mode(preset: str, general_only) -> None:
             )  # fmt: skip
             want = onnxq.upcast(q, _np_dtype(ftype))
             np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=where)
+
+
+@gpu
+@pytest.mark.parametrize("preset", ["mx6", "nvfp4"])
+def test_misaligned_buffers_and_unwanted_meta(preset: str) -> None:
+    """The fast kernels are compiled for 16-byte aligned buffers: a tensor 4 bytes into its
+    storage takes the general kernels, with the same bits. Packed quantize without the Meta
+    output (an onnxruntime node that does not ask for it) still writes Q."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+    from onnxq.cast.cuda_aot import _call, _lib, _stream
+
+    shape = (8, 64)
+    x = _data(shape, 1)
+    base = torch.empty(x.size + 1, dtype=torch.float32, device="cuda")
+    base[1:] = torch.from_numpy(x.reshape(-1)).cuda()
+    xt = base[1:].view(shape)
+    assert xt.data_ptr() % 16 == 4
+    got = cuda_aot.quantize(xt, preset)
+    q = onnxq.cast(x, preset, mode="actual", backend="reference")
+    torch.cuda.synchronize()
+    want = onnxq.cast(x, preset, backend="reference")
+    np.testing.assert_array_equal(_bits(got["values"]), _ref_bits(want))
+    np.testing.assert_array_equal(_bits(got["codes"]), q.data.astype(np.uint8))
+    np.testing.assert_array_equal(_bits(got["scale"]), q.scale)
+
+    c = onnxq.cast(x, preset, mode="compress", backend="reference")
+    xa = _to_torch(x)
+    qbuf = torch.empty(c.data.size, dtype=torch.uint8, device="cuda")
+    sbuf = torch.empty(c.scale.shape, dtype=torch.uint8, device="cuda")
+    tbuf = torch.zeros(1, dtype=torch.uint32, device="cuda")
+    arr = (ctypes.c_int64 * 2)(*shape)
+    for x_in in (xa, xt):  # fast, general
+        _call(
+            _lib().onnxq_cuda_quantize_packed, onnxq.datatype(preset).code.encode(), None,
+            x_in.data_ptr(), 0, 2, arr, -1, qbuf.data_ptr(), sbuf.data_ptr(),
+            tbuf.data_ptr() if c.tenscale is not None else None, None, _stream(xa.device, None),
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(_bits(qbuf), c.data)
+        np.testing.assert_array_equal(_bits(sbuf), c.scale)
 
 
 def _ort_cuda() -> tuple[bool, str]:
