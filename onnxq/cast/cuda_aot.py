@@ -1,10 +1,12 @@
 """The C library's CUDA path from Python: torch CUDA tensors through ``onnxq_cuda_*``.
 
-The library (``ops/src/cuda_launch.cc``) launches the Triton kernels of `onnxq.cast.triton`,
-compiled ahead of time at build time (`onnxq.cast.aot`), through the CUDA driver API, without
-Python or Triton at run time. This module is how tests and Python users reach that launch path
-(the same one the onnxruntime CUDA ops and C/C++ hosts use): `quantize` and `dequantize` take
-and return torch CUDA tensors and queue the work on the current torch stream (or ``stream``).
+The library (``ops/src/cuda_launch.cc``) launches the Triton kernels of
+`onnxq.cast.triton_fast` (quantize where the last axis is a multiple of the tile) and
+`onnxq.cast.triton` (the rest), compiled ahead of time at build time (`onnxq.cast.aot`), through
+the CUDA driver API, without Python or Triton at run time. This module is how tests and Python
+users reach that launch path (the same one the onnxruntime CUDA ops and C/C++ hosts use):
+`quantize` and `dequantize` take and return torch CUDA tensors and queue the work on the
+current torch stream (or ``stream``).
 
 Covered: the presets the library embeds (`formats`), float32/float16/bfloat16, tiles along the
 last axis, the default modes. Anything else raises; `onnxq.cast` with ``backend="triton"`` or
