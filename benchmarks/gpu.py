@@ -148,6 +148,43 @@ def sweep(iters: int) -> str | None:
     return best[0]
 
 
+def c_library_path(iters: int) -> list[dict[str, Any]]:
+    """The C library's CUDA path (ahead-of-time kernels, `onnxq.cast.cuda_aot`): packed
+    quantize with the fast kernels and with the general ones (``ONNXQ_CUDA_FAST=0``)."""
+    import os
+
+    try:
+        from onnxq.cast import cuda_aot
+
+        ok, why = cuda_aot.available()
+    except Exception as err:  # the library or its kernels are absent
+        ok, why = False, str(err)
+    if not ok:
+        print(f"C library CUDA path: {why}")
+        return []
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn((8192, 8192), dtype=dtype, device="cuda")
+        nbytes = x.numel() * x.element_size()
+        buf = torch.empty_like(x)
+        copy_ms = bench(lambda x=x, buf=buf: buf.copy_(x), iters)
+        for fmt in ("mxfp8e4", "mxfp4", "mx6", "nvfp4"):
+            row: dict[str, Any] = {"format": fmt, "dtype": str(dtype).split(".")[-1]}
+            for label, fast in (("fast", "1"), ("general", "0")):
+                os.environ["ONNXQ_CUDA_FAST"] = fast
+                try:
+                    out = cuda_aot.quantize_packed(x, fmt)
+                    out_bytes = sum(t.numel() * t.element_size() for t in out.values())
+                    ms = bench(lambda x=x, f=fmt: cuda_aot.quantize_packed(x, f), iters)
+                    row[f"{label}_frac_copy"] = (nbytes + out_bytes) / ms / (2 * nbytes / copy_ms)
+                except Exception as err:
+                    row[f"{label}_error"] = str(err)[:200]
+            os.environ.pop("ONNXQ_CUDA_FAST", None)
+            print(f"C library CUDA path: {json.dumps(row)}", flush=True)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", required=True)
@@ -226,6 +263,7 @@ def main() -> None:
             torch.cuda.empty_cache()
         del x
         torch.cuda.empty_cache()
+    results["c_library"] = c_library_path(args.iters)
     results["seconds"] = time.time() - t_start
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
@@ -264,6 +302,20 @@ def summary(results: dict[str, Any]) -> str:
             f"{cell('torchao_to_mx_gbps')} | {cell('torchao_triton_to_mxfp8_dim0_gbps')} |"
             + (f" {r['error'][:80]}" if "error" in r else "")
         )
+    rows = results.get("c_library") or []
+    if rows:
+        lines += [
+            "",
+            "C library CUDA path (`cuda_aot.quantize_packed`, 8192x8192), x copy:",
+            "",
+            "| format | dtype | fast kernels | general kernels |",
+            "|---|---|---|---|",
+        ]
+        for r in rows:
+            fast = f"{r['fast_frac_copy']:.2f}" if "fast_frac_copy" in r else r.get("fast_error")
+            gen = r.get("general_frac_copy")
+            gen = f"{gen:.2f}" if gen is not None else r.get("general_error")
+            lines.append(f"| {r['format']} | {r['dtype']} | {fast} | {gen} |")
     return "\n".join(lines) + "\n"
 
 
