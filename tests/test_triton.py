@@ -1,56 +1,39 @@
 """The Triton cast engine against the numpy reference, bit for bit (issue 5).
 
-Without a GPU the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set here
-before triton is imported) on small tensors; with one (``torch.cuda.is_available()``) the
-same tests run on CUDA tensors, plus larger ones. Values are compared as bits (NaN payloads
-included), codes and scales as integers.
+Without a GPU the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
+tests/triton_support.py before triton is imported) on small tensors; with one
+(``torch.cuda.is_available()``) the same tests run on CUDA tensors, plus larger ones. Values
+are compared as bits (NaN payloads included), codes and scales as integers.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import sys
-
+import ml_dtypes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.triton_support import (
+    DEV,
+    GPU,
+    assert_same,
+    compare,
+    skip_overflow_checks,
+    to_torch,
+    torch,
+)
 
-GPU = torch.cuda.is_available()
-if not GPU:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
-if not GPU:
-    from triton.runtime import interpreter as _interpreter
+# isort: split
+from onnxq.cast import triton as tk
+from onnxq.cast.api import QTensor, cast, upcast
+from onnxq.cast.packing import pack_bits
+from onnxq.cast.torch_bridge import upcast_triton
+from onnxq.formats.datatype import DataType, datatype, datatypes
+from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
 
-    # Overflow checks only assert in debug mode (off, as on a GPU), but the interpreter still
-    # computes them: a quarter of this file's time
-    _builder = _interpreter.interpreter_builder
-    _builder.options = dataclasses.replace(_builder.options, sanitize_overflow=False)
+skip_overflow_checks()  # a quarter of this file's time in the interpreter
 
-import ml_dtypes  # noqa: E402
-
-import onnxq  # noqa: E402
-
-# Bind the lazy `onnxq.cast` function before importing onnxq.cast.* submodules: importing a
-# submodule first leaves `onnxq.cast` bound to the package (onnxq/__init__.py's lazy import).
-assert callable(onnxq.cast)
-
-from onnxq.cast import triton as tk  # noqa: E402
-from onnxq.cast.api import QTensor, cast, upcast  # noqa: E402
-from onnxq.cast.packing import pack_bits  # noqa: E402
-from onnxq.cast.torch_bridge import upcast_triton  # noqa: E402
-from onnxq.formats.datatype import DataType, datatype, datatypes  # noqa: E402
-from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode  # noqa: E402
-
-DEV = "cuda" if GPU else "cpu"
 # numpy (reference and interpreter) warns on NaN/Inf arithmetic that the casts mean to do
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-NP_DT = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 SUPPORTED = list(datatypes())
 UNSUPPORTED = ["int32_e8m0_t32", "e8m15_e8m0_t32", "e4m3fn_float64_t32", "int8_e12m0_t32"]
 SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
@@ -77,45 +60,6 @@ def sample(shape: tuple[int, ...], seed: int = 0, specials: bool = True) -> np.n
         flat[picks[3 * k + 3]] = -0.0
         flat[picks[3 * k + 4]] = np.float32(3e38)
     return x
-
-
-def to_torch(x: np.ndarray, dtype: str) -> torch.Tensor:
-    a = x.astype(NP_DT[dtype])
-    if dtype == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(DEV)
-    return torch.from_numpy(a).to(DEV)
-
-
-def bits(a: np.ndarray | torch.Tensor) -> np.ndarray:
-    """Integer view of a float array or tensor (what the comparisons use)."""
-    if isinstance(a, torch.Tensor):
-        a = a.detach().cpu()
-        if a.dtype == torch.bfloat16:
-            return a.view(torch.int16).numpy()
-        if a.dtype == torch.float16:
-            return a.view(torch.int16).numpy()
-        if a.dtype == torch.float32:
-            return a.view(torch.int32).numpy()
-        return a.numpy().astype(np.int64)
-    if a.dtype == np.float32:
-        return a.view(np.int32)
-    if a.dtype in (np.float16, np.dtype(ml_dtypes.bfloat16)):
-        return a.view(np.int16)
-    return a.astype(np.int64)
-
-
-def assert_same(got: torch.Tensor | None, want: np.ndarray | None, what: str) -> None:
-    if want is None:
-        assert got is None, what
-        return
-    assert got is not None, f"{what}: missing"
-    g, w = bits(got), bits(np.asarray(want))
-    assert g.shape == w.shape, f"{what}: shape {g.shape}, want {w.shape}"
-    bad = np.nonzero(g.reshape(-1).astype(np.int64) != w.reshape(-1).astype(np.int64))[0]
-    assert bad.size == 0, (
-        f"{what}: {bad.size} of {w.size} differ, first at flat {bad[:5].tolist()}: "
-        f"got {g.reshape(-1)[bad[:5]].tolist()}, want {w.reshape(-1)[bad[:5]].tolist()}"
-    )
 
 
 def _new_fields(dt: DataType | str) -> bool:
@@ -151,25 +95,12 @@ def triton_upcast(q: QTensor, out: torch.dtype) -> torch.Tensor:
 
 def check(x: np.ndarray, dt: str, dtype: str = "float32", *, modes=("virtual", "actual"), **kw):
     """Compare the Triton engine with the reference for one input, dtype and keyword set."""
-    xn = x.astype(NP_DT[dtype])
-    xt = to_torch(x, dtype)
-    for mode in modes:
-        want = cast(xn, dt, mode=mode, backend="reference", **kw)
-        got = triton_cast(xt, dt, mode, **kw)
-        label = f"{dt} {dtype} {mode} {kw}"
-        if mode == "virtual":
-            assert isinstance(got, torch.Tensor) and got.dtype == xt.dtype, label
-            assert_same(got, want, label + " values")
-            continue
-        assert isinstance(got, QTensor) and isinstance(want, QTensor)
-        for field in ("data", "scale", "zero", "tenscale", "meta", "mask"):
-            assert_same(getattr(got, field), getattr(want, field), f"{label} {field}")
-        for out in ("float32", dtype):
-            assert_same(
-                triton_upcast(got, TORCH_DT[out]),
-                upcast(want, NP_DT[out]),
-                f"{label} upcast to {out}",
-            )
+    compare(
+        x, dtype, modes,
+        lambda xn, mode: cast(xn, dt, mode=mode, backend="reference", **kw),
+        lambda xt, mode: triton_cast(xt, dt, mode, **kw),
+        triton_upcast, ("float32", dtype), lambda mode: f"{dt} {dtype} {mode} {kw}",
+    )  # fmt: skip
 
 
 # -- on a GPU: big tensors first (the GPU check has a time budget) ----------------------------

@@ -1,49 +1,31 @@
 """The Triton codebook engine against the numpy reference, bit for bit (issue 16).
 
-Without a GPU the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set here
-before triton is imported) on small tensors; with one, the same tests run on CUDA tensors,
-plus a larger one. The engine's functions are called directly and their results assembled
-into QTensors the way ``torch_bridge._cast_triton`` does; values are compared as bits, codes,
-scales and meta as integers, in virtual, actual and compress modes, and upcast (dequantize)
-to float32 and to the input's dtype.
+Without a GPU the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
+tests/triton_support.py before triton is imported) on small tensors; with one, the same tests
+run on CUDA tensors, plus a larger one. The engine's functions are called directly and their
+results assembled into QTensors the way ``torch_bridge._cast_triton`` does; values are compared
+as bits, codes, scales and meta as integers, in virtual, actual and compress modes, and upcast
+(dequantize) to float32 and to the input's dtype.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.triton_support import DEV, GPU, compare, torch
 
-GPU = torch.cuda.is_available()
-if not GPU:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+# isort: split
+from onnxq.cast import triton as tk
+from onnxq.cast import triton_codebook as tcb
+from onnxq.cast.api import QTensor, _meta_bits, cast
+from onnxq.formats.codebook import Codebook
+from onnxq.formats.datatype import DataType, datatype
+from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
 
-import ml_dtypes  # noqa: E402
-
-import onnxq  # noqa: E402
-
-# Bind the lazy `onnxq.cast` function before importing onnxq.cast.* submodules.
-assert callable(onnxq.cast)
-
-from onnxq.cast import triton as tk  # noqa: E402
-from onnxq.cast import triton_codebook as tcb  # noqa: E402
-from onnxq.cast.api import QTensor, _meta_bits, cast, upcast  # noqa: E402
-from onnxq.formats.codebook import Codebook  # noqa: E402
-from onnxq.formats.datatype import DataType, datatype  # noqa: E402
-from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode  # noqa: E402
-
-DEV = "cuda" if GPU else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-NP_DT = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 PRESET = "cb41fi_e2m2fnuz_e8m0_t32"
 
 
@@ -85,43 +67,6 @@ def with_specials(x: np.ndarray, seed: int = 1) -> np.ndarray:
     for p, v in zip(picks, (np.nan, np.inf, -np.inf, -0.0, 3e38, -1e-45), strict=False):
         flat[p] = v
     return x
-
-
-def to_torch(x: np.ndarray, dtype: str) -> torch.Tensor:
-    a = x.astype(NP_DT[dtype])
-    if dtype == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(DEV)
-    return torch.from_numpy(a).to(DEV)
-
-
-def bits(a: np.ndarray | torch.Tensor) -> np.ndarray:
-    """Integer view of a float array or tensor (what the comparisons use)."""
-    if isinstance(a, torch.Tensor):
-        a = a.detach().cpu()
-        if a.dtype in (torch.bfloat16, torch.float16):
-            return a.view(torch.int16).numpy()
-        if a.dtype == torch.float32:
-            return a.view(torch.int32).numpy()
-        return a.numpy().astype(np.int64)
-    if a.dtype == np.float32:
-        return a.view(np.int32)
-    if a.dtype in (np.float16, np.dtype(ml_dtypes.bfloat16)):
-        return a.view(np.int16)
-    return a.astype(np.int64)
-
-
-def assert_same(got: torch.Tensor | None, want: np.ndarray | None, what: str) -> None:
-    if want is None:
-        assert got is None, what
-        return
-    assert got is not None, f"{what}: missing"
-    g, w = bits(got), bits(np.asarray(want))
-    assert g.shape == w.shape, f"{what}: shape {g.shape}, want {w.shape}"
-    bad = np.nonzero(g.reshape(-1).astype(np.int64) != w.reshape(-1).astype(np.int64))[0]
-    assert bad.size == 0, (
-        f"{what}: {bad.size} of {w.size} differ, first at flat {bad[:5].tolist()}: "
-        f"got {g.reshape(-1)[bad[:5]].tolist()}, want {w.reshape(-1)[bad[:5]].tolist()}"
-    )
 
 
 def triton_cast(
@@ -190,25 +135,13 @@ def check(
 ) -> None:
     """Compare the engine with the reference for one input, dtype, axis and keyword set."""
     dt = datatype(dt) if isinstance(dt, str) else dt
-    xn = x.astype(NP_DT[dtype])
-    xt = to_torch(x, dtype)
-    for mode in modes:
-        want = cast(xn, dt, mode=mode, axis=axis, backend="reference", **kw)
-        got = triton_cast(xt, dt, mode, axis, **kw)
-        label = f"{dt.name} {dtype} {x.shape} axis {axis} {mode} {kw}"
-        if mode == "virtual":
-            assert isinstance(got, torch.Tensor) and got.dtype == xt.dtype, label
-            assert_same(got, want, label + " values")
-            continue
-        assert isinstance(got, QTensor) and isinstance(want, QTensor)
-        for field in ("data", "scale", "zero", "tenscale", "meta", "mask"):
-            assert_same(getattr(got, field), getattr(want, field), f"{label} {field}")
-        for out in dict.fromkeys(("float32", dtype)):
-            assert_same(
-                triton_upcast(got, TORCH_DT[out]),
-                upcast(want, NP_DT[out]),
-                f"{label} upcast to {out}",
-            )
+    compare(
+        x, dtype, modes,
+        lambda xn, mode: cast(xn, dt, mode=mode, axis=axis, backend="reference", **kw),
+        lambda xt, mode: triton_cast(xt, dt, mode, axis, **kw),
+        triton_upcast, ("float32", dtype),
+        lambda mode: f"{dt.name} {dtype} {x.shape} axis {axis} {mode} {kw}",
+    )  # fmt: skip
 
 
 # -- on a GPU: a larger tensor first ---------------------------------------------------------

@@ -10,37 +10,20 @@ GPU they run in Triton's interpreter; on one, on CUDA tensors.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.triton_support import GPU, assert_same, assert_same_qtensor, compare, to_torch
 
-GPU = torch.cuda.is_available()
-if not GPU:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+# isort: split
+import onnxq
+from onnxq.cast import triton_fast as tf
+from onnxq.cast.api import cast, upcast
+from onnxq.cast.torch_bridge import upcast_triton
+from onnxq.formats.datatype import datatype
+from onnxq.formats.modes import RoundMode
 
-import ml_dtypes  # noqa: E402
-
-import onnxq  # noqa: E402
-
-assert callable(onnxq.cast)  # bind the lazy function before importing submodules
-
-from onnxq.cast import triton_fast as tf  # noqa: E402
-from onnxq.cast.api import QTensor, cast, upcast  # noqa: E402
-from onnxq.cast.torch_bridge import upcast_triton  # noqa: E402
-from onnxq.formats.datatype import datatype  # noqa: E402
-from onnxq.formats.modes import RoundMode  # noqa: E402
-
-DEV = "cuda" if GPU else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-NP_DT = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-TORCH_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FAST = ["mxfp8e4", "mxfp8e5", "mxfp6e2", "mxfp6e3", "mxfp4", "mxint8", "mxint4", "bfp16",
         "bfp8", "mx9", "mx6", "mx4", "nvfp4"]  # fmt: skip
 FLOAT_FAST = ["mxfp8e4", "mxfp8e5", "mxfp6e2", "mxfp6e3", "mxfp4", "nvfp4"]
@@ -76,64 +59,15 @@ def hostile(shape: tuple[int, ...], tile: int, seed: int) -> np.ndarray:
     return rows.reshape(shape)
 
 
-def to_torch(x: np.ndarray, dtype: str) -> torch.Tensor:
-    a = np.ascontiguousarray(x.astype(NP_DT[dtype]))
-    if dtype == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(DEV)
-    return torch.from_numpy(a).to(DEV)
-
-
-def bits(a: np.ndarray | torch.Tensor) -> np.ndarray:
-    if isinstance(a, torch.Tensor):
-        a = a.detach().cpu()
-        if a.dtype in (torch.bfloat16, torch.float16):
-            return a.view(torch.int16).numpy().astype(np.int64)
-        if a.dtype == torch.float32:
-            return a.view(torch.int32).numpy().astype(np.int64)
-        if a.dtype == torch.uint32:
-            return a.view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
-        if a.dtype == torch.uint16:
-            return a.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
-        return a.numpy().astype(np.int64)
-    a = np.asarray(a)
-    if a.dtype == np.float32:
-        return a.view(np.int32).astype(np.int64)
-    if a.dtype in (np.float16, np.dtype(ml_dtypes.bfloat16)):
-        return a.view(np.int16).astype(np.int64)
-    return a.astype(np.int64)
-
-
-def same(got, want, what: str) -> None:
-    if want is None:
-        assert got is None, what
-        return
-    assert got is not None, f"{what}: missing"
-    g, w = bits(got), bits(want)
-    assert g.shape == w.shape, f"{what}: shape {g.shape}, want {w.shape}"
-    bad = np.nonzero(g.reshape(-1) != w.reshape(-1))[0]
-    assert bad.size == 0, (
-        f"{what}: {bad.size} of {w.size} differ, first at {bad[:4].tolist()}: "
-        f"got {g.reshape(-1)[bad[:4]].tolist()}, want {w.reshape(-1)[bad[:4]].tolist()}"
-    )
-
-
 def check(x: np.ndarray, name: str, dtype: str, modes=("virtual", "actual", "compress"), **kw):
-    xt = to_torch(x, dtype)
     rmode = RoundMode.parse(kw.get("round_mode", "even"))
     assert tf.fast_plan(tuple(x.shape), datatype(name), x.ndim - 1, rmode) is not None, name
-    xn = x.astype(NP_DT[dtype])
-    for mode in modes:
-        label = f"{name} {dtype} {mode} {kw}"
-        want = cast(xn, name, mode=mode, backend="reference", **kw)
-        got = cast(xt, name, mode=mode, backend="triton", **kw)
-        if mode == "virtual":
-            assert got.dtype == xt.dtype, label
-            same(got, want, label)
-            continue
-        assert isinstance(got, QTensor)
-        for field in ("data", "scale", "zero", "tenscale", "meta", "mask"):
-            same(getattr(got, field), getattr(want, field), f"{label} {field}")
-        same(upcast_triton(got, TORCH_DT[dtype]), upcast(want, NP_DT[dtype]), label + " upcast")
+    compare(
+        x, dtype, modes,
+        lambda xn, mode: cast(xn, name, mode=mode, backend="reference", **kw),
+        lambda xt, mode: cast(xt, name, mode=mode, backend="triton", **kw),
+        upcast_triton, (dtype,), lambda mode: f"{name} {dtype} {mode} {kw}",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -190,7 +124,7 @@ def test_the_general_kernel_agrees_with_the_fast_path(monkeypatch: pytest.Monkey
     assert tf.fast_plan((8, 128), datatype("mxfp6e2"), 1, RoundMode.EVEN) is None
     slow = cast(x, "mxfp6e2", mode="compress", backend="triton")
     for field in ("data", "scale", "meta"):
-        same(getattr(fast, field), getattr(slow, field), field)
+        assert_same(getattr(fast, field), getattr(slow, field), field)
 
 
 @pytest.mark.parametrize(
@@ -234,8 +168,7 @@ def test_every_engine_through_onnxq_cast(name: str) -> None:
         want = cast(x, name, mode=mode, backend="reference")
         got = cast(xt, name, mode=mode, backend="triton")
         if mode == "virtual":
-            same(got, want, f"{name} virtual")
+            assert_same(got, want, f"{name} virtual")
             continue
-        for field in ("data", "scale", "zero", "tenscale", "meta", "mask"):
-            same(getattr(got, field), getattr(want, field), f"{name} {mode} {field}")
-        same(onnxq.upcast(got), upcast(want), f"{name} {mode} upcast")
+        assert_same_qtensor(got, want, f"{name} {mode}")
+        assert_same(onnxq.upcast(got), upcast(want), f"{name} {mode} upcast")
