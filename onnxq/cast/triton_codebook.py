@@ -52,6 +52,16 @@ import triton
 import triton.language as tl
 
 from onnxq.cast.layout import Tiling
+from onnxq.cast.triton import (
+    _IN_KIND,
+    _bump_threshold,
+    _elem_fmt,
+    _int_view,
+    _ldexp_bits,
+    _load_bits,
+    _scale_exp_t,
+    _store_values,
+)
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
@@ -59,16 +69,6 @@ from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 __all__ = ["dequantize", "meta_shape", "quantize", "supports"]
 
 _ROUND = {RoundMode.EVEN: 0, RoundMode.AWAY: 1, RoundMode.ZERO: 2}
-_SMODE = {
-    ScaleMode.FLOOR: 0,
-    ScaleMode.CEIL: 1,
-    ScaleMode.MIDMAX: 2,
-    ScaleMode.TOPBINADE: 3,
-    ScaleMode.RCEIL: 3,
-    ScaleMode.OPTION3: 4,
-    ScaleMode.EVEN: 4,
-}
-_IN_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _MAX_TILE = 1024  # a tile (or a whole-tensor scale's tensor) must fit one program
 _BLOCK = 512  # elements per program (float64 work: about 100 registers per thread at 4 warps)
 _NUM_WARPS = 4
@@ -214,86 +214,18 @@ def _float32_table(book: Codebook, mags: tuple[tuple[float, ...], ...]) -> bool:
 
 
 def _scale_args(book: Codebook, dt: DataType, scale_mode: ScaleMode) -> list[int]:
-    """e_mbits .. s_nan of the kernel (reference `_scale_exponent` on the compute type)."""
+    """bump_t .. s_nan of the kernel (reference `_scale_exponent` on the compute type)."""
     s = dt.sspec
     assert s is not None
     e = book.compute
-    # bump thresholds on the significand normalised to [2^23, 2^24): sig > floor(t * 2^23)
-    mid_t = math.floor(math.ldexp(e.midmax, 23 - e.emax))
-    top_t = math.floor(math.ldexp(e.maxfloat, 23 - e.emax))
     low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
     return [
-        e.mbits, e.emax, _SMODE[scale_mode], mid_t, top_t, low, high, s.scale.bias,
+        _bump_threshold(_elem_fmt(e), scale_mode), e.emax, low, high, s.scale.bias,
         (1 << s.scale.ebits) - 1,
     ]  # fmt: skip
 
 
-# -- device helpers (own copies: independent of triton.py's signatures) -------------------------
-@triton.jit
-def _cb_ilog2(n):
-    # floor(log2 n) for 1 <= n <= 2^24: the exponent of n's float32 value (exact conversion)
-    f = n.to(tl.float32).to(tl.int32, bitcast=True)
-    return ((f >> 23) & 0xFF) - 127
-
-
-@triton.jit
-def _cb_round_shift_even(M, sh):
-    # round-half-even of M / 2^sh for 0 <= M < 2^25 (sh <= 0: exact left shift)
-    shr = tl.minimum(tl.maximum(sh, 0), 30)
-    shl = tl.minimum(tl.maximum(-sh, 0), 30)
-    fl = M >> shr
-    rem = M - (fl << shr)
-    half = 1 << tl.maximum(shr - 1, 0)
-    up = (rem > half) | ((rem == half) & ((fl & 1) == 1))
-    return tl.where(sh > 0, fl + up.to(tl.int32), M << shl)
-
-
-@triton.jit
-def _cb_make_f32(n, pe):
-    # float32 bits of n * 2^pe (0 <= n <= 2^24), round-half-even below the subnormal grid
-    L = _cb_ilog2(tl.maximum(n, 1))
-    field = pe + L + 127
-    norm = tl.where(L <= 23, n << tl.maximum(23 - L, 0), n >> tl.maximum(L - 23, 0))
-    normal = (field << 23) + (norm & 0x7FFFFF)
-    sub = _cb_round_shift_even(n, -149 - pe)  # a carry to 2^23 is the smallest normal
-    bits = tl.where(field >= 1, normal, sub)
-    bits = tl.where(field >= 255, 0x7F800000, bits)
-    return tl.where(n == 0, 0, bits)
-
-
-@triton.jit
-def _cb_ldexp_bits(qb, k):
-    # float32 bits of value(qb) * 2^k rounded once (finite qb), sign kept
-    ab = qb & 0x7FFFFFFF
-    E = ab >> 23
-    F = ab & 0x7FFFFF
-    M = tl.where(E > 0, F | 0x800000, F)
-    ex = tl.where(E > 0, E - 127, -126)
-    return _cb_make_f32(M, ex - 23 + k) | (qb & -2147483648)
-
-
-@triton.jit
-def _cb_scale_exp(amax_b, mbits, emax, smode, mid_t, top_t, low, high):
-    # exponent of a tile's element grid from its finite absmax bits (reference
-    # `_scale_exponent` for a float compute type of mbits <= 22, clamped to the scale's range)
-    E = amax_b >> 23
-    F = amax_b & 0x7FFFFF
-    M = tl.where(E > 0, F | 0x800000, F)
-    lg = _cb_ilog2(tl.maximum(M, 1))
-    maxexp = lg + tl.where(E > 0, E - 127, -126) - 23
-    sig = M << tl.maximum(23 - lg, 0)  # significand normalised to [2^23, 2^24)
-    sh = 23 - mbits
-    ones = (sig >> sh) == (1 << (mbits + 1)) - 1
-    opt3 = ones & ((sig & ((1 << sh) - 1)) >= (1 << (sh - 1)))  # rounds up to 2^(mbits+1)
-    bump = tl.where(
-        smode == 1,
-        sig > 0x800000,
-        tl.where(smode == 2, sig > mid_t, tl.where(smode == 3, sig > top_t, (smode == 4) & opt3)),
-    )
-    sexp = tl.minimum(tl.maximum(maxexp + bump.to(tl.int32) - emax, low), high)
-    return tl.where(amax_b == 0, low, sexp)
-
-
+# -- device helpers (and triton.py's _load_bits, _store_values, _ldexp_bits, _scale_exp_t) ----
 @triton.jit
 def _cb_offsets(
     pid,
@@ -380,36 +312,6 @@ def _cb_meta_offsets(
         moff = inst[:, None] + s * 0
         mok = u_ok[:, None] & (s < 1)
     return moff, mok
-
-
-@triton.jit
-def _cb_load_bits(x_ptr, off, ok, IN_KIND: tl.constexpr):
-    # float32 bits of the input (exact widening of float16 / bfloat16)
-    raw = tl.load(x_ptr + off, mask=ok, other=0)
-    if IN_KIND == 0:
-        xb = raw
-    elif IN_KIND == 1:
-        xb = raw.to(tl.float16, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
-    else:
-        xb = raw.to(tl.int32) << 16
-    return xb
-
-
-@triton.jit
-def _cb_store_values(y_ptr, off, ok, yb, nan, OUT_KIND: tl.constexpr):
-    # float32 bits -> the output type (round-half-even); NaN is the canonical quiet NaN
-    nan = nan | ((yb & 0x7FFFFFFF) > 0x7F800000)
-    if OUT_KIND == 0:
-        out = tl.where(nan, 0x7FC00000, yb)
-    elif OUT_KIND == 1:
-        h = yb.to(tl.float32, bitcast=True).to(tl.float16).to(tl.int16, bitcast=True)
-        out = tl.where(nan, 0x7E00, h).to(tl.int16)
-    else:
-        mag = yb & 0x7FFFFFFF
-        r = (mag + 0x7FFF + ((mag >> 16) & 1)) >> 16
-        h = r | ((yb >> 16) & 0x8000)
-        out = tl.where(nan, 0x7FC0, h).to(tl.int16)
-    tl.store(y_ptr + off, out, mask=ok)
 
 
 @triton.jit
@@ -539,8 +441,8 @@ def _cb_write(
     sgn = (xb < 0) & ((best_idx != 0) | (negzero != 0))
     if WANT_Y:
         magb = tl.load(magb_ptr + map3 * K + best_idx)
-        yb = _cb_ldexp_bits(magb, sexp3) | (sgn.to(tl.int32) << 31)
-        _cb_store_values(y_ptr, off, ok, yb, tile_nan, IN_KIND)
+        yb = _ldexp_bits(magb, sexp3) | (sgn.to(tl.int32) << 31)
+        _store_values(y_ptr, off, ok, yb, tile_nan, tile_nan, IN_KIND != 0, IN_KIND == 2)
     if WANT_CODES:
         code = (sgn.to(tl.int32) << (IB - 1)) | best_idx
         code = tl.where(tile_nan, 0, code)
@@ -561,8 +463,7 @@ def _cb_tile_flags(xb):
 # -- kernels ---------------------------------------------------------------------------------
 # Format numbers are runtime arguments (not specialised): one compile per layout and mode.
 _FMT_ARGS = (
-    "rmode", "nan_block", "e_mbits", "e_emax", "smode", "mid_t", "top_t", "s_low", "s_high",
-    "s_bias", "s_nan", "negzero",
+    "rmode", "nan_block", "bump_t", "e_emax", "s_low", "s_high", "s_bias", "s_nan", "negzero",
 )  # fmt: skip
 
 
@@ -586,11 +487,8 @@ def _cb_quant_kernel(
     sub_cols,
     rmode,
     nan_block,
-    e_mbits,
+    bump_t,
     e_emax,
-    smode,
-    mid_t,
-    top_t,
     s_low,
     s_high,
     s_bias,
@@ -616,11 +514,11 @@ def _cb_quant_kernel(
     u_ok, inst, j, o, i, off, ok = _cb_offsets(
         pid, n_inst, C, TC, inner, nC, nsub, sub, 0, LAST, TENSOR, NSUB, SUB, BT
     )
-    xb = _cb_load_bits(x_ptr, off, ok, IN_KIND)
+    xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
     amax_b, any_nf, any_nan = _cb_tile_flags(xb)
     # codebooks have no NaN code: a NaN (block policy: any NaN/Inf) makes its tile NaN
     tnan = tl.where(nan_block != 0, any_nf, any_nan) > 0
-    sexp = _cb_scale_exp(amax_b, e_mbits, e_emax, smode, mid_t, top_t, s_low, s_high)
+    sexp, _maxexp = _scale_exp_t(amax_b, bump_t, e_emax, s_low, s_high)
     sexp3 = sexp[:, None, None]
     a = _cb_scaled(xb, sexp3)
     best_idx, best_map = _cb_select(
@@ -661,11 +559,8 @@ def _cb_long_kernel(
     delta,
     rmode,
     nan_block,
-    e_mbits,
+    bump_t,
     e_emax,
-    smode,
-    mid_t,
-    top_t,
     s_low,
     s_high,
     s_bias,
@@ -699,13 +594,14 @@ def _cb_long_kernel(
         u_ok, inst, j, o, i, off, ok = _cb_offsets(
             pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
         )
-        cmax, cnf, cnan = _cb_tile_flags(_cb_load_bits(x_ptr, off, ok, IN_KIND))
+        xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
+        cmax, cnf, cnan = _cb_tile_flags(xb)
         amax_b = tl.maximum(amax_b, cmax)
         any_nf = tl.maximum(any_nf, cnf)
         any_nan = tl.maximum(any_nan, cnan)
         q += 1
     tnan = tl.where(nan_block != 0, any_nf, any_nan) > 0
-    sexp = _cb_scale_exp(amax_b, e_mbits, e_emax, smode, mid_t, top_t, s_low, s_high)
+    sexp, _maxexp = _scale_exp_t(amax_b, bump_t, e_emax, s_low, s_high)
     sexp3 = sexp[:, None, None]
     u_ok, inst, j, o, i, off, ok = _cb_offsets(
         pid, n_inst, C, TC, inner, nC, NSUB, SUB, 0, LAST, TENSOR, NSUB, SUB, 1
@@ -716,7 +612,7 @@ def _cb_long_kernel(
             u_ok, inst, j, o, i, off, ok = _cb_offsets(
                 pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
             )
-            xb = _cb_load_bits(x_ptr, off, ok, IN_KIND)
+            xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
             a = _cb_scaled(xb, sexp3)
             best_idx, best_map = _cb_select(
                 a, mag_ptr, even_ptr, rmode, 1, NSUB, SUB, K, LOG2K, NMAP, FORCE
@@ -743,7 +639,8 @@ def _cb_long_kernel(
             u_ok, inst, j, o, i, off, ok = _cb_offsets(
                 pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
             )
-            a = _cb_scaled(_cb_load_bits(x_ptr, off, ok, IN_KIND), sexp3)
+            xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
+            a = _cb_scaled(xb, sexp3)
             _idx0, tq0, d0 = _cb_nearest(a, mag_ptr, even_ptr, 0, K, LOG2K, rmode)
             errs = errs + tl.where(ar == 0, tl.sum(d0 * d0), 0.0)
             for m in range(1, NMAP):
@@ -778,7 +675,8 @@ def _cb_long_kernel(
                 u_ok, inst, j, o, i, off, ok = _cb_offsets(
                     pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
                 )
-                a = _cb_scaled(_cb_load_bits(x_ptr, off, ok, IN_KIND), sexp3)
+                xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
+                a = _cb_scaled(xb, sexp3)
                 n_valid = tl.minimum(TC - q * CH, CH)
                 for m in range(NMAP):
                     _idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
@@ -802,7 +700,7 @@ def _cb_long_kernel(
             u_ok, inst, j, o, i, off, ok = _cb_offsets(
                 pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
             )
-            xb = _cb_load_bits(x_ptr, off, ok, IN_KIND)
+            xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
             a = _cb_scaled(xb, sexp3)
             map3 = chosen[:, None, None]
             best_idx, _tq, _d = _cb_nearest(a, mag_ptr, even_ptr, map3 * K, K, LOG2K, rmode)
@@ -873,15 +771,12 @@ def _cb_dequant_kernel(
     sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & s_mask
     nan_t = sc == s_nan
     k3 = tl.where(nan_t, 0, sc - s_bias)[:, None, None]
-    yb = _cb_ldexp_bits(qb, k3)
-    _cb_store_values(y_ptr, off, ok, yb, ok & nan_t[:, None, None], OUT_KIND)
+    yb = _ldexp_bits(qb, k3)
+    nan = ok & nan_t[:, None, None]
+    _store_values(y_ptr, off, ok, yb, nan, nan, OUT_KIND != 0, OUT_KIND == 2)
 
 
 # -- host side -------------------------------------------------------------------------------
-def _int_view(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
-
-
 def _common(g: _Geom, nsub_p: int, sub_p: int, bt: int) -> dict[str, Any]:
     return dict(
         LAST=g.inner == 1, TENSOR=g.tensor, SUBT=bool(g.tiling.Sc), NSUB=nsub_p, SUB=sub_p,
