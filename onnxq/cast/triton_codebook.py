@@ -24,10 +24,10 @@ numpy's ``astype`` does.
 
 Tiles up to 1024 elements: BT whole tiles per program, loaded once (`_cb_quant_kernel`).
 Longer tiles (channel ``t0``, a tensor scale, ``t2048``...): one program per tile, in chunks
-(`_cb_long_kernel`): a statistics pass, then with subtiles one pass choosing and writing, and
-without (the tile is the unit) one pass adding every mapping's errors (margin 2^-50 * n,
-n the tile length) and one writing - the tile is read 2-3 times (from L2 when it fits). Its
-near-tie pass adds 512 elements per step one at a time (slow, and rare).
+(the same kernel with ``LONG``): a statistics pass, then with subtiles one pass choosing and
+writing, and without (the tile is the unit) one pass adding every mapping's errors (margin
+2^-50 * n, n the tile length) and one writing - the tile is read 2-3 times (from L2 when it
+fits). Its near-tie pass adds 512 elements per step one at a time (slow, and rare).
 
 Supported: 1-D tiles on any axis and tensor scales, with or without subtiles (up to 1024
 elements each), exponent scales up to 8 bits, compute types up to 16 bits (table values are
@@ -360,6 +360,18 @@ def _cb_scaled(xb, sexp3):
 
 
 @triton.jit
+def _cb_compare(err, best_err, same, delta):
+    # Whether a mapping's error sum is surely below the best one's, and whether that is
+    # undecided (the sums, both within ``delta`` relative of the exact ones, too close), given
+    # whether the two mappings quantize the unit identically (``same``: a tie). A NaN or Inf
+    # in a unit makes every mapping's sum NaN or Inf, in any order: a tie, never undecided.
+    sure_better = err < best_err - best_err * delta
+    sure_worse = best_err < err - err * delta
+    err_finite = (err - err) == 0.0
+    return (~same) & sure_better, err_finite & (~same) & (~sure_better) & (~sure_worse)
+
+
+@triton.jit
 def _cb_select(
     a,
     mag_ptr,
@@ -390,13 +402,10 @@ def _cb_select(
         later = m != 0
         # equal entries: equal terms, equal sums in any order (a tie: the earlier stays)
         same = tl.min((tq == best_tq).to(tl.int32), axis=2) > 0
-        # tree and ordered sums are both within 2^-43 (relative) of the exact sum
-        sure_better = err < best_err - best_err * 1.4551915228366852e-11  # 2^-36
-        sure_worse = best_err < err - err * 1.4551915228366852e-11
-        better = first | (~same & sure_better)
-        # a NaN or Inf in a unit makes every mapping's sum NaN or Inf, in any order: a tie
-        err_finite = (err - err) == 0.0
-        amb = amb | (later & err_finite & (~same) & (~sure_better) & (~sure_worse))
+        # tree and ordered sums are both within 2^-43 (relative) of the exact sum: 2^-36
+        sure, unsure = _cb_compare(err, best_err, same, 1.4551915228366852e-11)
+        better = first | sure
+        amb = amb | (later & unsure)
         best_err = tl.where(better, err, best_err)
         best_map = tl.where(better, m, best_map)
         best_idx = tl.where(better[:, :, None], idx, best_idx)
@@ -467,7 +476,37 @@ _FMT_ARGS = (
 )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=_FMT_ARGS)
+@triton.jit
+def _cb_chunk(
+    x_ptr,
+    pid,
+    q,
+    n_inst,
+    C,
+    TC,
+    inner,
+    nC,
+    IN_KIND: tl.constexpr,
+    LAST: tl.constexpr,
+    TENSOR: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+):
+    # chunk q (NSUB * SUB elements) of the one tile of program pid: offsets and input bits
+    u_ok, inst, j, o, i, off, ok = _cb_offsets(
+        pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * (NSUB * SUB), LAST, TENSOR, NSUB, SUB, 1
+    )
+    xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
+    return u_ok, inst, j, o, i, off, ok, xb
+
+
+@triton.jit
+def _cb_error(errs, ar, m):
+    # mapping m's entry of the per-mapping errors, as a (1,) tensor
+    return tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == m, errs, 0.0))
+
+
+@triton.jit(do_not_specialize=(*_FMT_ARGS, "n_chunks", "delta"))
 def _cb_quant_kernel(
     x_ptr,
     y_ptr,
@@ -485,6 +524,8 @@ def _cb_quant_kernel(
     nsub,
     sub,
     sub_cols,
+    n_chunks,
+    delta,
     rmode,
     nan_block,
     bump_t,
@@ -507,112 +548,65 @@ def _cb_quant_kernel(
     K: tl.constexpr,
     LOG2K: tl.constexpr,
     NMAP: tl.constexpr,
+    NMAP_P: tl.constexpr,
     FORCE: tl.constexpr,
+    LONG: tl.constexpr,
 ):
-    # BT whole tiles per program, loaded once
+    # Not LONG: BT whole tiles per program, loaded once. LONG: one tile over 1024 elements
+    # per program (BT = 1), in n_chunks chunks of NSUB * SUB: statistics first, then
+    # (subtiles) the chunk's units chosen and written, or (the tile is the unit) the
+    # mappings' errors added over the chunks, the choice, and the chunks written.
     pid = tl.program_id(0)
-    u_ok, inst, j, o, i, off, ok = _cb_offsets(
-        pid, n_inst, C, TC, inner, nC, nsub, sub, 0, LAST, TENSOR, NSUB, SUB, BT
-    )
-    xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
-    amax_b, any_nf, any_nan = _cb_tile_flags(xb)
+    if LONG:
+        amax_b = tl.zeros([1], tl.int32)
+        any_nf = tl.zeros([1], tl.int32)
+        any_nan = tl.zeros([1], tl.int32)
+        q = 0
+        while q < n_chunks:
+            u_ok, inst, j, o, i, off, ok, xb = _cb_chunk(
+                x_ptr, pid, q, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
+            )
+            cmax, cnf, cnan = _cb_tile_flags(xb)
+            amax_b = tl.maximum(amax_b, cmax)
+            any_nf = tl.maximum(any_nf, cnf)
+            any_nan = tl.maximum(any_nan, cnan)
+            q += 1
+        u_ok, inst, j, o, i, off, ok, xb = _cb_chunk(
+            x_ptr, pid, 0, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
+        )
+    else:
+        u_ok, inst, j, o, i, off, ok = _cb_offsets(
+            pid, n_inst, C, TC, inner, nC, nsub, sub, 0, LAST, TENSOR, NSUB, SUB, BT
+        )
+        xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
+        amax_b, any_nf, any_nan = _cb_tile_flags(xb)
     # codebooks have no NaN code: a NaN (block policy: any NaN/Inf) makes its tile NaN
     tnan = tl.where(nan_block != 0, any_nf, any_nan) > 0
     sexp, _maxexp = _scale_exp_t(amax_b, bump_t, e_emax, s_low, s_high)
     sexp3 = sexp[:, None, None]
-    a = _cb_scaled(xb, sexp3)
-    best_idx, best_map = _cb_select(
-        a, mag_ptr, even_ptr, rmode, BT, NSUB, SUB, K, LOG2K, NMAP, FORCE
-    )
-    tile_nan = ok & tnan[:, None, None]
-    _cb_write(
-        y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3, tile_nan,
-        negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
-    )  # fmt: skip
     if WANT_CODES:
         scode = tl.where(tnan, s_nan, sexp + s_bias)
         tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
-        moff, mok = _cb_meta_offsets(
-            u_ok, inst, j, o, i, nsub, 0, sub_cols, inner, LAST, SUBT, NSUB
+    if not LONG:
+        a = _cb_scaled(xb, sexp3)
+        best_idx, best_map = _cb_select(
+            a, mag_ptr, even_ptr, rmode, BT, NSUB, SUB, K, LOG2K, NMAP, FORCE
         )
-        tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
-
-
-@triton.jit(do_not_specialize=(*_FMT_ARGS, "n_chunks", "delta"))
-def _cb_long_kernel(
-    x_ptr,
-    y_ptr,
-    code_ptr,
-    scale_ptr,
-    meta_ptr,
-    mag_ptr,
-    magb_ptr,
-    even_ptr,
-    n_inst,
-    C,
-    TC,
-    inner,
-    nC,
-    nsub,
-    sub_cols,
-    n_chunks,
-    delta,
-    rmode,
-    nan_block,
-    bump_t,
-    e_emax,
-    s_low,
-    s_high,
-    s_bias,
-    s_nan,
-    negzero,
-    IN_KIND: tl.constexpr,
-    WANT_Y: tl.constexpr,
-    WANT_CODES: tl.constexpr,
-    LAST: tl.constexpr,
-    TENSOR: tl.constexpr,
-    SUBT: tl.constexpr,
-    NSUB: tl.constexpr,
-    SUB: tl.constexpr,
-    IB: tl.constexpr,
-    K: tl.constexpr,
-    LOG2K: tl.constexpr,
-    NMAP: tl.constexpr,
-    NMAP_P: tl.constexpr,
-    FORCE: tl.constexpr,
-):
-    # One tile over 1024 elements per program, in chunks of NSUB * SUB: statistics first,
-    # then (subtiles) the chunk's units chosen and written, or (the tile is the unit) the
-    # mappings' errors added over the chunks, the choice, and the chunks written.
-    pid = tl.program_id(0)
-    CH: tl.constexpr = NSUB * SUB
-    amax_b = tl.zeros([1], tl.int32)
-    any_nf = tl.zeros([1], tl.int32)
-    any_nan = tl.zeros([1], tl.int32)
-    q = 0
-    while q < n_chunks:
-        u_ok, inst, j, o, i, off, ok = _cb_offsets(
-            pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
-        )
-        xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
-        cmax, cnf, cnan = _cb_tile_flags(xb)
-        amax_b = tl.maximum(amax_b, cmax)
-        any_nf = tl.maximum(any_nf, cnf)
-        any_nan = tl.maximum(any_nan, cnan)
-        q += 1
-    tnan = tl.where(nan_block != 0, any_nf, any_nan) > 0
-    sexp, _maxexp = _scale_exp_t(amax_b, bump_t, e_emax, s_low, s_high)
-    sexp3 = sexp[:, None, None]
-    u_ok, inst, j, o, i, off, ok = _cb_offsets(
-        pid, n_inst, C, TC, inner, nC, NSUB, SUB, 0, LAST, TENSOR, NSUB, SUB, 1
-    )
-    if SUBT:
+        _cb_write(
+            y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3,
+            ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+        )  # fmt: skip
+        if WANT_CODES:
+            moff, mok = _cb_meta_offsets(
+                u_ok, inst, j, o, i, nsub, 0, sub_cols, inner, LAST, SUBT, NSUB
+            )
+            tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
+    elif SUBT:
         q = 0
         while q < n_chunks:
-            u_ok, inst, j, o, i, off, ok = _cb_offsets(
-                pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+            u_ok, inst, j, o, i, off, ok, xb = _cb_chunk(
+                x_ptr, pid, q, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
             )
-            xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
             a = _cb_scaled(xb, sexp3)
             best_idx, best_map = _cb_select(
                 a, mag_ptr, even_ptr, rmode, 1, NSUB, SUB, K, LOG2K, NMAP, FORCE
@@ -627,7 +621,6 @@ def _cb_long_kernel(
                 )
                 tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
             q += 1
-        chosen = tl.zeros([1], tl.int32)
     else:
         # errors of every mapping over the whole tile (chunk trees added in order), and
         # whether each mapping's entries equal mapping 0's everywhere
@@ -636,10 +629,9 @@ def _cb_long_kernel(
         same0 = tl.full([NMAP_P], 1, tl.int32)
         q = 0
         while q < n_chunks:
-            u_ok, inst, j, o, i, off, ok = _cb_offsets(
-                pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+            u_ok, inst, j, o, i, off, ok, xb = _cb_chunk(
+                x_ptr, pid, q, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
             )
-            xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
             a = _cb_scaled(xb, sexp3)
             _idx0, tq0, d0 = _cb_nearest(a, mag_ptr, even_ptr, 0, K, LOG2K, rmode)
             errs = errs + tl.where(ar == 0, tl.sum(d0 * d0), 0.0)
@@ -649,21 +641,18 @@ def _cb_long_kernel(
                 sm = tl.min((tq == tq0).to(tl.int32))
                 same0 = tl.where(ar == m, tl.minimum(same0, sm), same0)
             q += 1
-        best_err = tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == 0, errs, 0.0))
+        best_err = _cb_error(errs, ar, 0)
         chosen = tl.zeros([1], tl.int32)
         if FORCE:
             amb = chosen == 0
         else:
             amb = chosen != 0
         for m in range(1, NMAP):
-            err = tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == m, errs, 0.0))
+            err = _cb_error(errs, ar, m)
             same = (chosen + tl.sum(tl.where(ar == m, same0, 0)) > 0) & (chosen == 0)
             same = same | ((err == 0.0) & (best_err == 0.0))  # all terms zero in both
-            sure_better = err < best_err - best_err * delta
-            sure_worse = best_err < err - err * delta
-            better = (~same) & sure_better
-            err_finite = (err - err) == 0.0
-            amb = amb | (err_finite & (~same) & (~sure_better) & (~sure_worse))
+            better, unsure = _cb_compare(err, best_err, same, delta)
+            amb = amb | unsure
             best_err = tl.where(better, err, best_err)
             chosen = tl.where(better, m, chosen)
         if tl.max(amb.to(tl.int32)) > 0:
@@ -672,12 +661,11 @@ def _cb_long_kernel(
             errs = tl.zeros([NMAP_P], tl.float64)
             q = 0
             while q < n_chunks:
-                u_ok, inst, j, o, i, off, ok = _cb_offsets(
-                    pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+                u_ok, inst, j, o, i, off, ok, xb = _cb_chunk(
+                    x_ptr, pid, q, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
                 )
-                xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
                 a = _cb_scaled(xb, sexp3)
-                n_valid = tl.minimum(TC - q * CH, CH)
+                n_valid = tl.minimum(TC - q * (NSUB * SUB), NSUB * SUB)
                 for m in range(NMAP):
                     _idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
                     sq = d * d
@@ -688,19 +676,18 @@ def _cb_long_kernel(
                         kk += 1
                     errs = tl.where(ar == m, err, errs)
                 q += 1
-            best_err = tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == 0, errs, 0.0))
+            best_err = _cb_error(errs, ar, 0)
             chosen = tl.zeros([1], tl.int32)
             for m in range(1, NMAP):
-                err = tl.zeros([1], tl.float64) + tl.sum(tl.where(ar == m, errs, 0.0))
+                err = _cb_error(errs, ar, m)
                 better = err < best_err
                 best_err = tl.where(better, err, best_err)
                 chosen = tl.where(better, m, chosen)
         q = 0
         while q < n_chunks:
-            u_ok, inst, j, o, i, off, ok = _cb_offsets(
-                pid, n_inst, C, TC, inner, nC, NSUB, SUB, q * CH, LAST, TENSOR, NSUB, SUB, 1
+            u_ok, inst, j, o, i, off, ok, xb = _cb_chunk(
+                x_ptr, pid, q, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
             )
-            xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
             a = _cb_scaled(xb, sexp3)
             map3 = chosen[:, None, None]
             best_idx, _tq, _d = _cb_nearest(a, mag_ptr, even_ptr, map3 * K, K, LOG2K, rmode)
@@ -709,10 +696,7 @@ def _cb_long_kernel(
                 ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
             )  # fmt: skip
             q += 1
-    if WANT_CODES:
-        scode = tl.where(tnan, s_nan, sexp + s_bias)
-        tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
-        if not SUBT:
+        if WANT_CODES:
             tl.store(meta_ptr + inst, chosen.to(tl.uint8), mask=u_ok)
 
 
@@ -852,18 +836,14 @@ def quantize(
         num_warps=_NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     ptrs = (_int_view(x), _int_view(y), codes, scale, meta, m64, m32, even)
-    if _is_long(g):
-        # the tree sums of a unit of n elements are within n * 2^-53 of the ordered ones
-        delta = 2.0 ** (math.ceil(math.log2(g.TC)) - 50)
-        _cb_long_kernel[(g.n_inst,)](
-            *ptrs, g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, max(g.sub_cols, 1), n_chunks,
-            delta, *fmt, NMAP_P=triton.next_power_of_2(book.num_mappings), **consts,
-        )  # fmt: skip
-    else:
-        _cb_quant_kernel[(triton.cdiv(g.n_inst, bt),)](
-            *ptrs, g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1),
-            *fmt, BT=bt, **consts,
-        )  # fmt: skip
+    long = _is_long(g)
+    # the tree sums of a long tile's n elements are within n * 2^-53 of the ordered ones
+    delta = 2.0 ** (math.ceil(math.log2(g.TC)) - 50) if long else 0.0
+    _cb_quant_kernel[(triton.cdiv(g.n_inst, bt),)](
+        *ptrs, g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1), n_chunks,
+        delta, *fmt, BT=bt, NMAP_P=triton.next_power_of_2(book.num_mappings), LONG=long,
+        **consts,
+    )  # fmt: skip
     out: dict[str, Any] = {}
     if want_values:
         out["values"] = y
