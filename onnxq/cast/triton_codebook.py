@@ -500,6 +500,33 @@ def _cb_chunk(
     return u_ok, inst, j, o, i, off, ok, xb
 
 
+# fmt: off
+@triton.jit
+def _cb_units(
+    y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst, j, o, i,
+    sexp3, tnan, s0, nsub, sub_cols, inner, rmode, negzero, IN_KIND: tl.constexpr,
+    WANT_Y: tl.constexpr, WANT_CODES: tl.constexpr, LAST: tl.constexpr, SUBT: tl.constexpr,
+    BT: tl.constexpr, NSUB: tl.constexpr, SUB: tl.constexpr, IB: tl.constexpr,
+    K: tl.constexpr, LOG2K: tl.constexpr, NMAP: tl.constexpr, FORCE: tl.constexpr,
+):
+    # BT whole tiles, or subtiles s0 .. s0 + NSUB of one tile (BT = 1), loaded as xb: each
+    # unit's mapping chosen, the values or codes written, and (WANT_CODES) the unit meta
+    a = _cb_scaled(xb, sexp3)
+    best_idx, best_map = _cb_select(
+        a, mag_ptr, even_ptr, rmode, BT, NSUB, SUB, K, LOG2K, NMAP, FORCE
+    )
+    _cb_write(
+        y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3,
+        ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+    )
+    if WANT_CODES:
+        moff, mok = _cb_meta_offsets(
+            u_ok, inst, j, o, i, nsub, s0, sub_cols, inner, LAST, SUBT, NSUB
+        )
+        tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
+# fmt: on
+
+
 @triton.jit
 def _cb_error(errs, ar, m):
     # mapping m's entry of the per-mapping errors, as a (1,) tensor
@@ -588,38 +615,22 @@ def _cb_quant_kernel(
         scode = tl.where(tnan, s_nan, sexp + s_bias)
         tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
     if not LONG:
-        a = _cb_scaled(xb, sexp3)
-        best_idx, best_map = _cb_select(
-            a, mag_ptr, even_ptr, rmode, BT, NSUB, SUB, K, LOG2K, NMAP, FORCE
-        )
-        _cb_write(
-            y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3,
-            ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+        _cb_units(
+            y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst, j,
+            o, i, sexp3, tnan, 0, nsub, sub_cols, inner, rmode, negzero, IN_KIND, WANT_Y,
+            WANT_CODES, LAST, SUBT, BT, NSUB, SUB, IB, K, LOG2K, NMAP, FORCE,
         )  # fmt: skip
-        if WANT_CODES:
-            moff, mok = _cb_meta_offsets(
-                u_ok, inst, j, o, i, nsub, 0, sub_cols, inner, LAST, SUBT, NSUB
-            )
-            tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
     elif SUBT:
         q = 0
         while q < n_chunks:
             u_ok, inst, j, o, i, off, ok, xb = _cb_chunk(
                 x_ptr, pid, q, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
             )
-            a = _cb_scaled(xb, sexp3)
-            best_idx, best_map = _cb_select(
-                a, mag_ptr, even_ptr, rmode, 1, NSUB, SUB, K, LOG2K, NMAP, FORCE
-            )
-            _cb_write(
-                y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3,
-                ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+            _cb_units(
+                y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst,
+                j, o, i, sexp3, tnan, q * NSUB, nsub, sub_cols, inner, rmode, negzero, IN_KIND,
+                WANT_Y, WANT_CODES, LAST, SUBT, 1, NSUB, SUB, IB, K, LOG2K, NMAP, FORCE,
             )  # fmt: skip
-            if WANT_CODES:
-                moff, mok = _cb_meta_offsets(
-                    u_ok, inst, j, o, i, nsub, q * NSUB, sub_cols, inner, LAST, SUBT, NSUB
-                )
-                tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
             q += 1
     else:
         # errors of every mapping over the whole tile (chunk trees added in order), and
