@@ -90,28 +90,7 @@ def triton_cast(
     )
     if virtual:
         return res["values"]
-    q = QTensor(
-        data=res["codes"],
-        dtype=dt,
-        shape=tuple(xt.shape),
-        axis=axis,
-        mode=cast_mode,
-        scale=res.get("scale"),
-        tenscale=res.get("tenscale"),
-        meta=res.get("meta"),
-    )
-    if cast_mode is CastMode.COMPRESS:
-        q = QTensor(
-            data=tk.pack_bits(q.data, dt.nspec.bits),
-            dtype=dt,
-            shape=q.shape,
-            axis=axis,
-            mode=cast_mode,
-            scale=q.scale,
-            tenscale=q.tenscale,
-            meta=tk.pack_bits(q.meta, _meta_bits(dt)),
-        )
-    return q
+    return tk.to_qtensor(res, xt, dt, axis, cast_mode)
 
 
 def triton_upcast(q: QTensor, out: torch.dtype) -> torch.Tensor:
