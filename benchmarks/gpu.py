@@ -101,16 +101,16 @@ def torchao_casts() -> dict[str, Any]:
         import torch.utils._triton as torch_triton
         from torchao.prototype.mx_formats import kernels
 
-        if not torch_triton.has_triton():
-            # torchao defines its Triton kernels only where torch's has_triton() said yes at
-            # import; say why it did not, then load them anyway (triton itself imports here)
-            print(f"torch has_triton() is False (package: {torch_triton.has_triton_package()})")
-            saved = torch_triton.has_triton
-            torch_triton.has_triton = lambda: True
-            try:
-                kernels = importlib.reload(kernels)
-            finally:
-                torch_triton.has_triton = saved
+        # torchao defines its Triton kernels only where torch's has_triton() said yes when
+        # the module was imported (it said no on the H100 machine, before CUDA was up):
+        # import them again with the answer that holds now
+        print(f"torch has_triton(): {torch_triton.has_triton()}")
+        saved = torch_triton.has_triton
+        torch_triton.has_triton = lambda: True
+        try:
+            kernels = importlib.reload(kernels)
+        finally:
+            torch_triton.has_triton = saved
         triton_to_mxfp8_dim0 = kernels.triton_to_mxfp8_dim0
         found["triton_to_mxfp8_dim0"] = (
             {"mxfp8e4"},

@@ -213,23 +213,16 @@ def _pack_store(
 ):
     # Write this program's ROWS x COLS codes (C order) as packing.py's little-endian bit
     # stream: groups of G codes fill NB whole bytes, and the program's stream starts on a
-    # byte. Rows of at least G codes split in place; shorter rows are joined first.
-    if COLS >= G:
-        c = tl.reshape(codes, (ROWS, COLS // G, G))
-        shifts = (tl.arange(0, G) * BITS)[None, None, :]
-        if G * BITS > 32:
-            word = tl.sum(c.to(tl.int64) << shifts.to(tl.int64), axis=2)
-        else:
-            word = tl.sum(c << shifts, axis=2)
-        gidx = tl.arange(0, ROWS)[:, None] * (COLS // G) + tl.arange(0, COLS // G)[None, :]
+    # byte. The block is flattened first: splitting its rows in place instead made 6-bit
+    # packing 3x slower on an H100 (measured, 0.6-0.8 -> 0.2-0.3 of a copy).
+    flat = tl.reshape(codes, (ROWS * COLS,))
+    c = tl.reshape(flat, (ROWS * COLS // G, G))
+    shifts = (tl.arange(0, G) * BITS)[None, :]
+    if G * BITS > 32:
+        word = tl.sum(c.to(tl.int64) << shifts.to(tl.int64), axis=1)
     else:
-        c = tl.reshape(codes, (ROWS * COLS // G, G))
-        shifts = (tl.arange(0, G) * BITS)[None, :]
-        if G * BITS > 32:
-            word = tl.sum(c.to(tl.int64) << shifts.to(tl.int64), axis=1)
-        else:
-            word = tl.sum(c << shifts, axis=1)
-        gidx = tl.arange(0, ROWS * COLS // G)
+        word = tl.sum(c << shifts, axis=1)
+    gidx = tl.arange(0, ROWS * COLS // G)
     base = pid.to(tl.int64) * (ROWS * COLS // G * NB)
     for b in tl.static_range(NB):
         byte = ((word >> (8 * b)) & 0xFF).to(tl.uint8)
