@@ -6,19 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "c_error.h"
 #include "kernels.h"
 #include "onnxq_ops.h"
 
 namespace {
-
-int32_t fail(char* err, size_t errlen, const std::string& msg) {
-  if (err && errlen) {
-    size_t n = msg.size() < errlen - 1 ? msg.size() : errlen - 1;
-    std::memcpy(err, msg.data(), n);
-    err[n] = '\0';
-  }
-  return 1;
-}
 
 std::string shape_str(int32_t ndim, const int64_t* shape) {
   std::string s = "(";
@@ -36,7 +28,7 @@ int32_t onnxq_abi_version(void) { return ONNXQ_ABI_VERSION; }
 
 int32_t onnxq_number_info(const onnxq_number* n, double* out, char* err, size_t errlen) {
   try {
-    if (!n || !out) return fail(err, errlen, "[onnxq_number_info] null argument");
+    if (!n || !out) return onnxq::write_error(err, errlen, "[onnxq_number_info] null argument");
     onnxq::Num num;
     num.kind = n->kind;
     num.ebits = n->ebits;
@@ -44,7 +36,7 @@ int32_t onnxq_number_info(const onnxq_number* n, double* out, char* err, size_t 
     num.bias = n->bias;
     num.infnan = n->infnan;
     std::string e = num.derive();
-    if (!e.empty()) return fail(err, errlen, "[onnxq_number_info] " + e);
+    if (!e.empty()) return onnxq::write_error(err, errlen, "[onnxq_number_info] " + e);
     out[0] = num.bits;
     out[1] = num.maxfloat;
     out[2] = num.emax;
@@ -52,9 +44,9 @@ int32_t onnxq_number_info(const onnxq_number* n, double* out, char* err, size_t 
     out[4] = num.midmax;
     return 0;
   } catch (const std::exception& ex) {
-    return fail(err, errlen, std::string("[onnxq_number_info] ") + ex.what());
+    return onnxq::write_error(err, errlen, std::string("[onnxq_number_info] ") + ex.what());
   } catch (...) {
-    return fail(err, errlen, "[onnxq_number_info] unknown error");
+    return onnxq::write_error(err, errlen, "[onnxq_number_info] unknown error");
   }
 }
 
@@ -65,12 +57,12 @@ int32_t onnxq_quantize(const onnxq_format* f, const onnxq_modes* m, const void* 
   const char* op = "[onnxq_quantize] ";
   try {
     if (!f || !m || !x || !shape || ndim < 1)
-      return fail(err, errlen, std::string(op) + "null argument or 0-D input");
+      return onnxq::write_error(err, errlen, std::string(op) + "null argument or 0-D input");
     if (!valid_float_type(x_type) || (values && !valid_float_type(values_type)))
-      return fail(err, errlen, std::string(op) + "float types are 0 (float32), 1, 2");
+      return onnxq::write_error(err, errlen, std::string(op) + "float types are 0 (float32), 1, 2");
     onnxq::Format fmt;
     std::string e = onnxq::make_format(*f, &fmt);
-    if (!e.empty()) return fail(err, errlen, op + e);
+    if (!e.empty()) return onnxq::write_error(err, errlen, op + e);
     onnxq::Modes modes;
     modes.round_mode = m->round_mode;
     modes.scale_mode = m->scale_mode;
@@ -79,7 +71,7 @@ int32_t onnxq_quantize(const onnxq_format* f, const onnxq_modes* m, const void* 
     modes.seed = m->seed;
     if (modes.round_mode < 0 || modes.round_mode > 3 || modes.scale_mode < 0 ||
         modes.scale_mode > 6 || modes.nan_policy < 0 || modes.nan_policy > 1)
-      return fail(err, errlen, std::string(op) + "bad round/scale mode or nan policy");
+      return onnxq::write_error(err, errlen, std::string(op) + "bad round/scale mode or nan policy");
     std::vector<int64_t> dims(shape, shape + ndim);
     onnxq::QuantizeIO io;
     io.x = x;
@@ -93,12 +85,12 @@ int32_t onnxq_quantize(const onnxq_format* f, const onnxq_modes* m, const void* 
     io.meta = meta;
     io.mask = mask;
     e = onnxq::quantize(fmt, modes, dims, axis, io, onnxq::default_parallel_for(nthreads));
-    if (!e.empty()) return fail(err, errlen, op + e + " (input shape " + shape_str(ndim, shape) + ")");
+    if (!e.empty()) return onnxq::write_error(err, errlen, op + e + " (input shape " + shape_str(ndim, shape) + ")");
     return 0;
   } catch (const std::exception& ex) {
-    return fail(err, errlen, std::string(op) + ex.what());
+    return onnxq::write_error(err, errlen, std::string(op) + ex.what());
   } catch (...) {
-    return fail(err, errlen, std::string(op) + "unknown error");
+    return onnxq::write_error(err, errlen, std::string(op) + "unknown error");
   }
 }
 
@@ -110,12 +102,12 @@ int32_t onnxq_dequantize(const onnxq_format* f, int32_t ndim, const int64_t* sha
   const char* op = "[onnxq_dequantize] ";
   try {
     if (!f || !codes || !values || !shape || ndim < 1)
-      return fail(err, errlen, std::string(op) + "null argument or 0-D shape");
+      return onnxq::write_error(err, errlen, std::string(op) + "null argument or 0-D shape");
     if (!valid_float_type(values_type))
-      return fail(err, errlen, std::string(op) + "float types are 0 (float32), 1, 2");
+      return onnxq::write_error(err, errlen, std::string(op) + "float types are 0 (float32), 1, 2");
     onnxq::Format fmt;
     std::string e = onnxq::make_format(*f, &fmt);
-    if (!e.empty()) return fail(err, errlen, op + e);
+    if (!e.empty()) return onnxq::write_error(err, errlen, op + e);
     std::vector<int64_t> dims(shape, shape + ndim);
     onnxq::DequantizeIO io;
     io.codes = codes;
@@ -127,12 +119,12 @@ int32_t onnxq_dequantize(const onnxq_format* f, int32_t ndim, const int64_t* sha
     io.values = values;
     io.values_type = values_type;
     e = onnxq::dequantize(fmt, dims, axis, io, onnxq::default_parallel_for(nthreads));
-    if (!e.empty()) return fail(err, errlen, op + e + " (shape " + shape_str(ndim, shape) + ")");
+    if (!e.empty()) return onnxq::write_error(err, errlen, op + e + " (shape " + shape_str(ndim, shape) + ")");
     return 0;
   } catch (const std::exception& ex) {
-    return fail(err, errlen, std::string(op) + ex.what());
+    return onnxq::write_error(err, errlen, std::string(op) + ex.what());
   } catch (...) {
-    return fail(err, errlen, std::string(op) + "unknown error");
+    return onnxq::write_error(err, errlen, std::string(op) + "unknown error");
   }
 }
 
@@ -141,7 +133,7 @@ int32_t onnxq_pack_bits(const void* codes, int32_t width, int64_t count, int32_t
                         size_t errlen) {
   if (!codes || !out || bits < 1 || bits > 64 || count < 0 ||
       (width != 1 && width != 2 && width != 4 && width != 8))
-    return fail(err, errlen, "[onnxq_pack_bits] bad arguments");
+    return onnxq::write_error(err, errlen, "[onnxq_pack_bits] bad arguments");
   onnxq::ParallelFor pf = onnxq::default_parallel_for(0);
   int64_t k = onnxq::pack_bits(codes, width, count, bits, mask, out, &pf);
   if (packed_count) *packed_count = k;
@@ -153,7 +145,7 @@ int32_t onnxq_unpack_bits(const uint8_t* stream, int64_t stream_bytes, int32_t b
                           char* err, size_t errlen) {
   if (!stream || !codes || bits < 1 || bits > 64 || count < 0 ||
       (width != 1 && width != 2 && width != 4 && width != 8))
-    return fail(err, errlen, "[onnxq_unpack_bits] bad arguments");
+    return onnxq::write_error(err, errlen, "[onnxq_unpack_bits] bad arguments");
   int64_t kept = count;
   if (mask) {
     kept = 0;
@@ -161,7 +153,7 @@ int32_t onnxq_unpack_bits(const uint8_t* stream, int64_t stream_bytes, int32_t b
   }
   int64_t need = onnxq::packed_nbytes(kept, bits);
   if (stream_bytes < need)
-    return fail(err, errlen, "[onnxq_unpack_bits] packed stream has " +
+    return onnxq::write_error(err, errlen, "[onnxq_unpack_bits] packed stream has " +
                                  std::to_string(stream_bytes) + " bytes; " +
                                  std::to_string(kept) + " codes of " + std::to_string(bits) +
                                  " bits need " + std::to_string(need));

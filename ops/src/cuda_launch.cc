@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "c_error.h"
 #include "onnxq_ops.h"
 
 #if defined(ONNXQ_WITH_AOT)
@@ -766,15 +767,6 @@ std::string guarded(Fn fn) {
   }
 }
 
-int32_t fail(char* err, size_t errlen, const std::string& msg) {
-  if (err && errlen) {
-    size_t n = msg.size() < errlen - 1 ? msg.size() : errlen - 1;
-    std::memcpy(err, msg.data(), n);
-    err[n] = '\0';
-  }
-  return 1;
-}
-
 }  // namespace
 
 int kernel_count() { return kKernelCount; }
@@ -862,7 +854,7 @@ int32_t status(char* err, size_t errlen, const char* op, const std::string& msg)
     if (err && errlen) err[0] = '\0';
     return 0;
   }
-  onnxq::cuda::fail(err, errlen, std::string(op) + msg);
+  onnxq::write_error(err, errlen, std::string(op) + msg);
   return 1;
 }
 }  // namespace
