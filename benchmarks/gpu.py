@@ -96,21 +96,10 @@ def torchao_casts() -> dict[str, Any]:
     except Exception as err:  # any import problem means "absent"
         print(f"torchao MXTensor: {err}")
     try:
-        import importlib
-
-        import torch.utils._triton as torch_triton
+        # torchao defines these kernels only on sm_100+ with CUDA >= 12.8 (its module's
+        # `_triton_kernels_available`); elsewhere they raise "needs triton" when called
         from torchao.prototype.mx_formats import kernels
 
-        # torchao defines its Triton kernels only where torch's has_triton() said yes when
-        # the module was imported (it said no on the H100 machine, before CUDA was up):
-        # import them again with the answer that holds now
-        print(f"torch has_triton(): {torch_triton.has_triton()}")
-        saved = torch_triton.has_triton
-        torch_triton.has_triton = lambda: True
-        try:
-            kernels = importlib.reload(kernels)
-        finally:
-            torch_triton.has_triton = saved
         triton_to_mxfp8_dim0 = kernels.triton_to_mxfp8_dim0
         found["triton_to_mxfp8_dim0"] = (
             {"mxfp8e4"},
