@@ -127,6 +127,20 @@ def test_the_general_kernel_agrees_with_the_fast_path(monkeypatch: pytest.Monkey
         assert_same(getattr(fast, field), getattr(slow, field), field)
 
 
+def test_both_packing_layouts_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVFP4 compress packs from a 3-D block, other formats from the flattened one; both
+    # layouts must write the same stream for every code width that packs.
+    x = to_torch(hostile((6, 192), 16, seed=8), "float32")
+    for name in ("nvfp4", "mxfp4", "mxfp6e2", "mx4"):
+        monkeypatch.setenv("ONNXQ_TRITON_PACK3D", "1")
+        a = cast(x, name, mode="compress", backend="triton")
+        monkeypatch.setenv("ONNXQ_TRITON_PACK3D", "0")
+        b = cast(x, name, mode="compress", backend="triton")
+        for field in ("data", "scale", "tenscale", "meta"):
+            assert_same(getattr(a, field), getattr(b, field), f"{name} {field}")
+    check(hostile((6, 192), 16, seed=8), "nvfp4", "bfloat16", modes=("compress",))
+
+
 @pytest.mark.parametrize(
     ("shape", "axis", "kw", "why"),
     [
