@@ -225,46 +225,25 @@ def _pack_store(
     BITS: tl.constexpr,
     G: tl.constexpr,
     NB: tl.constexpr,
+    GROUPED: tl.constexpr,
 ):
     # Write this program's ROWS x COLS codes (C order) as packing.py's little-endian bit
     # stream: groups of G codes fill NB whole bytes, and the program's stream starts on a
-    # byte. The block is flattened first: splitting its rows in place instead made 6-bit
-    # packing 3x slower on an H100 (measured, 0.6-0.8 -> 0.2-0.3 of a copy).
-    flat = tl.reshape(codes, (ROWS * COLS,))
-    c = tl.reshape(flat, (ROWS * COLS // G, G))
-    shifts = (tl.arange(0, G) * BITS)[None, :]
-    if G * BITS > 32:
-        word = tl.sum(c.to(tl.int64) << shifts.to(tl.int64), axis=1)
+    # byte. GROUPED: the block is (ROWS, COLS // G, G) already, each group innermost (NVFP4).
+    # Otherwise the (ROWS, COLS) block is flattened first: splitting its rows in place
+    # instead made 6-bit packing 3x slower on an H100 (0.6-0.8 -> 0.2-0.3 of a copy).
+    if GROUPED:
+        c = codes
+        gidx = tl.arange(0, ROWS)[:, None] * (COLS // G) + tl.arange(0, COLS // G)[None, :]
     else:
-        word = tl.sum(c << shifts, axis=1)
-    gidx = tl.arange(0, ROWS * COLS // G)
+        c = tl.reshape(tl.reshape(codes, (ROWS * COLS,)), (ROWS * COLS // G, G))
+        gidx = tl.arange(0, ROWS * COLS // G)
+    shifts = tl.arange(0, G) * BITS
+    if G * BITS > 32:
+        word = tl.sum(c.to(tl.int64) << shifts.to(tl.int64), axis=-1)
+    else:
+        word = tl.sum(c << shifts, axis=-1)
     base = pid.to(tl.int64) * (ROWS * COLS // G * NB)
-    for b in tl.static_range(NB):
-        byte = ((word >> (8 * b)) & 0xFF).to(tl.uint8)
-        pos = base + gidx * NB + b
-        tl.store(ptr + pos, byte, mask=pos < nbytes)
-
-
-@triton.jit
-def _pack_groups(
-    ptr,
-    codes,
-    pid,
-    nbytes,
-    BT: tl.constexpr,
-    TC: tl.constexpr,
-    BITS: tl.constexpr,
-    G: tl.constexpr,
-    NB: tl.constexpr,
-):
-    # `_pack_store` for a (BT, TC // G, G) block: each group's codes sum into its word in place
-    shifts = (tl.arange(0, G) * BITS)[None, None, :]
-    if G * BITS > 32:
-        word = tl.sum(codes.to(tl.int64) << shifts.to(tl.int64), axis=2)
-    else:
-        word = tl.sum(codes << shifts, axis=2)
-    gidx = tl.arange(0, BT)[:, None] * (TC // G) + tl.arange(0, TC // G)[None, :]
-    base = pid.to(tl.int64) * (BT * TC // G * NB)
     for b in tl.static_range(NB):
         byte = ((word >> (8 * b)) & 0xFF).to(tl.uint8)
         pos = base + gidx * NB + b
@@ -499,17 +478,15 @@ def _fast_kernel(
         if PACKED:
             if E_G == 1:
                 tl.store(code_ptr + start + offs, code.to(tl.uint8), mask=ok)
-            elif G3 > 1:
-                _pack_groups(code_ptr, code, pid, code_nbytes, BT, TC, E_BITS, G3, E_NB)
             else:
-                _pack_store(code_ptr, code, pid, code_nbytes, BT, TC, E_BITS, E_G, E_NB)
+                _pack_store(code_ptr, code, pid, code_nbytes, BT, TC, E_BITS, E_G, E_NB, G3 > 1)
         else:
             tl.store(code_ptr + start + offs, code.to(tl.uint8), mask=ok)
         tl.store(scale_ptr + tile, scode.to(tl.uint8), mask=t_ok)
         if SHIFT:
             bits = below.to(tl.int32) & t_ok[:, None]
             if PACKED:
-                _pack_store(meta_ptr, bits, pid, meta_nbytes, BT, NSUB, 1, 8, 1)
+                _pack_store(meta_ptr, bits, pid, meta_nbytes, BT, NSUB, 1, 8, 1, False)
             else:
                 moffs = tile[:, None] * NSUB + tl.arange(0, NSUB)[None, :]
                 tl.store(meta_ptr + moffs, bits.to(tl.uint8), mask=t_ok[:, None])
