@@ -92,7 +92,8 @@ ONNXQ_API int32_t onnxq_dequantize(const onnxq_format* f, int32_t ndim, const in
 
 /* Bit packing of packing.py: codes (width bytes each) -> LSB-first stream of `bits` per code.
  * If mask is given, only codes whose mask byte is non-zero are packed. Returns the number of
- * codes packed in *packed_count. */
+ * codes packed in *packed_count. out holds ceil(packed codes * bits / 8) bytes; no more are
+ * written. */
 ONNXQ_API int32_t onnxq_pack_bits(const void* codes, int32_t width, int64_t count, int32_t bits,
                         const uint8_t* mask, uint8_t* out, int64_t* packed_count, char* err,
                         size_t errlen);

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <numeric>
 #include <thread>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -993,9 +994,12 @@ std::string make_geometry(const Format& f, const std::vector<int64_t>& shape, in
            "-D tensor";
   }
   if (axis < 0) axis += ndim;
+  // At most 2^48 elements (more than any memory holds): sizes in bits and bytes stay in int64.
+  constexpr int64_t kMaxSize = int64_t(1) << 48;
   g.size = 1;
   for (int64_t d : shape) {
     if (d < 0) return "negative dimension";
+    if (d > 0 && g.size > kMaxSize / d) return "more than 2^48 elements";
     g.size *= d;
   }
   g.A = shape[axis];
@@ -1745,8 +1749,12 @@ bool fast_dequantize(const Format& f, const Geometry& g, const DequantizeIO& io,
       T->f1[c] = is_nan ? kQuietNaN : ok ? static_cast<uint32_t>(lo + 127) << 23 : 0u;
     }
     if (exact) {
-      int64_t unit = std::max<int64_t>(g.Tc, 8 * std::max<int64_t>(g.Sc, 1));
-      while (unit % g.Tc || unit % (8 * std::max<int64_t>(g.Sc, 1))) unit += 8;  // an lcm
+      // Segments of whole tiles that start on a byte of the codes and shift bits: the lcm of
+      // the tile and 8 subtiles. A tile so long that the lcm would be huge takes segments of
+      // one tile (a start off a byte is unpacked code by code).
+      const int64_t align = 8 * std::max<int64_t>(g.Sc, 1);
+      int64_t unit = g.Tc / std::gcd(g.Tc, align);
+      unit = unit <= (int64_t(1) << 20) / align ? unit * align : g.Tc;
       int64_t L = unit * std::max<int64_t>(1, 4096 / unit);
       dq_rows_vec(dr, *T, pick_dq_kernels(), fn, g.size / g.A, L, reader == 0, pf);
       return true;
@@ -2040,8 +2048,10 @@ constexpr int64_t kPackChunk = int64_t(1) << 16;  // codes per parallel chunk (a
 int64_t pack_bits(const void* codes, int width, int64_t count, int bits, const uint8_t* mask,
                   uint8_t* out, const ParallelFor* pf) {
   if (mask) {
-    int64_t nbytes_max = packed_nbytes(count, bits);
-    std::memset(out, 0, static_cast<size_t>(nbytes_max));
+    // The stream holds the kept codes only (out is sized for them): clear just those bytes.
+    int64_t kept = 0;
+    for (int64_t i = 0; i < count; ++i) kept += mask[i] ? 1 : 0;
+    std::memset(out, 0, static_cast<size_t>(packed_nbytes(kept, bits)));
     int64_t k = 0;
     uint64_t bitpos = 0;
     for (int64_t i = 0; i < count; ++i) {
