@@ -317,11 +317,14 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info) {
   if (!attr_ints(info, "shape", &k->shape))
     throw OpError("attribute 'shape' (the ints of X's shape) is required");
   if (k->shape.empty()) throw OpError("attribute 'shape' is empty; X has at least one dim");
+  // count <= 2^40 / d before each product: no int64 overflow, whatever the dims.
+  constexpr int64_t kMaxCount = int64_t(1) << 40;
   int64_t count = 1;
   for (int64_t d : k->shape) {
-    if (d < 1 || d > (int64_t(1) << 40) || count > (int64_t(1) << 40))
+    if (d < 1 || count > kMaxCount / d)
       throw OpError("attribute 'shape' " + shape_str(k->shape) +
-                    " must hold positive dims of a tensor of at most 2^40 elements");
+                    " must hold positive dims of a tensor of at most 2^40 elements; set it to " +
+                    "X's shape");
     count *= d;
   }
   int64_t t = kTF32;
@@ -476,68 +479,87 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
   Geometry g;
   std::string e = make_geometry(f, shape, axis, &g);
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
-  const std::string what = "dtype '" + k.parsed.code + "' and shape " + shape_str(shape);
+  // Every input as docs/ops.md states it: its type and exact shape; an input the data type
+  // does not have is left out or zero-size.
+  const std::string what = "dtype '" + k.parsed.code + "', shape " + shape_str(shape) +
+                           " and axis " + std::to_string(k.axis);
+  const std::string fix = "; pass the tensor that QuantizeMX (or onnxq.cast(..., mode='compress')) "
+                          "made for this dtype, shape and axis";
   auto need = [&](int slot, const char* name, bool required) -> In {
     In in = slot >= 0 ? input(ctx, slot, name) : In{};
-    if (required && !in) throw OpError(std::string("input ") + name + " is required for " + what);
+    if (required && !in) throw OpError(std::string("input ") + name + " is required for " + what + fix);
     return in;
   };
-  auto check_field = [&](const In& in, const char* name, int type, int64_t count) {
-    if (in.type != type)
-      throw OpError(std::string("input ") + name + " must be " + type_name(type) + " for " +
-                    what + ", got " + type_name(in.type));
-    if (in.count != count)
-      throw OpError(std::string("input ") + name + " has " + std::to_string(in.count) +
-                    " entries (shape " + shape_str(in.shape) + "); " + what + " needs " +
-                    std::to_string(count));
+  auto check_field = [&](const In& in, const char* name, int type,
+                         const std::vector<int64_t>& want, const char* layout) {
+    if (in.type != type || in.shape != want)
+      throw OpError(std::string("input ") + name + " is " + type_name(in.type) + " of shape " +
+                    shape_str(in.shape) + "; " + what + " need " + type_name(type) +
+                    " of shape " + shape_str(want) + " (" + layout + ")" + fix);
   };
+  auto absent = [&](int slot, const char* name, const char* lacks) {
+    In in = slot >= 0 ? input(ctx, slot, name) : In{};
+    if (in && in.count != 0)
+      throw OpError(std::string("input ") + name + " " + shape_str(in.shape) + " is given but " +
+                    "dtype '" + k.parsed.code + "' has " + lacks + "; leave the input out (an " +
+                    "empty name) or pass a zero-size tensor");
+  };
+  const std::vector<int64_t> grid = grid_shape(g, shape, axis, g.nR, g.nC);
   std::vector<uint8_t> mask;
   int64_t kept = g.size;
   if (f.sparse_m) {
     In mk = need(s.mask, "Mask", true);
-    check_field(mk, "Mask", kU8, packed_nbytes(g.size, 1));
+    check_field(mk, "Mask", kU8, {packed_nbytes(g.size, 1)}, "one bit per element, packed");
     mask = buffer<uint8_t>(g.size);
     unpack_bits(static_cast<const uint8_t*>(mk.data), 1, g.size, nullptr, mask.data(), 1);
     kept = std::count_if(mask.begin(), mask.end(), [](uint8_t m) { return m != 0; });
+  } else {
+    absent(s.mask, "Mask", "no N:M sparsity");
   }
-  int bits = f.code_bits(), code_w = code_width(bits);
+  int bits = f.code_bits();
   In q = need(s.q, "Q", true);
-  if (q.type != kU8) throw OpError("input Q must be uint8, got " + type_name(q.type));
-  if (q.count != packed_nbytes(kept, bits))
-    throw OpError("input Q has " + std::to_string(q.count) + " bytes; " + what + " needs " +
-                  std::to_string(packed_nbytes(kept, bits)) + " (" + std::to_string(kept) +
-                  " codes of " + std::to_string(bits) + " bits)");
-  (void)code_w;
+  const std::string q_layout = std::to_string(kept) + " codes of " + std::to_string(bits) +
+                               " bits, packed";
+  check_field(q, "Q", kU8, {packed_nbytes(kept, bits)}, q_layout.c_str());
   DequantizeIO io;
   io.packed = static_cast<const uint8_t*>(q.data);  // unpacked by dequantize where it needs to
   io.mask = f.sparse_m ? mask.data() : nullptr;
   std::vector<uint8_t> meta;
+  const char* grid_layout = "the tile grid: the shape with the tiled dims replaced by tile counts";
   if (f.scaled) {
-    int64_t nscale = g.scale_count();
     In sc = need(s.scale, "Scale", true);
-    check_field(sc, "Scale", code_type(f.scale.bits), nscale);
+    check_field(sc, "Scale", code_type(f.scale.bits), grid, grid_layout);
     io.scale = sc.data;
-    if (f.has_zero) {
-      In z = need(s.zero, "Zero", true);
-      check_field(z, "Zero", code_type(f.zero.bits), nscale);
-      io.zero = z.data;
-    }
-    if (f.has_ts) {
-      In t = need(s.ts, "TenScale", true);
-      check_field(t, "TenScale", code_type(f.ts.bits), 1);
-      io.tenscale = t.data;
-    }
-    if (f.has_meta()) {
-      int64_t nmeta = g.meta_count();
-      int mbits = f.meta_bits();
-      if (mbits) {
-        In m = need(s.meta, "Meta", true);
-        check_field(m, "Meta", kU8, packed_nbytes(nmeta, mbits));
-        io.meta_packed = static_cast<const uint8_t*>(m.data);
-      } else {
-        meta = buffer<uint8_t>(nmeta);  // no meta bits: every mapping index is 0
-        io.meta = meta.data();
-      }
+  } else {
+    absent(s.scale, "Scale", "no scale");
+  }
+  if (f.scaled && f.has_zero) {
+    In z = need(s.zero, "Zero", true);
+    check_field(z, "Zero", code_type(f.zero.bits), grid, grid_layout);
+    io.zero = z.data;
+  } else {
+    absent(s.zero, "Zero", "no zero point");
+  }
+  if (f.scaled && f.has_ts) {
+    In t = need(s.ts, "TenScale", true);
+    check_field(t, "TenScale", code_type(f.ts.bits), {1}, "one tensor scale");
+    io.tenscale = t.data;
+  } else {
+    absent(s.ts, "TenScale", "no tensor scale");
+  }
+  const int mbits = f.meta_bits();
+  if (f.scaled && f.has_meta() && mbits) {
+    int64_t nmeta = g.meta_count();
+    In m = need(s.meta, "Meta", true);
+    const std::string m_layout = std::to_string(nmeta) + " units of " + std::to_string(mbits) +
+                                 " bits, packed";
+    check_field(m, "Meta", kU8, {packed_nbytes(nmeta, mbits)}, m_layout.c_str());
+    io.meta_packed = static_cast<const uint8_t*>(m.data);
+  } else {
+    absent(s.meta, "Meta", "no meta bits");
+    if (f.scaled && f.has_meta()) {
+      meta = buffer<uint8_t>(g.meta_count());  // no meta bits: every mapping index is 0
+      io.meta = meta.data();
     }
   }
   void* y = output(ctx, 0, "Y", shape, k.out_type,
@@ -625,24 +647,21 @@ void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx) {
   const std::vector<int64_t>& shape = k.shape;
   int64_t count = 1;
   for (int64_t d : shape) count *= d;
-  auto need = [&](size_t index, const char* name, int type, int64_t n) {
+  auto need = [&](size_t index, const char* name, int type, const std::vector<int64_t>& want) {
     In in = input(ctx, index, name);
     if (!in) throw OpError(std::string("input ") + name + " is required by dtype '" +
                            k.parsed.code + "'");
-    if (in.type != type || in.count != n)
-      throw OpError(std::string("input ") + name + " must be " + type_name(type) + " of " +
-                    std::to_string(n) + " elements, got " + type_name(in.type) + " " +
-                    shape_str(in.shape));
+    if (in.type != type || in.shape != want)
+      throw OpError(std::string("input ") + name + " must be " + type_name(type) + " of shape " +
+                    shape_str(want) + " for shape " + shape_str(shape) + ", got " +
+                    type_name(in.type) + " " + shape_str(in.shape));
     return in;
   };
-  In q = need(0, "Q", kU8, packed_nbytes(count, F.code_bits));
-  std::vector<int64_t> grid = gpu_grid(F, shape);
-  int64_t ngrid = 1;
-  for (int64_t d : grid) ngrid *= d;
-  In scale = need(1, "Scale", kU8, ngrid);
-  const void* ts = F.tenscale_bits ? need(3, "TenScale", kU32, 1).data : nullptr;
+  In q = need(0, "Q", kU8, {packed_nbytes(count, F.code_bits)});
+  In scale = need(1, "Scale", kU8, gpu_grid(F, shape));
+  const void* ts = F.tenscale_bits ? need(3, "TenScale", kU32, {1}).data : nullptr;
   int64_t nmeta = gpu_meta_count(F, shape);
-  const void* meta = nmeta ? need(4, "Meta", kU8, packed_nbytes(nmeta, 1)).data : nullptr;
+  const void* meta = nmeta ? need(4, "Meta", kU8, {packed_nbytes(nmeta, 1)}).data : nullptr;
   void* y = output(ctx, 0, "Y", shape, k.out_type, "output_type " + std::to_string(k.out_type));
   if (!y) throw OpError("output Y is missing");
   std::string e = cuda::dequantize_packed(

@@ -105,7 +105,10 @@ __attribute__((always_inline)) static inline uint32_t fk_rne_elem(uint32_t xb, u
   __builtin_memcpy(&r, &fr, 4);
   if (FL) {
     int32_t half_m1 = (1 << (d - 1)) - 1;
-    int32_t rn = (b + half_m1 + ((b >> d) & 1)) & ~((1 << d) - 1);
+    // Unsigned: a NaN's payload (b up to 0x7FFFFFFF) wraps instead of overflowing (its result
+    // is replaced by the canonical NaN anyway).
+    int32_t rn = static_cast<int32_t>((static_cast<uint32_t>(b) + half_m1 + ((b >> d) & 1)) &
+                                      ~((1u << d) - 1));
     r = b >= static_cast<int32_t>(t.norm_thr) ? rn : r;
   }
   int32_t top = static_cast<int32_t>((sign ? t.top_neg : t.top_pos) - (SHIFT ? sh << 23 : 0u));
@@ -619,6 +622,13 @@ FK_ALWAYS void fk_vput(typename FkLanes<L>::vi c, int bits, uint8_t* codes, uint
   }
 }
 
+// a + b in every lane, wrapping like the hardware instead of signed overflow (a NaN's payload).
+template <typename V>
+FK_ALWAYS V fk_wrap_add(V a, V b) {
+  typedef uint32_t U __attribute__((vector_size(sizeof(V))));
+  return (V)((U)a + (U)b);
+}
+
 // One vector of fk_rne_elem: sh23 = the subtile shift << 23 per lane (or zero).
 template <bool FL, int L>
 FK_ALWAYS typename FkLanes<L>::vi fk_vrne(typename FkLanes<L>::vi xb, typename FkLanes<L>::vi sh23,
@@ -632,7 +642,7 @@ FK_ALWAYS typename FkLanes<L>::vi fk_vrne(typename FkLanes<L>::vi xb, typename F
   V r = (V)fr;
   if (FL) {
     const int32_t half_m1 = (1 << (d - 1)) - 1, keep = ~((1 << d) - 1);
-    V rn = (b + half_m1 + ((b >> d) & 1)) & keep;
+    V rn = fk_wrap_add(b, half_m1 + ((b >> d) & 1)) & keep;  // NaN payloads wrap
     r = b >= static_cast<int32_t>(t.norm_thr) ? rn : r;
   }
   V top = neg ? static_cast<int32_t>(t.top_neg) : static_cast<int32_t>(t.top_pos);
@@ -693,7 +703,7 @@ FK_ALWAYS void fk_vrne_code(typename FkLanes<L>::vi xb, typename FkLanes<L>::vi 
   V cm = (V)sum - magic;
   if (FL) {
     const int32_t half_m1 = (1 << (d - 1)) - 1, keep = ~((1 << d) - 1);
-    const V rn = (b + half_m1 + ((b >> d) & 1)) & keep;
+    const V rn = fk_wrap_add(b, half_m1 + ((b >> d) & 1)) & keep;  // NaN payloads wrap
     const V is_norm = b >= static_cast<int32_t>(t.norm_thr);
     r = is_norm ? rn : r;
     const int32_t base = (127 + t.kint - ff.ebias) << ff.mbits;
