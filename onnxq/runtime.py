@@ -111,5 +111,7 @@ def session(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto, **k
     model = onnx.shape_inference.infer_shapes(_as_model(path_or_model))
     options = kwargs.pop("sess_options", None) or ort.SessionOptions()
     options.register_custom_ops_library(lib)
+    if os.environ.get("ONNXQ_ORT_ARENA") == "0":  # no arena: a sanitizer sees every overrun
+        options.enable_cpu_mem_arena = False
     kwargs.setdefault("providers", ["CPUExecutionProvider"])
     return ort.InferenceSession(model.SerializeToString(), sess_options=options, **kwargs)
