@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="libonnxq_ops is 
 
 FUZZ = settings(
     derandomize=True,
-    max_examples=400,
+    max_examples=500,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -156,7 +156,7 @@ def test_hostile_character_anywhere(code: str, hostile: str, at: int, count: int
     _agree(code[:pos] + hostile * count + code[pos:])
 
 
-@settings(derandomize=True, max_examples=60, deadline=None)
+@settings(derandomize=True, max_examples=40, deadline=None)
 @given(STRUCTURED, st.integers(2, 20_000), st.sampled_from(["_t32", "9", " ", "e8m0_", "\x00"]))
 def test_huge_repetition(code: str, times: int, piece: str) -> None:
     _agree(code + piece * times)

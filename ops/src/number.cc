@@ -102,8 +102,8 @@ std::string Num::derive() {
   // Every finite value must be a float64 (limits.py): the top binade's exponent and the
   // smallest step, from the fields alone.
   if (kind == kFloat || kind == kExponent) {
-    int64_t field = kind == kExponent ? static_cast<int64_t>(max_code)
-                                      : std::max<int64_t>(static_cast<int64_t>(max_code >> mbits), 1);
+    int64_t field = static_cast<int64_t>(kind == kExponent ? max_code : max_code >> mbits);
+    if (kind == kFloat) field = std::max<int64_t>(field, 1);  // subnormals scale as field 1
     int64_t top = field - bias;
     int64_t step = kind == kExponent ? -static_cast<int64_t>(bias) : 1 - int64_t(bias) - mbits;
     if (top > kMaxValueExponent)

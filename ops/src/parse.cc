@@ -212,7 +212,8 @@ std::string parse_number(const std::string& code, Spec* out) {
       return e;
     }
   }
-  if (text.rfind("binary8p", 0) == 0 && all_digits(text.substr(8)) && text.size() <= 8 + kMaxDigits) {
+  if (text.rfind("binary8p", 0) == 0 && all_digits(text.substr(8)) &&
+      text.size() <= 8 + kMaxDigits) {
     int p = std::stoi(text.substr(8));
     if (p < 1 || p > 7)
       return quote(code) + ": binary8pP needs 1 <= P <= 7, got " + std::to_string(p);
