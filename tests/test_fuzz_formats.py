@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="libonnxq_ops is 
 
 FUZZ = settings(
     derandomize=True,
-    max_examples=500,
+    max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
