@@ -754,7 +754,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
+    # errors="replace": a model's bytes need not be UTF-8; the format parser refuses U+FFFD
+    return {k: v.decode(errors="replace") if isinstance(v, bytes) else v for k, v in values.items()}
 
 
 def _format_name(text: str) -> str:

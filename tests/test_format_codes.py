@@ -202,8 +202,10 @@ def test_cli_quantize_refuses_codes_the_ops_cannot_load(tmp_path: Path, fmt: str
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
-@pytest.mark.parametrize("dtype", ["e9999999999m2", "e11m52b0_e8m0_t32", "mxfp4\x00garbage"])
-def test_cli_inspect_refuses_a_hostile_dtype_attribute(tmp_path: Path, dtype: str) -> None:
+@pytest.mark.parametrize(
+    "dtype", ["e9999999999m2", "e11m52b0_e8m0_t32", "mxfp4\x00garbage", b"mxfp4\xff\xfe"]
+)
+def test_cli_inspect_refuses_a_hostile_dtype_attribute(tmp_path: Path, dtype: str | bytes) -> None:
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper

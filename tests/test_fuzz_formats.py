@@ -99,6 +99,8 @@ def mutated(draw: st.DrawFn) -> str:
     runs = [m.span() for m in re.finditer("[0-9]+", code)]
     start, end = draw(st.sampled_from(runs))
     return code[:start] + draw(EDGE) + code[end:]
+
+
 CODEBOOK = st.builds(
     lambda ib, mb, desc, compute, rest: f"cb{ib}{mb}{desc}_{compute}_{rest}",
     st.integers(0, 9), st.integers(0, 5),

@@ -109,7 +109,6 @@ def test_cpp_refuses_out_of_range_numbers_through_the_c_abi() -> None:
     assert len(lines) == 5 and "2^2046" in lines[0] and "at most 10 bits" in lines[3], lines
 
 
-
 @pytest.mark.parametrize("backend", ["reference", "native"])
 def test_cast_refuses_an_out_of_range_format_with_value_error(backend: str) -> None:
     # The reference raised OverflowError from math.ldexp here (e11m17b0's values reach 2^2046).

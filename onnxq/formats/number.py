@@ -414,9 +414,7 @@ def _parse(code: str) -> NumberSpec:
                 f"{code!r}: at most {limits.MAX_FLOAT_EXPONENT_BITS} exponent bits are "
                 f"supported (eXmY with X <= {limits.MAX_FLOAT_EXPONENT_BITS}), got {ebits}"
             )
-        bias = (
-            limits.digits(m[3], "the bias", code) if m[3] is not None else 2 ** (ebits - 1) - 1
-        )
+        bias = limits.digits(m[3], "the bias", code) if m[3] is not None else 2 ** (ebits - 1) - 1
         if mbits == 0 and ebits >= 5 and m[4] in ("fn", "fnuz", "ieee"):
             raise ValueError(
                 f"{code!r}: e{ebits}m0 is the exponent (scale) type and takes no suffix; "
