@@ -227,3 +227,25 @@ def test_cli_inspect_refuses_a_hostile_dtype_attribute(tmp_path: Path, dtype: st
     done = _run_cli("inspect", str(path))
     assert done.returncode == 2, done.stdout + done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "bad dtype" in done.stderr
+
+
+@pytest.mark.skipif(not runtime.has_custom_ops(), reason="no custom ops in libonnxq_ops")
+def test_string_attributes_keep_an_embedded_nul() -> None:
+    # Read with c_str(), "even\0stochastic" was cut to "even" and ran; now it is refused whole.
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(
+        "QuantizeMX", ["x"], ["q"], domain="onnxq", dtype="mxfp4", round_mode="even\x00stochastic"
+    )
+    graph = helper.make_graph(
+        [node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 32))],
+        [helper.make_tensor_value_info("q", TensorProto.UINT8, None)],
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(runtime.library_path())
+    with pytest.raises(Exception, match=r"unknown round_mode 'even\\x00stochastic'"):
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

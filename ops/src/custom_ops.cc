@@ -142,7 +142,7 @@ int choice(const std::string& name, const std::string& value,
     if (value == options[i]) return static_cast<int>(i);
   std::string valid;
   for (const auto& o : options) valid += (valid.empty() ? "'" : ", '") + o + "'";
-  throw OpError("unknown " + name + " '" + value + "': expected one of " + valid);
+  throw OpError("unknown " + name + " " + quote_code(value) + ": expected one of " + valid);
 }
 
 // -- tensors ------------------------------------------------------------------------------
