@@ -754,7 +754,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
+    # errors="replace": a model's bytes need not be UTF-8; the format parser refuses U+FFFD
+    return {k: v.decode(errors="replace") if isinstance(v, bytes) else v for k, v in values.items()}
 
 
 def _format_name(text: str) -> str:
@@ -819,7 +820,10 @@ def _quantized_row(
     attrs = _attrs(node)
     if node.domain == "onnxq" and node.op_type in _QUANT_OPS:
         shape = [int(d) for d in attrs.get("shape", [])]
-        fmt = _format_name(str(attrs.get("dtype", "?")))
+        try:  # the attribute is untrusted: a code the ops would refuse is an error, not a label
+            fmt = _format_name(onnxq.datatype(str(attrs.get("dtype", "?"))).name)
+        except ValueError as err:
+            raise UsageError(f"node {node.name or node.op_type!r}: bad dtype: {err}") from None
         out_type = int(attrs.get("output_type", onnx.TensorProto.FLOAT))
     elif node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
         if not node.input or node.input[0] not in stored:

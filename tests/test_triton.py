@@ -35,7 +35,8 @@ skip_overflow_checks()  # a quarter of this file's time in the interpreter
 # numpy (reference and interpreter) warns on NaN/Inf arithmetic that the casts mean to do
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SUPPORTED = list(datatypes())
-UNSUPPORTED = ["int32_e8m0_t32", "e8m15_e8m0_t32", "e4m3fn_float64_t32", "int8_e12m0_t32"]
+# (64-bit scales and exponent scales over 10 bits are refused by the parser: docs/formats.md)
+UNSUPPORTED = ["int32_e8m0_t32", "e8m15_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_uint32_t32"]
 SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
 ROUND_MODES = ["even", "away", "zero", "stochastic"]
 

@@ -161,6 +161,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     ]  # fmt: skip
     lib.onnxq_unpack_bits.restype = i32
     lib.onnxq_unpack_bits.argtypes = [p, i64, i32, i64, p, p, i32, ctypes.c_char_p, sz]
+    if hasattr(lib, "onnxq_parse_dtype"):  # absent from libraries built before it existed
+        lib.onnxq_parse_dtype.restype = i32
+        lib.onnxq_parse_dtype.argtypes = [p, sz, ctypes.POINTER(_Format), ctypes.c_char_p, sz]
     return lib, ""
 
 
@@ -206,7 +209,7 @@ def _number(spec: NumberSpec) -> _Number:
 class _Packed:
     """A `_Format` plus the arrays its pointers refer to (kept alive together)."""
 
-    def __init__(self, dt: DataType) -> None:
+    def __init__(self, dt: DataType, *, tables: bool = True) -> None:
         n, s = dt.nspec, dt.sspec
         f = _Format()
         f.elem = _number(n)
@@ -223,7 +226,9 @@ class _Packed:
                 f.tile[i] = tile.size
             f.sub[0], f.sub[1] = s.subtile
             f.sparse_n, f.sparse_m, f.sparse_dim = s.sparsity
-        if isinstance(n, Codebook):
+        if isinstance(n, Codebook) and not tables:
+            f.cb_index_bits, f.cb_meta_bits = n.index_bits, n.meta_bits
+        elif isinstance(n, Codebook):
             mags = np.ascontiguousarray(n.magnitudes(), dtype=np.float64)
             even = np.ascontiguousarray(np.asarray(n.magnitude_codes()) % 2 == 0, dtype=np.uint8)
             table = np.ascontiguousarray(n.table(), dtype=np.float64)
@@ -434,6 +439,47 @@ def dequantize(
     )  # fmt: skip
     _check(status, err)
     return values
+
+
+def _fields(f: _Format) -> dict[str, int]:
+    """The number fields of an onnxq_format, flattened (codebook pointers left out)."""
+    out: dict[str, int] = {}
+    for name, _ in _Format._fields_:
+        value = getattr(f, name)
+        if isinstance(value, _Number):
+            for sub, _ in _Number._fields_:
+                out[f"{name}.{sub}"] = getattr(value, sub)
+        elif isinstance(value, ctypes.Array):
+            for i, item in enumerate(value):
+                out[f"{name}[{i}]"] = item
+        elif isinstance(value, int):
+            out[name] = value
+    return out
+
+
+def format_fields(dt: DataType) -> dict[str, int]:
+    """What Python passes the kernels for ``dt``, as the fields `parse_dtype` returns."""
+    return _fields(_Packed(dt, tables=False).struct)
+
+
+def parse_dtype(code: str) -> dict[str, int]:
+    """The C++ parser's reading of a data type code (the ops' `dtype` attribute), for tests.
+
+    The code travels as UTF-8 bytes with its length, so NUL and non-ASCII characters reach the
+    parser as they are.
+
+    Raises:
+        NotImplementedError: the library is missing or predates onnxq_parse_dtype.
+        ValueError: the C++ parser refuses the code (its message).
+    """
+    lib = _lib()
+    if not hasattr(lib, "onnxq_parse_dtype"):
+        raise NotImplementedError("the native library predates onnxq_parse_dtype; rebuild it")
+    raw = code.encode("utf-8", "surrogatepass")
+    out = _Format()
+    err = ctypes.create_string_buffer(1024)
+    _check(lib.onnxq_parse_dtype(raw, len(raw), ctypes.byref(out), err, len(err)), err)
+    return _fields(out)
 
 
 def number_info(spec: NumberSpec) -> tuple[int, float, int, int, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from onnxq.formats import limits
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType, datatype, datatypes, register
 from onnxq.formats.modes import (
@@ -48,6 +49,6 @@ def number(code: str) -> NumberSpec:
     """
     if not isinstance(code, str):
         raise TypeError(f"a number code must be a str, got {type(code).__name__}")
-    if code.strip().lower().startswith("cb"):
+    if limits.normalize(code).startswith("cb"):
         return Codebook.parse(code)
     return number_spec(code)

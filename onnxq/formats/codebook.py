@@ -30,6 +30,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
+from onnxq.formats import limits
 from onnxq.formats.number import InfNaN, Kind, NumberSpec, number_spec
 
 __all__ = ["Codebook"]
@@ -38,11 +39,11 @@ _FORM = (
     "expected cb<index_bits><meta_bits>[f|i[offsets][e[eoffsets]] | p|s<interval>[offsets]]..."
     "_<compute>[_<label>]"
 )
-_HEAD_RE = re.compile(r"cb(\d)(\d)([a-z0-9]*)")
+_HEAD_RE = re.compile(r"cb([0-9])([0-9])([a-z0-9]*)")
 _LABEL_RE = re.compile(r"[a-z0-9]+")
 # One clause of a description: f/i with offsets and an optional e modifier, or p/s with digits.
-_FI_RE = re.compile(r"([fi])(\d*)(?:(e)(\d*))?")
-_PS_RE = re.compile(r"([ps])(\d*)")
+_FI_RE = re.compile(r"([fi])([0-9]*)(?:(e)([0-9]*))?")
+_PS_RE = re.compile(r"([ps])([0-9]*)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +158,11 @@ class Codebook(NumberSpec):
                 f"{self._code}: the compute type must be a float format (eXmY...), "
                 f"got {self.compute}; {_FORM}"
             )
+        if self.compute.bits > limits.MAX_ELEMENT_BITS:  # the compute code is the element
+            raise ValueError(
+                f"{self._code}: the compute type has at most {limits.MAX_ELEMENT_BITS} bits, "
+                f"got {self.compute.bits}"
+            )
         if self.index_bits > self.compute.bits:
             # A symmetric mapping needs 2^(index_bits-1) - 1 distinct positive compute values.
             raise ValueError(
@@ -196,7 +202,7 @@ class Codebook(NumberSpec):
         """
         if not isinstance(code, str):
             raise TypeError(f"a codebook code must be a str, got {type(code).__name__}")
-        text = code.strip().lower()
+        text = limits.normalize(code)
         parts = text.split("_")
         if not text.startswith("cb"):
             raise ValueError(f"{code!r}: a codebook code starts with 'cb'; {_FORM}")

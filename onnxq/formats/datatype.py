@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from onnxq.formats import limits
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.number import NumberSpec, number_spec
 from onnxq.formats.scale import ScaleSpec
@@ -17,7 +18,7 @@ __all__ = ["DataType", "datatype", "datatypes", "register"]
 
 
 def _number(code: str) -> NumberSpec:
-    return Codebook.parse(code) if code.strip().lower().startswith("cb") else number_spec(code)
+    return Codebook.parse(code) if limits.normalize(code).startswith("cb") else number_spec(code)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,6 +32,11 @@ class DataType:
     def __post_init__(self) -> None:
         n, s = self.nspec, self.sspec
         where = f"data type {self.code!r}"
+        if not n.is_codebook and n.bits > limits.MAX_ELEMENT_BITS:
+            raise ValueError(
+                f"{where}: element codes have at most {limits.MAX_ELEMENT_BITS} bits; "
+                f"{n} has {n.bits}"
+            )
         if s is None:
             if not n.is_float:
                 raise ValueError(
@@ -119,7 +125,7 @@ class DataType:
         Raises:
             ValueError: malformed code, naming the part and the expected form.
         """
-        text = code.strip().lower()
+        text = limits.normalize(code)
         segments = text.split("_")
         if text.startswith("cb"):
             if len(segments) < 2:
@@ -171,7 +177,7 @@ def register(name: str, dtype: DataType | str, *, description: str = "") -> Data
         ValueError: the name is taken by a different data type (no silent aliasing), or is
             not a lowercase identifier.
     """
-    key = name.strip().lower()
+    key = limits.normalize(name)
     if not _PRESET_RE.fullmatch(key):
         raise ValueError(f"preset name {name!r}: expected a lowercase identifier (mxfp4, my_fp6)")
     dt = dtype if isinstance(dtype, DataType) else DataType.parse(dtype)
@@ -198,7 +204,7 @@ def datatype(nspec: NumberSpec | str, sspec: ScaleSpec | str | None = None) -> D
         ValueError: unknown preset or malformed code, naming the part and the expected form.
     """
     if isinstance(nspec, str) and sspec is None:
-        key = nspec.strip().lower()
+        key = limits.normalize(nspec)
         if key in _PRESETS:
             return _PRESETS[key]
         try:

@@ -27,6 +27,8 @@ import math
 import re
 from enum import Enum
 
+from onnxq.formats import limits
+
 __all__ = ["InfNaN", "Kind", "NumberSpec", "number_spec"]
 
 
@@ -77,9 +79,10 @@ _FORMS = (
     "expected eXmY[bZ][fn|fnuz|inuz|ieee], eXm0 (exponent, X >= 5), intN, uintN, "
     "float16/32/64, bfloat16, binary8pP or a torch float8 name"
 )
-_FLOAT_RE = re.compile(r"e(\d+)m(\d+)(?:b(\d+))?(fn|fnuz|inuz|ieee|fnu)?")
-_INT_RE = re.compile(r"(u?)int(\d+)")
-_P3109_RE = re.compile(r"binary8p(\d+)")
+# [0-9], not \d: \d also matches digits of other scripts, which int() would accept.
+_FLOAT_RE = re.compile(r"e([0-9]+)m([0-9]+)(?:b([0-9]+))?(fn|fnuz|inuz|ieee|fnu)?")
+_INT_RE = re.compile(r"(u?)int([0-9]+)")
+_P3109_RE = re.compile(r"binary8p([0-9]+)")
 
 
 def _bare_infnan(ebits: int, bits: int) -> InfNaN:
@@ -87,6 +90,57 @@ def _bare_infnan(ebits: int, bits: int) -> InfNaN:
     if ebits >= 5:
         return InfNaN.IEEE
     return InfNaN.FN if bits >= 8 else InfNaN.FNUZ
+
+
+def _float_max_code(ebits: int, mbits: int, infnan: InfNaN | None) -> int:
+    """The code of the largest finite value of a float format, in closed form."""
+    sign_bit = 1 << (ebits + mbits)
+    match infnan:
+        case InfNaN.IEEE:  # below the Inf/NaN binade
+            return (((1 << ebits) - 1) << mbits) - 1
+        case InfNaN.FNUZ:  # every magnitude is finite
+            return sign_bit - 1
+        case _:  # fn: the all-ones magnitude is NaN; inuz: it is Inf
+            return sign_bit - 2
+
+
+def _check_range(kind: Kind, ebits: int, mbits: int, bias: int, infnan: InfNaN | None) -> None:
+    """Refuse float and exponent formats outside the limits (widths first, then the range).
+
+    Every finite value must be a normal or subnormal float64, so decoding never overflows
+    and the largest value needs no search (ops/src/number.cc checks the same).
+    """
+    where = f"'e{ebits}m{mbits}b{bias}'" if abs(bias) < 10**9 else f"'e{ebits}m{mbits}'"
+    if kind is Kind.EXPONENT:
+        if not 1 <= ebits <= limits.MAX_EXPONENT_TYPE_BITS:
+            raise ValueError(
+                f"{where}: exponent (scale) types have at most "
+                f"{limits.MAX_EXPONENT_TYPE_BITS} bits (e5m0 .. e10m0), got {ebits}"
+            )
+        top, step = (1 << ebits) - 2 - bias, -bias
+    else:
+        if not 1 <= ebits <= limits.MAX_FLOAT_EXPONENT_BITS:
+            raise ValueError(
+                f"{where}: floats have 1 to {limits.MAX_FLOAT_EXPONENT_BITS} exponent bits, "
+                f"got {ebits}"
+            )
+        if mbits > limits.MAX_MANTISSA_BITS:
+            raise ValueError(
+                f"{where}: floats have at most {limits.MAX_MANTISSA_BITS} mantissa bits, "
+                f"got {mbits}"
+            )
+        top = max(_float_max_code(ebits, mbits, infnan) >> mbits, 1) - bias
+        step = 1 - bias - mbits
+    if top > limits.MAX_VALUE_EXPONENT:
+        raise ValueError(
+            f"{where}: the largest value reaches 2^{top}, beyond float64's 2^"
+            f"{limits.MAX_VALUE_EXPONENT}; use a larger bias"
+        )
+    if step < limits.MIN_VALUE_EXPONENT:
+        raise ValueError(
+            f"{where}: the smallest step 2^{step} is below float64's 2^"
+            f"{limits.MIN_VALUE_EXPONENT}; use a smaller bias"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,7 +157,9 @@ class NumberSpec:
         if self.kind is Kind.FLOAT:
             if self.ebits < 1 or self.mbits < 0 or self.infnan is None:
                 raise ValueError(f"invalid float format {self!r}")
-        if self.bits > 64:
+        if self.kind in (Kind.FLOAT, Kind.EXPONENT):
+            _check_range(self.kind, self.ebits, self.mbits, self.bias, self.infnan)
+        if self.bits > limits.MAX_NUMBER_BITS:
             raise ValueError(f"{self.name}: at most 64 bits are supported, got {self.bits}")
 
     # -- identity -------------------------------------------------------------------------
@@ -261,12 +317,7 @@ class NumberSpec:
             case Kind.EXPONENT:
                 return (1 << self.ebits) - 2
             case Kind.FLOAT:
-                code = (1 << (self.bits - 1)) - 1
-                if self.infnan is InfNaN.IEEE:  # skip the whole Inf/NaN binade at once
-                    code = (((1 << self.ebits) - 1) << self.mbits) - 1
-                while not math.isfinite(self.decode(code)):
-                    code -= 1
-                return code
+                return _float_max_code(self.ebits, self.mbits, self.infnan)
             case _:
                 raise AssertionError(self.kind)
 
@@ -337,32 +388,47 @@ class NumberSpec:
         return self.mbits if self.kind is Kind.FLOAT else 0
 
 
+def _build(code: str, **fields: object) -> NumberSpec:
+    """Construct a parsed float or exponent spec; a limit error names the code as given."""
+    try:
+        return NumberSpec(**fields)  # type: ignore[arg-type]
+    except ValueError as err:
+        raise ValueError(f"{code!r}: {str(err).split(': ', 1)[-1]}") from None
+
+
 def _parse(code: str) -> NumberSpec:
-    text = code.strip().lower()
+    text = limits.normalize(code)
     if text.startswith("torch."):
         text = text[len("torch.") :]
     text = _TORCH_NAMES.get(text, text)
     if m := _FLOAT_RE.fullmatch(text):
-        ebits, mbits = int(m[1]), int(m[2])
+        ebits = limits.digits(m[1], "the exponent width", code)
+        mbits = limits.digits(m[2], "the mantissa width", code)
         if ebits < 1:
             raise ValueError(f"{code!r}: a float needs at least 1 exponent bit (eXmY with X >= 1)")
-        bias = int(m[3]) if m[3] is not None else 2 ** (ebits - 1) - 1
+        if 1 + ebits + mbits > limits.MAX_NUMBER_BITS:
+            raise ValueError(f"{code!r}: at most 64 bits are supported")
+        exponent_type = mbits == 0 and ebits >= 5 and m[4] in (None, "fnu")
+        if ebits > limits.MAX_FLOAT_EXPONENT_BITS and not exponent_type:
+            raise ValueError(
+                f"{code!r}: at most {limits.MAX_FLOAT_EXPONENT_BITS} exponent bits are "
+                f"supported (eXmY with X <= {limits.MAX_FLOAT_EXPONENT_BITS}), got {ebits}"
+            )
+        bias = limits.digits(m[3], "the bias", code) if m[3] is not None else 2 ** (ebits - 1) - 1
         if mbits == 0 and ebits >= 5 and m[4] in ("fn", "fnuz", "ieee"):
             raise ValueError(
                 f"{code!r}: e{ebits}m0 is the exponent (scale) type and takes no suffix; "
                 f"write e{ebits}m0 (only 'inuz', P3109 binary8p1, makes a mantissa-less float)"
             )
-        if mbits == 0 and ebits >= 5 and m[4] in (None, "fnu"):
+        if exponent_type:
             # Bare eXm0 (X >= 5) is an exponent type; with inuz it is a float (binary8p1).
-            return NumberSpec(kind=Kind.EXPONENT, ebits=ebits, mbits=0, bias=bias)
+            return _build(code, kind=Kind.EXPONENT, ebits=ebits, mbits=0, bias=bias)
         if m[4] == "fnu":
             raise ValueError(f"{code!r}: 'fnu' is only for exponent types such as e8m0fnu")
-        if 1 + ebits + mbits > 64:
-            raise ValueError(f"{code!r}: at most 64 bits are supported")
         infnan = InfNaN(m[4]) if m[4] else _bare_infnan(ebits, 1 + ebits + mbits)
-        return NumberSpec(kind=Kind.FLOAT, ebits=ebits, mbits=mbits, bias=bias, infnan=infnan)
+        return _build(code, kind=Kind.FLOAT, ebits=ebits, mbits=mbits, bias=bias, infnan=infnan)
     if m := _INT_RE.fullmatch(text):
-        unsigned, bits = m[1] == "u", int(m[2])
+        unsigned, bits = m[1] == "u", limits.digits(m[2], "the width", code)
         low = 1 if unsigned else 2
         if not low <= bits <= 32:
             raise ValueError(
@@ -372,7 +438,7 @@ def _parse(code: str) -> NumberSpec:
             return NumberSpec(kind=Kind.UINT, ebits=0, mbits=bits, bias=0)
         return NumberSpec(kind=Kind.INT, ebits=0, mbits=bits - 1, bias=0)
     if m := _P3109_RE.fullmatch(text):
-        precision = int(m[1])
+        precision = limits.digits(m[1], "the precision", code)
         if not 1 <= precision <= 7:
             raise ValueError(f"{code!r}: binary8pP needs 1 <= P <= 7, got {precision}")
         return NumberSpec(

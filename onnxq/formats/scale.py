@@ -18,11 +18,12 @@ import dataclasses
 import functools
 import re
 
+from onnxq.formats import limits
 from onnxq.formats.number import NumberSpec, number_spec
 
 __all__ = ["ScaleSpec", "TileSpec", "scale"]
 
-_TILE_RE = re.compile(r"t(\d*)(?:s(\d+))?(?:n(\d+)m(\d+))?")
+_TILE_RE = re.compile(r"t([0-9]*)(?:s([0-9]+))?(?:n([0-9]+)m([0-9]+))?")
 _TILE_FORM = "expected t[T][sS][nNmM] with T, S, M powers of two (t or t0 = channel)"
 
 
@@ -73,17 +74,24 @@ class TileSpec:
         m = _TILE_RE.fullmatch(text)
         if m is None:
             hint = ""
-            if re.fullmatch(r"t\d+m\d+", text):
+            if re.fullmatch(r"t[0-9]+m[0-9]+", text):
                 hint = (
                     f"; sparsity is written nNmM (t16n2m4) and a subtile sS - "
                     f"did you mean {text.replace('m', 's')!r}?"
                 )
             raise ValueError(f"{where}bad tile {text!r}: {_TILE_FORM}{hint}")
-        size = int(m[1]) if m[1] else 0
-        subtile = int(m[2]) if m[2] else 0
-        n, mm = (int(m[3]), int(m[4])) if m[3] else (0, 0)
-        if size and (size < 2 or not _is_pow2(size)):
-            raise ValueError(f"{where}tile size {size} in {text!r} must be a power of two >= 2")
+        size = limits.digits(m[1], "the tile size", text) if m[1] else 0
+        subtile = limits.digits(m[2], "the subtile", text) if m[2] else 0
+        n, mm = (
+            (limits.digits(m[3], "sparsity N", text), limits.digits(m[4], "sparsity M", text))
+            if m[3]
+            else (0, 0)
+        )
+        if size and (size < 2 or not _is_pow2(size) or size > limits.MAX_TILE):
+            raise ValueError(
+                f"{where}tile size {size} in {text!r} must be a power of two from 2 to "
+                f"{limits.MAX_TILE}"
+            )
         if subtile:
             if not _is_pow2(subtile):
                 raise ValueError(f"{where}subtile {subtile} in {text!r} must be a power of two")
@@ -96,7 +104,7 @@ class TileSpec:
                     f"{where}{text!r}: a channel tile (t0) cannot have a subtile; give a size"
                 )
         if mm:
-            if not _is_pow2(mm) or mm < 2 or mm > 16:
+            if not _is_pow2(mm) or mm < 2 or mm > limits.MAX_SPARSE_M:
                 raise ValueError(
                     f"{where}sparsity block M={mm} in {text!r}: expected 2, 4, 8 or 16"
                 )
@@ -118,6 +126,13 @@ class ScaleSpec:
 
     def __post_init__(self) -> None:
         where = f"scale {self.name!r}"
+        for role, spec in (("scale", self.scale), ("zero point", self.zero),
+                           ("tensor scale", self.tenscale)):  # fmt: skip
+            if spec is not None and not spec.is_codebook and spec.bits > limits.MAX_SCALE_BITS:
+                raise ValueError(
+                    f"{where}: a {role} has at most {limits.MAX_SCALE_BITS} bits; "
+                    f"{spec} has {spec.bits}"
+                )
         if not (self.scale.is_float or self.scale.is_exponent):
             raise ValueError(
                 f"{where}: the scale must be a float or exponent type, got {self.scale}"
@@ -195,7 +210,7 @@ class ScaleSpec:
         """
         if not isinstance(code, str):
             raise TypeError(f"a scale code must be a str, got {type(code).__name__}")
-        text = code.strip().lower()
+        text = limits.normalize(code)
         segments = text.split("_")
         if not text or any(not s for s in segments):
             raise ValueError(
@@ -208,7 +223,7 @@ class ScaleSpec:
 
     @classmethod
     def _parse(cls, code: str, data_is_uint: bool | None) -> ScaleSpec:
-        text = code.strip().lower()
+        text = limits.normalize(code)
         segments = text.split("_")
         specs: list[NumberSpec] = []
         tiles: list[TileSpec] = []

@@ -74,6 +74,12 @@ ONNXQ_API int32_t onnxq_abi_version(void);
  * out[0] bits, out[1] maxfloat, out[2] emax, out[3] emin, out[4] midmax. */
 ONNXQ_API int32_t onnxq_number_info(const onnxq_number* n, double* out, char* err, size_t errlen);
 
+/* Parse a data type code or built-in preset name (`len` bytes of `text`; a NUL inside is a
+ * character, and refused) as the onnxruntime ops read their `dtype` attribute. On success
+ * fills *out; its codebook pointers are NULL (the tables stay inside the library). */
+ONNXQ_API int32_t onnxq_parse_dtype(const char* text, size_t len, onnxq_format* out, char* err,
+                                    size_t errlen);
+
 /* Quantize x (float type x_type, shape[ndim]) along axis. Any output may be NULL:
  * values (type values_type, x's shape), codes, scale, zero, tenscale, meta (uint8), mask
  * (uint8, x's shape; only for N:M sparsity). nthreads <= 0 uses every core. */

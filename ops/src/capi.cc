@@ -9,6 +9,7 @@
 #include "c_error.h"
 #include "kernels.h"
 #include "onnxq_ops.h"
+#include "parse.h"
 
 namespace {
 
@@ -47,6 +48,26 @@ int32_t onnxq_number_info(const onnxq_number* n, double* out, char* err, size_t 
     return onnxq::write_error(err, errlen, std::string("[onnxq_number_info] ") + ex.what());
   } catch (...) {
     return onnxq::write_error(err, errlen, "[onnxq_number_info] unknown error");
+  }
+}
+
+int32_t onnxq_parse_dtype(const char* text, size_t len, onnxq_format* out, char* err,
+                          size_t errlen) {
+  try {
+    if ((!text && len) || !out)
+      return onnxq::write_error(err, errlen, "[onnxq_parse_dtype] null argument");
+    onnxq::ParsedType parsed;
+    std::string e = onnxq::parse_dtype(std::string(text ? text : "", len), &parsed);
+    if (!e.empty()) return onnxq::write_error(err, errlen, e);
+    *out = parsed.fmt;
+    out->cb_mags = nullptr;
+    out->cb_even = nullptr;
+    out->cb_table = nullptr;
+    return 0;
+  } catch (const std::exception& ex) {
+    return onnxq::write_error(err, errlen, std::string("[onnxq_parse_dtype] ") + ex.what());
+  } catch (...) {
+    return onnxq::write_error(err, errlen, "[onnxq_parse_dtype] unknown error");
   }
 }
 

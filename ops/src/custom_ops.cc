@@ -105,7 +105,7 @@ bool attr_string(const OrtKernelInfo* info, const char* name, std::string* out) 
   check(g_api->KernelInfoGetAttribute_string(info, name, &buf[0], &size),
         std::string("reading attribute '") + name + "'");
   buf.resize(size && buf[size - 1] == '\0' ? size - 1 : size);
-  *out = buf.c_str();
+  *out = std::move(buf);  // not c_str(): an embedded NUL must reach the parser, not cut the text
   return true;
 }
 
@@ -142,7 +142,7 @@ int choice(const std::string& name, const std::string& value,
     if (value == options[i]) return static_cast<int>(i);
   std::string valid;
   for (const auto& o : options) valid += (valid.empty() ? "'" : ", '") + o + "'";
-  throw OpError("unknown " + name + " '" + value + "': expected one of " + valid);
+  throw OpError("unknown " + name + " " + quote_code(value) + ": expected one of " + valid);
 }
 
 // -- tensors ------------------------------------------------------------------------------
@@ -284,10 +284,10 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info) {
   if (!attr_string(info, "dtype", &dtype))
     throw OpError("attribute 'dtype' (a preset such as 'mxfp4' or a data type code) is required");
   std::string e = parse_dtype(dtype, &k->parsed);
-  if (!e.empty()) throw OpError("dtype '" + dtype + "': " + e);
+  if (!e.empty()) throw OpError("dtype " + quote_code(dtype) + ": " + e);
   if (!k->parsed.generic_codebook) {
     e = to_format(k->parsed, nullptr, &k->fmt);
-    if (!e.empty()) throw OpError("dtype '" + dtype + "': " + e);
+    if (!e.empty()) throw OpError("dtype " + quote_code(dtype) + ": " + e);
     k->fmt_ready = true;
   }
   attr_int(info, "axis", &k->axis);

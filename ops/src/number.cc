@@ -1,6 +1,7 @@
 // Derived properties of number specs (NumberSpec's properties, computed the same way).
 #include "number.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -70,12 +71,17 @@ std::string Num::derive() {
       break;
     case kExponent:
       bits = ebits;
-      if (ebits < 1 || ebits > 16) return "exponent width must be 1..16";
+      if (ebits < 1 || ebits > kMaxExponentTypeBits)
+        return "exponent (scale) types have at most 10 bits (e5m0 .. e10m0), got " +
+               std::to_string(ebits);
       break;
     default: return "unknown number kind " + std::to_string(kind);
   }
+  if (kind == kFloat && ebits > kMaxFloatExponentBits)
+    return "floats have 1 to 11 exponent bits, got " + std::to_string(ebits);
+  if (kind == kFloat && mbits > kMaxMantissaBits)
+    return "floats have at most 52 mantissa bits, got " + std::to_string(mbits);
   if (bits > 64) return "at most 64 bits are supported";
-  if (kind == kFloat && ebits > 11) return "at most 11 exponent bits are supported";
   code_bytes = code_width(bits);
   has_inf = infnan == kIeee || infnan == kInuz;
   has_negzero = infnan == kIeee || infnan == kFn;
@@ -85,13 +91,27 @@ std::string Num::derive() {
     case kUint: max_code = bits >= 64 ? ~0ull : (1ull << bits) - 1; break;
     case kExponent: max_code = (1ull << ebits) - 2; break;
     default: {
-      max_code = (1ull << (bits - 1)) - 1;
-      if (infnan == kIeee) max_code = (((1ull << ebits) - 1) << mbits) - 1;
-      while (!std::isfinite(decode(max_code))) {
-        if (max_code == 0) return "no finite value";
-        max_code--;
-      }
+      // Closed form (never a search): ieee stops below the Inf/NaN binade; fnuz's all-ones
+      // magnitude is finite; fn's is NaN and inuz's is Inf.
+      uint64_t sign_bit = 1ull << (bits - 1);
+      max_code = infnan == kIeee ? (((1ull << ebits) - 1) << mbits) - 1
+                 : infnan == kFnuz ? sign_bit - 1
+                                   : sign_bit - 2;
     }
+  }
+  // Every finite value must be a float64 (limits.py): the top binade's exponent and the
+  // smallest step, from the fields alone.
+  if (kind == kFloat || kind == kExponent) {
+    int64_t field = static_cast<int64_t>(kind == kExponent ? max_code : max_code >> mbits);
+    if (kind == kFloat) field = std::max<int64_t>(field, 1);  // subnormals scale as field 1
+    int64_t top = field - bias;
+    int64_t step = kind == kExponent ? -static_cast<int64_t>(bias) : 1 - int64_t(bias) - mbits;
+    if (top > kMaxValueExponent)
+      return "the largest value reaches 2^" + std::to_string(top) +
+             ", beyond float64's 2^1023; use a larger bias";
+    if (step < kMinValueExponent)
+      return "the smallest step 2^" + std::to_string(step) +
+             " is below float64's 2^-1074; use a smaller bias";
   }
   maxfloat = decode(max_code);
   int ex = 0;

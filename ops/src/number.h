@@ -41,6 +41,19 @@ inline uint32_t stochastic_bits(uint32_t key, uint64_t index) {
   return mix32(lo ^ mix32(hi ^ key)) >> 8;
 }
 
+// The limits of the format language (onnxq/formats/limits.py and docs/formats.md, "Limits").
+constexpr size_t kMaxCodeLength = 128;   // characters after stripping ASCII whitespace
+constexpr size_t kMaxDigits = 5;         // per number field
+constexpr int kMaxFloatExponentBits = 11;
+constexpr int kMaxMantissaBits = 52;
+constexpr int kMaxExponentTypeBits = 10;
+constexpr int kMaxElementBits = 32;      // element codes; a codebook's compute type
+constexpr int kMaxScaleBits = 32;        // scales, zero points, tensor scales
+constexpr int kMaxTile = 65536;
+constexpr int kMaxSparseM = 16;
+constexpr int kMaxValueExponent = 1023;  // every finite value is a float64
+constexpr int kMinValueExponent = -1074;
+
 // A number spec with the derived values the kernels use (NumberSpec's properties).
 struct Num {
   int kind = kFloat, ebits = 0, mbits = 0, bias = 0, infnan = kNone;

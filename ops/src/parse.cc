@@ -30,7 +30,54 @@ std::string lower_strip(const std::string& s) {
   return out;
 }
 
-std::string quote(const std::string& s) { return "'" + s + "'"; }
+// Text for a one-line message: controls and bytes >= 0x80 as \xNN, text over `keep` cut.
+std::string shown(const std::string& s, size_t keep = 40) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < keep; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c >= 0x7f) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += "'";
+  if (s.size() > keep) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+std::string quote(const std::string& s) { return shown(s, kMaxCodeLength); }
+
+// limits.normalize: strip surrounding ASCII whitespace, check length and characters (ASCII
+// letters, digits, '_', '.', '-'; NUL, NBSP and other bytes are refused), lowercase.
+std::string normalize(const std::string& code, std::string* out) {
+  size_t b = 0, e = code.size();
+  auto space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+  };
+  if (code.size() > kMaxCodeLength)  // surrounding whitespace counts: messages echo the code
+    return shown(code) + ": a data type code has at most " + std::to_string(kMaxCodeLength) +
+           " characters";
+  while (b < e && space(code[b])) ++b;
+  while (e > b && space(code[e - 1])) --e;
+  std::string text = code.substr(b, e - b);
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+              c == '-';
+    if (!ok)
+      return shown(code) + ": unexpected character " + shown(std::string(1, c)) +
+             " at position " + std::to_string(i) +
+             "; codes use ASCII letters, digits, '_', '.' and '-' only";
+    text[i] = c;
+  }
+  *out = text;
+  return "";
+}
 
 bool all_digits(const std::string& s) {
   if (s.empty()) return false;
@@ -39,11 +86,11 @@ bool all_digits(const std::string& s) {
   return true;
 }
 
-// Reads a run of digits at s[pos]; false when there is none or it is too long to be sane.
+// Reads a run of digits at s[pos]; false when there is none or it has more than kMaxDigits.
 bool read_int(const std::string& s, size_t* pos, int* out) {
   size_t b = *pos;
   while (*pos < s.size() && std::isdigit(static_cast<unsigned char>(s[*pos]))) ++*pos;
-  if (*pos == b || *pos - b > 6) return false;
+  if (*pos == b || *pos - b > kMaxDigits) return false;
   *out = std::stoi(s.substr(b, *pos - b));
   return true;
 }
@@ -123,7 +170,9 @@ std::string parse_number(const std::string& code, Spec* out) {
       return quote(code) + " is not a number format: " + kForms;
     if (ebits < 1)
       return quote(code) + ": a float needs at least 1 exponent bit (eXmY with X >= 1)";
-    if (ebits > 62) return quote(code) + ": at most 64 bits are supported";
+    if (ebits > kMaxFloatExponentBits)  // before 2^(ebits - 1) below
+      return quote(code) + ": at most 11 exponent bits are supported, got " +
+             std::to_string(ebits);
     if (!has_bias) bias = static_cast<int>((1ll << (ebits - 1)) - 1);
     if (mbits == 0 && ebits >= 5 && (suffix == "fn" || suffix == "fnuz" || suffix == "ieee"))
       return quote(code) + ": e" + std::to_string(ebits) +
@@ -150,7 +199,7 @@ std::string parse_number(const std::string& code, Spec* out) {
   bool unsigned_ = text.rfind("uint", 0) == 0;
   if (unsigned_ || text.rfind("int", 0) == 0) {
     std::string digits = text.substr(unsigned_ ? 4 : 3);
-    if (all_digits(digits) && digits.size() <= 6) {
+    if (all_digits(digits) && digits.size() <= kMaxDigits) {
       int bits = std::stoi(digits);
       int low = unsigned_ ? 1 : 2;
       if (bits < low || bits > 32)
@@ -163,7 +212,8 @@ std::string parse_number(const std::string& code, Spec* out) {
       return e;
     }
   }
-  if (text.rfind("binary8p", 0) == 0 && all_digits(text.substr(8)) && text.size() <= 14) {
+  if (text.rfind("binary8p", 0) == 0 && all_digits(text.substr(8)) &&
+      text.size() <= 8 + kMaxDigits) {
     int p = std::stoi(text.substr(8));
     if (p < 1 || p > 7)
       return quote(code) + ": binary8pP needs 1 <= P <= 7, got " + std::to_string(p);
@@ -210,9 +260,9 @@ std::string parse_tile(const std::string& text, const std::string& context, Tile
     if (!read_int(text, &pos, &t.m)) return bad;
   }
   if (pos != text.size()) return bad;
-  if (t.size && (t.size < 2 || !is_pow2(t.size)))
+  if (t.size && (t.size < 2 || !is_pow2(t.size) || t.size > kMaxTile))
     return where + "tile size " + std::to_string(t.size) + " in " + quote(text) +
-           " must be a power of two >= 2";
+           " must be a power of two from 2 to " + std::to_string(kMaxTile);
   if (t.subtile) {
     if (!is_pow2(t.subtile))
       return where + "subtile " + std::to_string(t.subtile) + " in " + quote(text) +
@@ -223,7 +273,7 @@ std::string parse_tile(const std::string& text, const std::string& context, Tile
     if (!t.size) return where + quote(text) + ": a channel tile (t0) cannot have a subtile";
   }
   if (t.m) {
-    if (!is_pow2(t.m) || t.m < 2 || t.m > 16)
+    if (!is_pow2(t.m) || t.m < 2 || t.m > kMaxSparseM)
       return where + "sparsity block M=" + std::to_string(t.m) + " in " + quote(text) +
              ": expected 2, 4, 8 or 16";
     if (t.n < 1 || t.n >= t.m)
@@ -761,7 +811,9 @@ std::string parse_code(const std::string& code, ParsedType* out) {
 }  // namespace
 
 std::string parse_dtype(const std::string& text, ParsedType* out) {
-  std::string key = lower_strip(text);
+  std::string key;
+  std::string bad = normalize(text, &key);
+  if (!bad.empty()) return bad;
   for (const auto& [name, code] : kPresets) {
     if (key == name) {
       std::string e = parse_code(code, out);
@@ -777,6 +829,8 @@ std::string parse_dtype(const std::string& text, ParsedType* out) {
   if (looks_like_code) return e;
   return quote(text) + " is neither a preset (" + preset_list() + ") nor a data type code: " + e;
 }
+
+std::string quote_code(const std::string& text) { return quote(text); }
 
 std::string to_format(const ParsedType& p, const std::vector<double>* table, Format* out) {
   onnxq_format f = p.fmt;

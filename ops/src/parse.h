@@ -26,6 +26,10 @@ struct ParsedType {
 // Parses a preset name or a data type code as onnxq.datatype() does; "" or an error message.
 std::string parse_dtype(const std::string& text, ParsedType* out);
 
+// The code quoted for a one-line message: controls and non-ASCII bytes as \xNN, cut when
+// longer than kMaxCodeLength (an attribute can hold anything, NUL and newlines included).
+std::string quote_code(const std::string& text);
+
 // Builds the kernels' Format. `table` (2^meta_bits x 2^index_bits values by index code) replaces
 // the codebook's own mappings when given; generic codebooks need it. "" or an error message.
 std::string to_format(const ParsedType& p, const std::vector<double>* table, Format* out);
