@@ -431,7 +431,7 @@ def _product_bound(scale: np.ndarray, spec: NumberSpec, top: float, finite_dtype
         t = np.where(sc > 0, limit / np.where(sc > 0, sc, 1.0), np.inf)
         b = finite_bound(np.minimum(t, 2.0 * top + 2.0), spec, top)
         # t is rounded: the grid value it lands on may still reach the limit.
-        lower = finite_bound(np.nextafter(np.maximum(b, spec.smallest_subnormal), 0), spec, top)
+        lower = finite_bound(np.nextafter(b, 0.0), spec, top)
         return np.where((sc > 0) & (b * sc >= limit), lower, b)
 
 
