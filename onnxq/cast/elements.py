@@ -15,6 +15,7 @@ from onnxq.formats.number import InfNaN, Kind, NumberSpec
 
 __all__ = [
     "MAX_FINITE",
+    "OVERFLOW",
     "PRODUCT_LIMIT",
     "decode_codes",
     "encode_values",
@@ -39,6 +40,12 @@ MAX_FINITE = {
 # A float-scaled element decodes as float32(q * scale), then rounds to the data type: finite
 # exactly when the exact product is below this (float32 ties round to even; the bfloat16 and
 # float16 bounds are the float32 midpoints below their overflow thresholds 2^128 - 2^119, 65520).
+# The float32 values from which rounding to the type gives Inf (float32: Inf itself).
+OVERFLOW = {
+    "float32": float("inf"),
+    "float16": 65520.0,
+    "bfloat16": float(2**128 - 2**119),
+}
 PRODUCT_LIMIT = {
     "float32": float(2**128 - 2**103),
     "float16": 65520.0 - 2.0**-9,

@@ -23,6 +23,7 @@ import numpy as np
 
 from onnxq.cast.elements import (
     MAX_FINITE,
+    OVERFLOW,
     PRODUCT_LIMIT,
     decode_codes,
     encode_values,
@@ -289,9 +290,7 @@ def quantize(
             max_finite,
         )
     elif s.zero is not None:
-        y, codes_t = _zero_point_scaled(
-            xt, rt, n, dt, round_mode, out, want_codes, finite_dtype
-        )
+        y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     else:
         y, codes_t = _float_scaled(
             xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes, finite_dtype
@@ -389,9 +388,7 @@ def _exponent_scaled(
         if shift is not None:  # a shifted subtile decodes at half the scale: twice the reach
             shifted = _expand_units(shift, tiling)
             limit = np.where(shifted, finite_bound(2.0 * reach, n, top)[..., None], limit)
-        q = quantize_values(
-            v, n, round_mode, rt, full_int_range=full_int_range, limit=limit
-        )
+        q = quantize_values(v, n, round_mode, rt, full_int_range=full_int_range, limit=limit)
         codes = None
         if want_codes:  # ints have no NaN code: their NaN tiles are marked by the caller
             codes = encode_values(q if n.is_float else np.nan_to_num(q), n)
@@ -433,6 +430,23 @@ def _product_bound(scale: np.ndarray, spec: NumberSpec, top: float, finite_dtype
         # t is rounded: the grid value it lands on may still reach the limit.
         lower = finite_bound(np.nextafter(b, 0.0), spec, top)
         return np.where((sc > 0) & (b * sc >= limit), lower, b)
+
+
+def _zero_float_top(sc: np.ndarray, zero: np.ndarray, qmax: float, finite_dtype) -> np.ndarray:
+    """Largest q in [0, qmax] whose decoded float32(float32(q * sc) + zero) is finite in the type.
+
+    q = floor((overflow - zero) / sc) + 1 (float64) is at most one step above the answer; up
+    to three steps down, each checked with the decoder's float32 arithmetic.
+    """
+    over = np.float32(OVERFLOW[np.dtype(finite_dtype).name])
+    s64, z64 = sc.astype(np.float64), zero.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t = np.floor((np.float64(over) - z64) / np.where(s64 > 0, s64, 1.0)) + 1.0
+        q = np.where(s64 > 0, np.clip(t, 0.0, qmax), qmax)
+        for _ in range(3):
+            y = (q.astype(np.float32) * sc).astype(np.float32) + zero
+            q = np.where((np.abs(y) >= over) & (q > 0), q - 1.0, q)
+    return q
 
 
 def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes, finite_dtype):
@@ -479,7 +493,8 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
             v = np.where(sc[..., None] > 0, shifted / sc[..., None], np.float32(0)).astype(
                 np.float32
             )
-            q = np.clip(_round_signed(v, round_mode, rt), 0, qmax)
+            q_hi = _zero_float_top(sc, zero, float(qmax), finite_dtype)[..., None]
+            q = np.clip(_round_signed(v, round_mode, rt), 0, q_hi)
             y = (q.astype(np.float32) * sc[..., None]).astype(np.float32) + zero[..., None]
             zero_codes = encode_values(zero.astype(np.float64), s.zero)
         else:

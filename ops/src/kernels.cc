@@ -248,6 +248,19 @@ TileParams tile_params(const Ctx& c, const Stats& st) {
       p.sc = cast_scale(raw, f.scale);
       p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
       p.zero_code = encode_value(static_cast<double>(p.zero), f.zero);
+      // reference._zero_float_top: the largest q whose decoded value stays finite.
+      const float over = overflow_f32(finite_type(c.io));
+      const double s64 = p.sc, z64 = p.zero, qm = qmax;
+      double q = qm;
+      if (s64 > 0) {
+        double t = std::floor((static_cast<double>(over) - z64) / s64) + 1.0;
+        q = t < 0.0 ? 0.0 : t > qm ? qm : t;  // np.clip (NaN stays NaN)
+      }
+      for (int k = 0; k < 3; ++k) {
+        float y = static_cast<float>(q) * p.sc + p.zero;
+        if (std::fabs(y) >= over && q > 0) q -= 1.0;
+      }
+      p.q_hi = q;
       break;
     }
     case kZeroInt: {
@@ -306,12 +319,11 @@ inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, b
       break;
     }
     case kZeroFloat: {
-      double qmax = n.maxfloat;
       float shifted_x = x - p.zero;
       float v = p.sc > 0 ? shifted_x / p.sc : 0.0f;
       double v64 = v;
       double q = std::copysign(round_magnitude(std::fabs(v64), rm, r), v64);
-      q = q < 0.0 ? 0.0 : q > qmax ? qmax : q;
+      q = q < 0.0 ? 0.0 : q > p.q_hi ? p.q_hi : q;
       *y = static_cast<float>(q) * p.sc + p.zero;
       *code = static_cast<uint64_t>(static_cast<int64_t>(nan_to_num(q)));
       break;
