@@ -156,3 +156,100 @@ def test_finite_in_finite_out(dtype, smode):
             outs.append(y.view(np.uint32))
         for other in outs[1:]:
             np.testing.assert_array_equal(outs[0], other, err_msg=f"{name} {rmode} {int_range}")
+
+
+# -- the standard-ONNX function fallback (no custom-op library) -------------------------------
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from onnxq.graph import functions as fallback  # noqa: E402
+
+_ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+               "bfloat16": TensorProto.BFLOAT16}  # fmt: skip
+
+
+def _fallback_model(name: str, x: np.ndarray, attrs: dict) -> tuple[onnx.ModelProto, bool]:
+    """QuantizeMX of X (its own dtype) backed by its standard-ONNX function only."""
+    probe = cast(np.ones(x.shape, np.float32), name, mode="compress", backend="reference")
+    has_meta = probe.meta is not None
+    outs = ["Q", "S", "", "", "M" if has_meta else "", ""]
+    node = helper.make_node("QuantizeMX", ["X"], outs, domain="onnxq", dtype=name, **attrs)
+    outputs = [
+        helper.make_tensor_value_info("Q", TensorProto.UINT8, list(probe.data.shape)),
+        helper.make_tensor_value_info("S", TensorProto.UINT8, list(probe.scale.shape)),
+    ]
+    if has_meta:
+        outputs.append(
+            helper.make_tensor_value_info("M", TensorProto.UINT8, list(probe.meta.shape))
+        )
+    x_info = helper.make_tensor_value_info("X", _ONNX_TYPES[np.dtype(x.dtype).name], list(x.shape))
+    graph = helper.make_graph([node], "g", [x_info], outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    fallback.embed_functions(model)
+    return model, has_meta
+
+
+FALLBACK_CASES = [
+    (name, smode, int_range)
+    for name in [
+        "mxfp4",
+        "mxfp6e2",
+        "mxfp6e3",
+        "mxfp8",
+        "mxfp8e5",
+        "mxint8",
+        "mxint4",
+        "bfp8",
+        "mx9",
+        "mx6",
+        "mx4",
+    ]
+    for smode in (["floor", "ceil"] if not onnxq.datatype(name).nspec.is_int else ["floor"])
+    for int_range in (["symmetric", "full"] if onnxq.datatype(name).nspec.is_int else ["symmetric"])
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+def test_function_fallback_saturates_like_the_reference(dtype):
+    # onnxruntime runs the fallback bodies (no library registered): the codes must be the
+    # reference's, which decode to finite values. (onnxruntime's Python API takes no
+    # bfloat16 arrays: bfloat16 goes through onnx's evaluator below.)
+    x = _near_max(dtype, 11)
+    for k, (name, smode, int_range) in enumerate(FALLBACK_CASES):
+        for rmode in [("even", "away", "zero")[k % 3]]:
+            attrs = dict(scale_mode=smode, int_range=int_range, round_mode=rmode)
+            model, has_meta = _fallback_model(name, x, attrs)
+            session = ort.InferenceSession(
+                model.SerializeToString(), providers=["CPUExecutionProvider"]
+            )
+            got = session.run(None, {"X": x})
+            q = cast(x, name, mode="compress", backend="reference", **attrs)
+            label = f"{name} {attrs}"
+            np.testing.assert_array_equal(got[0], q.data, err_msg=label)
+            np.testing.assert_array_equal(got[1], q.scale, err_msg=label)
+            if has_meta:
+                np.testing.assert_array_equal(got[2], q.meta, err_msg=label)
+            y = onnxq.upcast(q, np.float32)
+            assert np.isfinite(y[np.isfinite(x.astype(np.float32))]).all(), label
+
+
+@pytest.mark.parametrize(
+    ("name", "attrs", "dtype", "first", "code"),
+    [
+        ("mxint8", dict(int_range="full"), np.float32, -3.4e38, 0x81),  # -127, see GOLDEN
+        # bfloat16 max (2 - 2^-7) * 2^127, mxfp8 ceil: exponent 128, scale 2^120; the value
+        # 255.0 rounds to e4m3's 256 and 2^128 overflows; bound: bf16max / 2^120 = 255 -> 240.
+        ("mxfp8", dict(scale_mode="ceil"), ml_dtypes.bfloat16, 2.0**128 - 2.0**120, 0x77),
+    ],
+)
+def test_function_fallback_reference_evaluator(name, attrs, dtype, first, code):
+    # onnx's own evaluator on the inlined body agrees with the hand-derived code.
+    x = _tile(first, dtype=dtype)
+    model, _ = _fallback_model(name, x, attrs)
+    got = ReferenceEvaluator(fallback.inline_for_reference(model)).run(None, {"X": x})
+    assert int(np.asarray(got[0]).reshape(-1)[0]) == code
+    assert int(cast(x, name, mode="actual", backend="reference", **attrs).data[0]) == code
