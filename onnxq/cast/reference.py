@@ -494,7 +494,8 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
                 np.float32
             )
             q_hi = _zero_float_top(sc, zero, float(qmax), finite_dtype)[..., None]
-            q = np.clip(_round_signed(v, round_mode, rt), 0, q_hi)
+            q = np.clip(_round_signed(v, round_mode, rt), 0, qmax)
+            q = np.where(q > q_hi, q_hi, q)  # (-0 and NaN stay as they are)
             y = (q.astype(np.float32) * sc[..., None]).astype(np.float32) + zero[..., None]
             zero_codes = encode_values(zero.astype(np.float64), s.zero)
         else:
@@ -508,7 +509,8 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
             reach = _product_bound(sc, n, float(qmax), finite_dtype)
             q_lo = np.maximum(zp - reach, 0)[..., None]
             q_hi = np.minimum(zp + reach, qmax)[..., None]
-            q = np.clip(_round_signed(v, round_mode, rt) + zp[..., None], q_lo, q_hi)
+            q = np.clip(_round_signed(v, round_mode, rt) + zp[..., None], 0, qmax)
+            q = np.where(q < q_lo, q_lo, np.where(q > q_hi, q_hi, q))
             y = ((q - zp[..., None]).astype(np.float32) * sc[..., None]).astype(np.float32)
             zero_codes = encode_values(zp.astype(np.float64), s.zero)
     # Inf saturated through the clip; NaN tiles get their scale made NaN by the caller.

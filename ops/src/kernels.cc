@@ -319,20 +319,24 @@ inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, b
       break;
     }
     case kZeroFloat: {
+      double qmax = n.maxfloat;
       float shifted_x = x - p.zero;
       float v = p.sc > 0 ? shifted_x / p.sc : 0.0f;
       double v64 = v;
       double q = std::copysign(round_magnitude(std::fabs(v64), rm, r), v64);
-      q = q < 0.0 ? 0.0 : q > p.q_hi ? p.q_hi : q;
+      q = q < 0.0 ? 0.0 : q > qmax ? qmax : q;
+      q = q > p.q_hi ? p.q_hi : q;  // reference: np.where(q > q_hi, q_hi, q)
       *y = static_cast<float>(q) * p.sc + p.zero;
       *code = static_cast<uint64_t>(static_cast<int64_t>(nan_to_num(q)));
       break;
     }
     case kZeroInt: {
+      double qmax = n.maxfloat;
       float v = p.sc > 0 ? x / p.sc : 0.0f;
       double v64 = v;
       double q = std::copysign(round_magnitude(std::fabs(v64), rm, r), v64) +
                  static_cast<double>(p.zp);
+      q = q < 0.0 ? 0.0 : q > qmax ? qmax : q;
       q = q < p.q_lo ? p.q_lo : q > p.q_hi ? p.q_hi : q;
       *y = static_cast<float>(q - static_cast<double>(p.zp)) * p.sc;
       *code = static_cast<uint64_t>(static_cast<int64_t>(nan_to_num(q)));
