@@ -199,6 +199,7 @@ def cast(
         extra["values_out"] = out
     if chosen is Backend.REFERENCE:
         extra["metric"] = metric
+        extra["finite_dtype"] = x.dtype
     enc = engine(
         x if chosen is Backend.NATIVE else x.astype(np.float32),
         dt,

@@ -14,8 +14,12 @@ from onnxq.formats.modes import RoundMode
 from onnxq.formats.number import InfNaN, Kind, NumberSpec
 
 __all__ = [
+    "MAX_FINITE",
+    "OVERFLOW",
+    "PRODUCT_LIMIT",
     "decode_codes",
     "encode_values",
+    "finite_bound",
     "floor_log2",
     "nan_code",
     "pow2",
@@ -25,6 +29,28 @@ __all__ = [
 ]
 
 _GOLDEN = np.uint32(0x9E3779B9)
+
+# The largest finite value of each float type a cast reads and writes: the elements of a tile
+# are clamped so that their decoded values stay at or below it (`finite_bound`).
+MAX_FINITE = {
+    "float32": float(np.finfo(np.float32).max),  # (2 - 2^-23) * 2^127
+    "float16": 65504.0,  # (2 - 2^-10) * 2^15
+    "bfloat16": float(2**128 - 2**120),  # (2 - 2^-7) * 2^127
+}
+# A float-scaled element decodes as float32(q * scale), then rounds to the data type: finite
+# exactly when the exact product is below this (float32 ties round to even; the bfloat16 and
+# float16 bounds are the float32 midpoints below their overflow thresholds 2^128 - 2^119, 65520).
+# The float32 values from which rounding to the type gives Inf (float32: Inf itself).
+OVERFLOW = {
+    "float32": float("inf"),
+    "float16": 65520.0,
+    "bfloat16": float(2**128 - 2**119),
+}
+PRODUCT_LIMIT = {
+    "float32": float(2**128 - 2**103),
+    "float16": 65520.0 - 2.0**-9,
+    "bfloat16": float(2**128 - 2**119 - 2**103),
+}
 
 
 def _mix32(x: np.ndarray) -> np.ndarray:
@@ -66,6 +92,22 @@ def pow2(k: np.ndarray | int) -> np.ndarray:
     return ((np.asarray(k, dtype=np.int64) + 1023) << 52).view(np.float64)
 
 
+def finite_bound(t: np.ndarray, spec: NumberSpec, top: float) -> np.ndarray:
+    """The largest grid value of ``spec`` that is <= ``t`` (float64, > 0), at most ``top``.
+
+    With t = max_finite / scale, the largest element magnitude whose decoded value stays
+    finite: the saturation bound of a tile whose scale would take ``top`` past the float
+    type's range (design of the clamp: docs/ops.md, "Saturation").
+    """
+    t = np.asarray(t, dtype=np.float64)
+    if spec.kind is Kind.FLOAT:
+        e = np.maximum(floor_log2(t), spec.emin) - spec.mbits
+        grid = np.floor(t * pow2(-e)) * pow2(e)
+    else:
+        grid = np.floor(t)
+    return np.where(t >= top, top, grid)
+
+
 def round_magnitude(t: np.ndarray, mode: RoundMode, rand: np.ndarray | None = None) -> np.ndarray:
     """Round non-negative float64 ``t`` to an integer-valued float64.
 
@@ -96,13 +138,16 @@ def quantize_values(
     *,
     keep_inf: bool = False,
     full_int_range: bool = False,
+    limit: np.ndarray | None = None,
 ) -> np.ndarray:
     """Round scaled values ``v`` (float64) onto the grid of ``spec`` (design.md item 1).
 
     Floats: e = max(floor(log2|v|), emin), step 2^(e - mbits); ints: step 1. The result is
     clamped to +-maxfloat (ints: +-(2^(N-1) - 1), or -2^(N-1) with ``full_int_range``).
     NaN stays NaN; Inf saturates unless ``keep_inf`` (unscaled casts to a format with Inf).
-    Negative zero becomes +0 in formats without -0.
+    Negative zero becomes +0 in formats without -0. ``limit`` (float64, broadcast against
+    ``v``, from `finite_bound`) lowers the clamp of both signs where the scale would make the
+    top values overflow the float type.
     """
     a = np.abs(v)
     if spec.kind is Kind.FLOAT:
@@ -116,10 +161,12 @@ def quantize_values(
     top = spec.maxfloat
     with np.errstate(invalid="ignore"):
         if full_int_range and spec.is_int:
-            limit = np.where(v < 0, top + 1.0, top)
-            clamped = np.minimum(q, limit)
+            lim = np.where(v < 0, top + 1.0, top)
         else:
-            clamped = np.minimum(q, top)
+            lim = top
+        if limit is not None:
+            lim = np.minimum(lim, limit)
+        clamped = np.minimum(q, lim)
     if keep_inf and spec.has_inf:
         clamped = np.where(np.isinf(a), np.inf, clamped)
     out = np.copysign(clamped, v)

@@ -22,8 +22,12 @@ from collections.abc import Callable
 import numpy as np
 
 from onnxq.cast.elements import (
+    MAX_FINITE,
+    OVERFLOW,
+    PRODUCT_LIMIT,
     decode_codes,
     encode_values,
+    finite_bound,
     floor_log2,
     pow2,
     quantize_values,
@@ -128,9 +132,17 @@ def _int_frac_bits(spec: NumberSpec) -> int:
 
 
 def _codebook_select(
-    v: np.ndarray, book: Codebook, tiling: Tiling, mode: RoundMode, metric: Metric
+    v: np.ndarray,
+    book: Codebook,
+    tiling: Tiling,
+    mode: RoundMode,
+    metric: Metric,
+    bound: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Nearest entry of every mapping, then the mapping with the least error per unit.
+
+    ``bound`` (per tile) caps the magnitudes: each mapping uses only its entries <= bound
+    (magnitudes above its largest such entry are first lowered to it).
 
     Returns (quantized values, magnitude index, mapping index per unit), units being subtiles
     when the scale has them, else tiles.
@@ -147,6 +159,9 @@ def _codebook_select(
     ):
         table = np.asarray(mags, dtype=np.float64)
         even = np.asarray(codes) % 2 == 0
+        # The mapping's largest entry within the tile's bound (entry 0 is 0.0 <= any bound).
+        cap = table[np.searchsorted(table, bound, side="right") - 1]
+        a = np.minimum(np.abs(v), cap[..., None])
         hi = np.clip(np.searchsorted(table, a, side="left"), 1, len(table) - 1)
         lo = hi - 1
         d_lo, d_hi = a - table[lo], table[hi] - a
@@ -210,21 +225,27 @@ def quantize(
     metric: Metric | None = None,
     full_int_range: bool = False,
     want_codes: bool = True,
+    finite_dtype: str | np.dtype = "float32",
 ) -> Encoded:
     """Quantize a float32 array (any shape, non-empty) to ``dt``.
+
+    ``finite_dtype`` (float32, float16 or bfloat16: the caller's data type) bounds the
+    element clamp: finite input never decodes to a value past that type's largest finite one.
 
     Raises:
         ValueError: geometry problems (axis, 2-D tiles on 1-D data).
         NotImplementedError: a mode the format cannot do (stochastic codebooks).
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
+    max_finite = MAX_FINITE[np.dtype(finite_dtype).name]
     n, s = dt.nspec, dt.sspec
     tiling = Tiling.build(x.shape, axis, s)
     rand = None
     if round_mode is RoundMode.STOCHASTIC:
         rand = stochastic_bits(seed, np.arange(x.size, dtype=np.uint64).reshape(x.shape))
     if s is None:  # an unscaled cast
-        q = quantize_values(x.astype(np.float64), n, round_mode, rand, keep_inf=True)
+        limit = finite_bound(np.float64(max_finite), n, n.maxfloat)
+        q = quantize_values(x.astype(np.float64), n, round_mode, rand, keep_inf=True, limit=limit)
         return Encoded(
             values=_canonical_nan(q.astype(np.float32)),
             codes=encode_values(q, n).astype(_code_dtype(n)) if want_codes else None,
@@ -266,11 +287,14 @@ def quantize(
             full_int_range,
             out,
             want_codes,
+            max_finite,
         )
     elif s.zero is not None:
-        y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes)
+        y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     else:
-        y, codes_t = _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes)
+        y, codes_t = _float_scaled(
+            xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes, finite_dtype
+        )
 
     if nan_tiles is not None:
         y = np.where(nan_tiles[..., None], np.float32(np.nan), y)
@@ -325,6 +349,7 @@ def _exponent_scaled(
     full_int_range,
     out,
     want_codes,
+    max_finite,
 ):
     s = dt.sspec
     book = n if isinstance(n, Codebook) else None
@@ -336,6 +361,8 @@ def _exponent_scaled(
     stored = _scale_exponent(amax, elem, scale_mode) + frac
     sexp = np.where(amax > 0, np.clip(stored, low, high), low) - frac
     v = xt.astype(np.float64) * pow2(-sexp)[..., None]
+    # The element magnitude whose decoded value is max_finite: the clamp's bound (exact).
+    reach = np.ldexp(max_finite, -sexp)
     shift = None
     if book is None and tiling.Sc:  # MX9/6/4: one shift bit per subtile (spec 003)
         # "Both exponents below the block's" == every magnitude below 2^maxexp.
@@ -346,14 +373,22 @@ def _exponent_scaled(
         shift = below
         v = _scale_units(v, np.where(below, 2.0, 1.0), tiling)
     if book is not None:
-        q, mag_idx, chosen = _codebook_select(v, book, tiling, round_mode, metric or l2_metric)
+        bound = finite_bound(reach, elem, elem.maxfloat)
+        q, mag_idx, chosen = _codebook_select(
+            v, book, tiling, round_mode, metric or l2_metric, bound
+        )
         out.meta = chosen.astype(np.uint8)
         codes = None
         if want_codes:
             negative = np.signbit(q) & ((q != 0) | book.compute.has_negative_zero)
             codes = (negative.astype(np.int64) << (book.index_bits - 1)) | mag_idx
     else:
-        q = quantize_values(v, n, round_mode, rt, full_int_range=full_int_range)
+        top = n.maxfloat + 1.0 if full_int_range and n.is_int else n.maxfloat
+        limit = finite_bound(reach, n, top)[..., None]
+        if shift is not None:  # a shifted subtile decodes at half the scale: twice the reach
+            shifted = _expand_units(shift, tiling)
+            limit = np.where(shifted, finite_bound(2.0 * reach, n, top)[..., None], limit)
+        q = quantize_values(v, n, round_mode, rt, full_int_range=full_int_range, limit=limit)
         codes = None
         if want_codes:  # ints have no NaN code: their NaN tiles are marked by the caller
             codes = encode_values(q if n.is_float else np.nan_to_num(q), n)
@@ -380,7 +415,41 @@ def _tensor_scale(
     return np.float32(ts), top
 
 
-def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes):
+def _product_bound(scale: np.ndarray, spec: NumberSpec, top: float, finite_dtype) -> np.ndarray:
+    """Largest grid magnitude b of ``spec`` (<= top) with float32(b * scale) finite in the type.
+
+    The decoder multiplies in float32 and then rounds to ``finite_dtype``: that is finite
+    exactly when the exact product is below `PRODUCT_LIMIT` (float64 products of these small
+    grids and a float32 scale are exact). A zero scale has no bound (``top``).
+    """
+    limit = PRODUCT_LIMIT[np.dtype(finite_dtype).name]
+    sc = scale.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(sc > 0, limit / np.where(sc > 0, sc, 1.0), np.inf)
+        b = finite_bound(np.minimum(t, 2.0 * top + 2.0), spec, top)
+        # t is rounded: the grid value it lands on may still reach the limit.
+        lower = finite_bound(np.nextafter(b, 0.0), spec, top)
+        return np.where((sc > 0) & (b * sc >= limit), lower, b)
+
+
+def _zero_float_top(sc: np.ndarray, zero: np.ndarray, qmax: float, finite_dtype) -> np.ndarray:
+    """Largest q in [0, qmax] whose decoded float32(float32(q * sc) + zero) is finite in the type.
+
+    q = floor((overflow - zero) / sc) + 1 (float64) is at most one step above the answer; up
+    to three steps down, each checked with the decoder's float32 arithmetic.
+    """
+    over = np.float32(OVERFLOW[np.dtype(finite_dtype).name])
+    s64, z64 = sc.astype(np.float64), zero.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t = np.floor((np.float64(over) - z64) / np.where(s64 > 0, s64, 1.0)) + 1.0
+        q = np.where(s64 > 0, np.clip(t, 0.0, qmax), qmax)
+        for _ in range(3):
+            y = (q.astype(np.float32) * sc).astype(np.float32) + zero
+            q = np.where((np.abs(y) >= over) & (q > 0), q - 1.0, q)
+    return q
+
+
+def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes, finite_dtype):
     s = dt.sspec
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         raw = amax / np.float32(n.maxfloat)
@@ -395,7 +464,11 @@ def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_cod
         # A zero scale (all finite values zero) sends everything to 0, but NaN stays NaN.
         v = np.where(eff[..., None] > 0, xt / eff[..., None], np.where(np.isnan(xt), xt, 0))
         v = v.astype(np.float32)
-    q = quantize_values(v.astype(np.float64), n, round_mode, rt, full_int_range=full_int_range)
+    top = n.maxfloat + 1.0 if full_int_range and n.is_int else n.maxfloat
+    limit = _product_bound(eff, n, top, finite_dtype)[..., None]
+    q = quantize_values(
+        v.astype(np.float64), n, round_mode, rt, full_int_range=full_int_range, limit=limit
+    )
     y = q.astype(np.float32) * eff[..., None]
     out.scale = encode_values(sc.astype(np.float64), s.scale)
     # Ints have no NaN code: their NaN tiles are marked by the caller, so the code is moot.
@@ -403,7 +476,7 @@ def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_cod
     return y, codes
 
 
-def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes):
+def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype):
     s = dt.sspec
     finite = np.isfinite(xt)
     qmax = np.float32(n.maxfloat)
@@ -420,7 +493,9 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes):
             v = np.where(sc[..., None] > 0, shifted / sc[..., None], np.float32(0)).astype(
                 np.float32
             )
+            q_hi = _zero_float_top(sc, zero, float(qmax), finite_dtype)[..., None]
             q = np.clip(_round_signed(v, round_mode, rt), 0, qmax)
+            q = np.where(q > q_hi, q_hi, q)  # (-0 and NaN stay as they are)
             y = (q.astype(np.float32) * sc[..., None]).astype(np.float32) + zero[..., None]
             zero_codes = encode_values(zero.astype(np.float64), s.zero)
         else:
@@ -430,7 +505,12 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes):
             zp = np.where(sc > 0, -lo / sc, np.float32(0)).astype(np.float32)
             zp = np.clip(np.rint(zp), 0, qmax)
             v = np.where(sc[..., None] > 0, xt / sc[..., None], np.float32(0)).astype(np.float32)
+            # q - zp decodes to (q - zp) * sc: keep |q - zp| where that stays finite.
+            reach = _product_bound(sc, n, float(qmax), finite_dtype)
+            q_lo = np.maximum(zp - reach, 0)[..., None]
+            q_hi = np.minimum(zp + reach, qmax)[..., None]
             q = np.clip(_round_signed(v, round_mode, rt) + zp[..., None], 0, qmax)
+            q = np.where(q < q_lo, q_lo, np.where(q > q_hi, q_hi, q))
             y = ((q - zp[..., None]).astype(np.float32) * sc[..., None]).astype(np.float32)
             zero_codes = encode_values(zp.astype(np.float64), s.zero)
     # Inf saturated through the clip; NaN tiles get their scale made NaN by the caller.

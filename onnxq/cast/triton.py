@@ -74,6 +74,13 @@ _SMODE = {
     ScaleMode.EVEN: 4,
 }
 _IN_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# The data type's top exponent and mantissa bits (its largest finite value, which bounds the
+# element clamp) and the float32 magnitude from which rounding to it gives Inf.
+_FINITE = {
+    torch.float32: (127, 23, float("inf"), float(np.finfo(np.float32).max)),
+    torch.float16: (15, 10, 65520.0, 65504.0),
+    torch.bfloat16: (127, 7, float(2**128 - 2**119), float(2**128 - 2**120)),
+}
 _MAX_SINGLE_TILE = 1024  # longer tiles take two passes (statistics, then the cast)
 _BLOCK = 4096  # elements per program
 
@@ -369,6 +376,39 @@ def _quant_elem(
 
 
 @triton.jit
+def _finite_clamp(n, s, k, IS_FLOAT: tl.constexpr, mbits, emax, maxm, f_emax, f_mbits):
+    # Lower magnitude n * 2^s (element units, decoded as n * 2^(s + k)) to the largest grid
+    # value whose decoded value is at most the data type's largest finite value
+    # (2^(f_mbits + 1) - 1) * 2^(f_emax - f_mbits): reference `finite_bound`.
+    if IS_FLOAT:
+        # the top of binade f_emax - k, on the element grid (its mantissa or the type's, the
+        # coarser), not above maxfloat
+        m2 = tl.minimum(mbits, f_mbits)
+        sb = f_emax - mbits - k
+        nb = ((2 << m2) - 1) << (mbits - m2)
+        nb = tl.where(sb == emax - mbits, tl.minimum(nb, maxm), nb)
+        over = ((s > sb) | ((s == sb) & (n > nb))) & (n != 0)
+        return tl.where(over, nb, n), tl.where(over, sb, s)
+    else:
+        sh = f_emax - f_mbits - k
+        big = sh + f_mbits + 1 > 24  # the bound exceeds every int element (<= 24 bits)
+        up = ((2 << f_mbits) - 1) << tl.minimum(tl.maximum(sh, 0), 24)
+        down = ((2 << f_mbits) - 1) >> tl.minimum(tl.maximum(-sh, 0), 31)
+        nb = tl.where(sh >= 0, up, down)
+        return tl.where(big, n, tl.minimum(n, nb)), s
+
+
+@triton.jit
+def _float_pred(n, s, IS_FLOAT: tl.constexpr, mbits, emin):
+    # the grid value just below n * 2^s (n > 0)
+    if IS_FLOAT:
+        wrap = (n == (1 << mbits)) & (s > emin - mbits)
+        return tl.where(wrap, (2 << mbits) - 1, n - 1), tl.where(wrap, s - 1, s)
+    else:
+        return n - 1, s
+
+
+@triton.jit
 def _make_f32(n, pe):
     # float32 bits of n * 2^pe (0 <= n <= 2^24), round-half-even below the subnormal grid
     L = _ilog2(tl.maximum(n, 1))
@@ -618,7 +658,7 @@ _QUANT_RUNTIME = [
     "nan_nan", "full_int", "keep_inf", "e_mbits", "e_emin", "e_emax", "e_maxm", "e_bits",
     "e_negzero", "e_nancode", "e_infcode", "bump_t", "s_low", "s_high", "s_bias", "s_nan",
     "s_mbits", "s_emin", "s_emax", "s_maxm", "t_mbits", "t_emin", "t_emax", "t_maxm",
-    "z_mbits", "z_emin", "z_emax", "z_maxm", "z_bits", "z_negzero",
+    "z_mbits", "z_emin", "z_emax", "z_maxm", "z_bits", "z_negzero", "f_emax", "f_mbits",
 ]  # fmt: skip
 
 
@@ -682,6 +722,10 @@ def _quant_kernel(
     z_maxm,
     z_bits,
     z_negzero,
+    f_emax,
+    f_mbits,
+    f_over,
+    f_max,
     HALF: tl.constexpr,
     PRE: tl.constexpr,
     LAST: tl.constexpr,
@@ -781,6 +825,14 @@ def _quant_kernel(
                 vb, 0, rand, E_FLOAT, e_mbits, e_emin, e_emax, e_maxm, rmode, full_int, STOCH
             )
             vneg = vb < 0
+            # products that round past the data type's range step down the grid (reference
+            # `_product_bound`; two steps cover every rounding of the scale)
+            for _step in tl.static_range(2):
+                yt = _make_f32(n, s).to(tl.float32, bitcast=True) * eff3
+                bad = (yt >= f_over) & (n != 0)
+                pn, ps = _float_pred(n, s, E_FLOAT, e_mbits, e_emin)
+                n = tl.where(bad, pn, n)
+                s = tl.where(bad, ps, s)
             sgn = vneg & ((n != 0) | (e_negzero != 0))
             qb = _make_f32(n, s) | (sgn.to(tl.int32) << 31)
             yb = (qb.to(tl.float32, bitcast=True) * eff3).to(tl.int32, bitcast=True)
@@ -800,6 +852,23 @@ def _quant_kernel(
             rn, _rs = _quant_elem(vb, 0, rand, False, 0, 0, 0, 1 << 24, rmode, 0, STOCH)
             zp3 = zp[:, None, None]
             n = tl.minimum(tl.maximum(tl.where(vb < 0, -rn, rn) + zp3, 0), e_maxm)
+            # decoded values past the data type's range move toward the zero point (reference
+            # `_product_bound` / `_zero_float_top`)
+            if SKIND == 3:
+                # |q - zp| <= B, the largest B with float32(B * scale) finite in the type:
+                # floor(max / scale) within one of it, then checked both ways
+                bq = tl.floor(tl.div_rn(tl.zeros_like(sc) + f_max, tl.where(sc > 0, sc, 1.0)))
+                bq = tl.where((sc > 0) & (bq < e_maxm), bq, e_maxm * 1.0).to(tl.int32)
+                for _step in tl.static_range(2):
+                    bq = tl.where((bq > 0) & (bq.to(tl.float32) * sc >= f_over), bq - 1, bq)
+                up = (bq < e_maxm) & ((bq + 1).to(tl.float32) * sc < f_over)
+                bq = tl.where(up, bq + 1, bq)[:, None, None]
+                n = tl.minimum(tl.maximum(n, zp3 - bq), zp3 + bq)
+            else:
+                for _step in tl.static_range(2):
+                    yt = tl.abs(n.to(tl.float32) * eff3 + zf[:, None, None])
+                    bad = (yt >= f_over) & (n > 0)
+                    n = tl.where(bad, n - 1, n)
             qf = (n - zp3).to(tl.float32)
             if SKIND == 3:
                 yb = (qf * eff3).to(tl.int32, bitcast=True)
@@ -828,6 +897,7 @@ def _quant_kernel(
         n, s = _quant_elem(
             xb, sexp3, rand, E_FLOAT, e_mbits, e_emin, e_emax, e_maxm, rmode, full_int, STOCH
         )
+        n, s = _finite_clamp(n, s, sexp3, E_FLOAT, e_mbits, e_emax, e_maxm, f_emax, f_mbits)
         vneg = neg
         elem_nan = ab > 0x7F800000
         sgn = neg & ((n != 0) | (e_negzero != 0))
@@ -1246,6 +1316,8 @@ def quantize(
         keep_inf=int(s is None and e.has_inf),
         e_mbits=e.mbits, e_emin=e.emin, e_emax=e.emax, e_maxm=e.maxm, e_bits=e.bits,
         e_negzero=int(e.negzero), e_nancode=e.nan_code, e_infcode=e.inf_code,
+        f_emax=_FINITE[x.dtype][0], f_mbits=_FINITE[x.dtype][1], f_over=_FINITE[x.dtype][2],
+        f_max=float(_FINITE[x.dtype][3]),
     )  # fmt: skip
     if s is not None:
         if want_codes:

@@ -315,9 +315,31 @@ def _cb_meta_offsets(
 
 
 @triton.jit
-def _cb_nearest(a, mag_ptr, even_ptr, base, K: tl.constexpr, LOG2K: tl.constexpr, rmode):
+def _cb_bound(sexp3, c_emin, c_mbits, c_maxf, IN_KIND: tl.constexpr):
+    # The largest compute-grid magnitude whose value times 2^sexp is at most the input type's
+    # largest finite value (reference `finite_bound`), float64; Inf where none is needed.
+    if IN_KIND == 0:
+        fmax = 3.4028234663852886e38
+    elif IN_KIND == 1:
+        fmax = 65504.0
+    else:
+        fmax = 3.3895313892515355e38
+    p2 = ((1023 - sexp3).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    reach = p2 * fmax
+    fl = ((reach.to(tl.int64, bitcast=True) >> 52) - 1023).to(tl.int32)
+    e = tl.maximum(fl, c_emin) - c_mbits
+    grid = tl.floor(reach * ((1023 - e).to(tl.int64) << 52).to(tl.float64, bitcast=True))
+    grid = grid * ((1023 + e).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    return tl.where(reach >= c_maxf, float("inf"), grid)
+
+
+@triton.jit
+def _cb_nearest(a, bound, mag_ptr, even_ptr, base, K: tl.constexpr, LOG2K: tl.constexpr, rmode):
     # Nearest entry of one mapping (reference `_codebook_select`): hi = searchsorted(left)
-    # clipped to [1, K-1], distances in float64, ties by the round mode.
+    # clipped to [1, K-1], distances in float64, ties by the round mode; magnitudes above
+    # the tile's bound are lowered to it first and no entry above it is picked.
+    a_in = a
+    a = tl.where(a > bound, bound, a)
     cnt = (a != a).to(tl.int32) * 0
     if K <= 8:
         for t in range(K):
@@ -339,9 +361,14 @@ def _cb_nearest(a, mag_ptr, even_ptr, base, K: tl.constexpr, LOG2K: tl.constexpr
     elif rmode == 1:
         tie = hi >= 0  # away: to the larger magnitude
     pick = (d_hi < d_lo) | ((d_hi == d_lo) & tie)
-    # the reference's error term v - q is +-(a - t): d_lo or -d_hi (IEEE subtraction is
-    # sign-symmetric), so its square is the same bits
-    return tl.where(pick, hi, lo), tl.where(pick, t_hi, t_lo), tl.where(pick, d_hi, d_lo)
+    pick = pick & ~(t_hi > bound)  # rounded up past the bound: the entry below
+    # the reference's error term v - q is +-(a - t): a - t_lo or -(t_hi - a) (IEEE
+    # subtraction is sign-symmetric), so its square is the same bits
+    return (
+        tl.where(pick, hi, lo),
+        tl.where(pick, t_hi, t_lo),
+        tl.where(pick, t_hi - a_in, a_in - t_lo),
+    )
 
 
 @triton.jit
@@ -374,6 +401,7 @@ def _cb_compare(err, best_err, same, delta):
 @triton.jit
 def _cb_select(
     a,
+    bound,
     mag_ptr,
     even_ptr,
     rmode,
@@ -396,7 +424,7 @@ def _cb_select(
     else:
         amb = best_map != 0
     for m in range(NMAP):
-        idx, tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
+        idx, tq, d = _cb_nearest(a, bound, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
         err = tl.sum(d * d, axis=2)
         first = m == 0
         later = m != 0
@@ -415,7 +443,7 @@ def _cb_select(
     if tl.max(tl.max(amb.to(tl.int32), axis=1), axis=0) > 0:
         kpos = tl.arange(0, SUB)[None, None, :]
         for m in range(NMAP):
-            idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
+            idx, _tq, d = _cb_nearest(a, bound, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
             sq = d * d
             err = tl.zeros([BT, NSUB], tl.float64)
             for kk in range(SUB):
@@ -473,6 +501,7 @@ def _cb_tile_flags(xb):
 # Format numbers are runtime arguments (not specialised): one compile per layout and mode.
 _FMT_ARGS = (
     "rmode", "nan_block", "bump_t", "e_emax", "s_low", "s_high", "s_bias", "s_nan", "negzero",
+    "c_emin", "c_mbits",
 )  # fmt: skip
 
 
@@ -504,7 +533,7 @@ def _cb_chunk(
 @triton.jit
 def _cb_units(
     y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst, j, o, i,
-    sexp3, tnan, s0, nsub, sub_cols, inner, rmode, negzero, IN_KIND: tl.constexpr,
+    sexp3, bound, tnan, s0, nsub, sub_cols, inner, rmode, negzero, IN_KIND: tl.constexpr,
     WANT_Y: tl.constexpr, WANT_CODES: tl.constexpr, LAST: tl.constexpr, SUBT: tl.constexpr,
     BT: tl.constexpr, NSUB: tl.constexpr, SUB: tl.constexpr, IB: tl.constexpr,
     K: tl.constexpr, LOG2K: tl.constexpr, NMAP: tl.constexpr, FORCE: tl.constexpr,
@@ -513,7 +542,7 @@ def _cb_units(
     # unit's mapping chosen, the values or codes written, and (WANT_CODES) the unit meta
     a = _cb_scaled(xb, sexp3)
     best_idx, best_map = _cb_select(
-        a, mag_ptr, even_ptr, rmode, BT, NSUB, SUB, K, LOG2K, NMAP, FORCE
+        a, bound, mag_ptr, even_ptr, rmode, BT, NSUB, SUB, K, LOG2K, NMAP, FORCE
     )
     _cb_write(
         y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3,
@@ -562,6 +591,9 @@ def _cb_quant_kernel(
     s_bias,
     s_nan,
     negzero,
+    c_emin,
+    c_mbits,
+    c_maxf,
     IN_KIND: tl.constexpr,
     WANT_Y: tl.constexpr,
     WANT_CODES: tl.constexpr,
@@ -611,13 +643,14 @@ def _cb_quant_kernel(
     tnan = tl.where(nan_block != 0, any_nf, any_nan) > 0
     sexp, _maxexp = _scale_exp_t(amax_b, bump_t, e_emax, s_low, s_high)
     sexp3 = sexp[:, None, None]
+    bound = _cb_bound(sexp3, c_emin, c_mbits, c_maxf, IN_KIND)
     if WANT_CODES:
         scode = tl.where(tnan, s_nan, sexp + s_bias)
         tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
     if not LONG:
         _cb_units(
             y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst, j,
-            o, i, sexp3, tnan, 0, nsub, sub_cols, inner, rmode, negzero, IN_KIND, WANT_Y,
+            o, i, sexp3, bound, tnan, 0, nsub, sub_cols, inner, rmode, negzero, IN_KIND, WANT_Y,
             WANT_CODES, LAST, SUBT, BT, NSUB, SUB, IB, K, LOG2K, NMAP, FORCE,
         )  # fmt: skip
     elif SUBT:
@@ -628,8 +661,8 @@ def _cb_quant_kernel(
             )
             _cb_units(
                 y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst,
-                j, o, i, sexp3, tnan, q * NSUB, nsub, sub_cols, inner, rmode, negzero, IN_KIND,
-                WANT_Y, WANT_CODES, LAST, SUBT, 1, NSUB, SUB, IB, K, LOG2K, NMAP, FORCE,
+                j, o, i, sexp3, bound, tnan, q * NSUB, nsub, sub_cols, inner, rmode, negzero,
+                IN_KIND, WANT_Y, WANT_CODES, LAST, SUBT, 1, NSUB, SUB, IB, K, LOG2K, NMAP, FORCE,
             )  # fmt: skip
             q += 1
     else:
@@ -644,10 +677,10 @@ def _cb_quant_kernel(
                 x_ptr, pid, q, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
             )
             a = _cb_scaled(xb, sexp3)
-            _idx0, tq0, d0 = _cb_nearest(a, mag_ptr, even_ptr, 0, K, LOG2K, rmode)
+            _idx0, tq0, d0 = _cb_nearest(a, bound, mag_ptr, even_ptr, 0, K, LOG2K, rmode)
             errs = errs + tl.where(ar == 0, tl.sum(d0 * d0), 0.0)
             for m in range(1, NMAP):
-                _idx, tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
+                _idx, tq, d = _cb_nearest(a, bound, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
                 errs = errs + tl.where(ar == m, tl.sum(d * d), 0.0)
                 sm = tl.min((tq == tq0).to(tl.int32))
                 same0 = tl.where(ar == m, tl.minimum(same0, sm), same0)
@@ -678,7 +711,7 @@ def _cb_quant_kernel(
                 a = _cb_scaled(xb, sexp3)
                 n_valid = tl.minimum(TC - q * (NSUB * SUB), NSUB * SUB)
                 for m in range(NMAP):
-                    _idx, _tq, d = _cb_nearest(a, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
+                    _idx, _tq, d = _cb_nearest(a, bound, mag_ptr, even_ptr, m * K, K, LOG2K, rmode)
                     sq = d * d
                     err = tl.sum(tl.where(ar == m, errs, 0.0))
                     kk = 0
@@ -701,7 +734,7 @@ def _cb_quant_kernel(
             )
             a = _cb_scaled(xb, sexp3)
             map3 = chosen[:, None, None]
-            best_idx, _tq, _d = _cb_nearest(a, mag_ptr, even_ptr, map3 * K, K, LOG2K, rmode)
+            best_idx, _tq, _d = _cb_nearest(a, bound, mag_ptr, even_ptr, map3 * K, K, LOG2K, rmode)
             _cb_write(
                 y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, map3, sexp3,
                 ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
@@ -839,6 +872,7 @@ def quantize(
     fmt = (
         _ROUND[round_mode], int(nan_policy is NanPolicy.BLOCK),
         *_scale_args(book, dt, scale_mode), int(book.compute.has_negative_zero),
+        book.compute.emin, book.compute.mbits, float(book.compute.maxfloat),
     )  # fmt: skip
     consts = dict(
         IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes, IB=ib,

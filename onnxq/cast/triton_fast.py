@@ -334,6 +334,17 @@ def _fast_kernel(
     T_MAXF: tl.constexpr,
 ):
     BLOCK: tl.constexpr = BT * TC
+    # The output type's largest finite value, and the float32 bits from which rounding to it
+    # gives Inf: no finite input decodes past them (reference `finite_bound`).
+    if OUT_KIND == 0:
+        F_MAX: tl.constexpr = 3.4028234663852886e38
+        F_OVER: tl.constexpr = 0x7F800000
+    elif OUT_KIND == 1:
+        F_MAX: tl.constexpr = 65504.0
+        F_OVER: tl.constexpr = 0x477FF000
+    else:
+        F_MAX: tl.constexpr = 3.3895313892515355e38
+        F_OVER: tl.constexpr = 0x7F7F8000
     pid = tl.program_id(0)
     start = pid.to(tl.int64) * BLOCK
     tile = pid * BT + tl.arange(0, BT)
@@ -396,6 +407,17 @@ def _fast_kernel(
             kk = _expand(k, BT, NSUB, SUB, TC, SHIFT, G3)
         else:
             kk = 0
+        # The element bound per unit: the grid floor of max / 2^eu (Inf: none needed; so
+        # is every 2^-eu beyond float32, where SPLIT scales in two steps).
+        reach = F_MAX * _pow2(tl.minimum(tl.maximum(-eu, -149), 127))
+        reach = tl.where(-eu > 127, float("inf"), reach)
+        if E_FLOAT:
+            rl = tl.maximum((reach.to(tl.int32, bitcast=True) >> 23) - 127, E_EMIN) - E_MBITS
+            gl = tl.floor(reach * _pow2(-rl)) * _pow2(rl)
+            bound = tl.where(reach >= E_MAXF, float("inf"), gl)
+        else:
+            bound = tl.where(reach >= E_LIM + 1.0, float("inf"), tl.floor(reach))
+        bound = _expand(bound, BT, NSUB, SUB, TC, SHIFT, G3)
     else:
         # float scale: scale = cast(amax / maxfloat [/ tensor scale]); v = x / scale
         amax_f = amax_b.to(tl.float32, bitcast=True)
@@ -422,6 +444,7 @@ def _fast_kernel(
         eff = _expand(eff_t, BT, NSUB, SUB, TC, False, G3)
         v = tl.where(eff > 0, tl.div_rn(a, eff), 0.0)
         kk = 0
+        bound = float("inf")
     if E_FLOAT:
         r = _round_float(v, E_MBITS, E_EMIN, E_MAXF)
     elif SPLIT:
@@ -439,6 +462,19 @@ def _fast_kernel(
             r = tl.minimum(r, E_LIM + neg.to(tl.float32))
         else:
             r = tl.minimum(r, E_LIM)
+    r = tl.minimum(r, bound)
+    if SKIND == 2:
+        # products that round past the output type's range step down the grid (reference
+        # `_product_bound`; two steps cover every rounding of the scale)
+        for _step in tl.static_range(2):
+            bad = ((r * eff).to(tl.int32, bitcast=True) & 0x7FFFFFFF) >= F_OVER
+            if E_FLOAT:
+                pred = (r.to(tl.int32, bitcast=True) - (1 << (23 - E_MBITS))).to(
+                    tl.float32, bitcast=True
+                )
+            else:
+                pred = r - 1.0
+            r = tl.where(bad & (r > 0), pred, r)
     sgn = neg & ((r != 0) | E_NEGZERO)
     if WANT_Y:
         # r * eff is finite or Inf: NaN comes only from the input (elements) or the tile

@@ -691,6 +691,18 @@ def _count_below(body: _Body, a: str, table: np.ndarray, *, strict: bool) -> str
     return pos
 
 
+def _max_finite_like(body: _Body, x: str) -> str:
+    """The largest finite value of ``x``'s float type, as a float32 scalar.
+
+    Each type's maximum cast to that type and back: the others come back Inf (or, truncating
+    to bfloat16, not above its maximum), so the largest finite one is the type's own.
+    """
+    tops = np.array([np.finfo(np.float32).max, 2.0**128 - 2.0**120, 65504.0], np.float32)
+    back = body.cast(body.op("CastLike", body.const(tops), x), TensorProto.FLOAT)
+    finite = body.where(body.op("IsInf", back), body.const(np.float32(0.0)), back)
+    return body.op("ReduceMax", finite, keepdims=0)
+
+
 def _signbit(body: _Body, v: str) -> str:
     """True for negative values and -0 (1 / -0 = -inf)."""
     zero = body.const(np.float32(0.0))
@@ -853,6 +865,17 @@ def quantize_mx_function(
     elif rmode is RoundMode.ZERO:
         tie = body.op("And", tie, body.const(False, np.bool_))
     idx = body.where(body.op("Or", closer, tie), hi, lo)
+    # Saturation (docs/ops.md): no element decodes past X's largest finite value. The
+    # magnitude of v-units that decodes to it is that value times the exact powers of two
+    # that scaled x (Inf where it passes float32: no bound); the index of the largest table
+    # magnitude at most that caps the element's (ints' full range included).
+    reach = body.op("Mul", _max_finite_like(body, "X"), _expand(body, factor, dims, tiles))
+    if tiling.Sc:
+        reach = body.op("Mul", reach, body.gather(step, shift))
+    elif frac:
+        reach = body.op("Mul", reach, body.const(_pow2_f32(frac)))
+    cap = body.op("Sub", _count_below(body, reach, mags, strict=False), body.const(1, np.int64))
+    idx = body.op("Min", idx, cap)
     if n.is_int:
         negative = body.op("Less", v, body.const(np.float32(0.0)))
         if full:

@@ -41,6 +41,9 @@ struct CbFast {
   bool negzero = false, floor_mode = false, subtiles = false;
   bool stream = false;  // values written with streaming stores (large outputs)
   int emax = 0, frac = 0, low = 0, high = 0, bias = 0;
+  // Tiles with a larger scale exponent could decode a top entry past the data type's largest
+  // finite value: they are redone by process_tile, which bounds the clamp (finite_bound).
+  int safe_sexp = 0;
   int64_t R = 0, C = 0, nC = 0, tiles = 0, sub_cols = 0;
   float th[kCbMaxMaps * kCbMaxHalf] = {};   // a >= th[m * nth + k]: entry k + 1 over k
   float tab[kCbMaxMaps * kCbMaxHalf] = {};  // magnitudes
@@ -193,6 +196,12 @@ inline bool cb_setup(const Ctx& c, CbFast* F) {
       F->th[m * F->nth + k] = tie_hi ? mf : std::nextafter(mf, INFINITY);
     }
   }
+  double tabmax = 0.0;
+  for (int m = 0; m < maps; ++m) tabmax = std::max(tabmax, f.mags[static_cast<size_t>(m) * half + half - 1]);
+  const double limit = max_finite(finite_type(io));
+  F->safe_sexp = F->high - F->frac;
+  while (F->safe_sexp >= F->low - F->frac && std::ldexp(tabmax, F->safe_sexp) > limit)
+    --F->safe_sexp;
   // Near a midpoint, a < 2^top and a's last bit is at least 2^(bottom - 25): a - t within 53
   // bits when top - bottom <= 28.
   if (top - bottom > 28) return false;
@@ -410,7 +419,7 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
     cb_vi b = reinterpret_cast<cb_vi>(X[p]) & 0x7FFFFFFF;
     amax = b > amax ? b : amax;
   }
-  const cb_vi nonfin = amax >= 0x7F800000;
+  cb_vi nonfin = amax >= 0x7F800000;
   if (cb_any(nonfin)) {
     amax = cb_vi{};
     for (int p = 0; p < T; ++p) {
@@ -446,6 +455,7 @@ static void cb_group(const CbFast& F, const CbVec& V, int64_t t0, int64_t t1, Cb
     sh = sh > 31 ? 31 : sh;
     return reinterpret_cast<cb_vf>(q >= 1 ? q << 23 : (cb_vi{} + 1) << sh);
   };
+  nonfin |= sexp > F.safe_sexp;  // could overflow: redone by process_tile
   const cb_vf inv32 = pow2(127 - sexp);
   const cb_vf pw32 = pow2(127 + sexp);
   // Per element and mapping: the nearest entry (kept for the output) and its squared error,

@@ -180,6 +180,8 @@ __attribute__((always_inline)) static inline bool fk_exp_params(const FastFormat
   t->top_neg = t->top_pos;
   if (ff.full_int_range && !ff.is_float && !fast_top(ff.neg_field, 0, s, room, &t->top_neg))
     return false;
+  // Top values past the data type's largest finite value: the general path bounds them.
+  if (t->top_pos > ff.finite_top || t->top_neg > ff.finite_top) return false;
   t->magic = t->norm_thr = 0;
   if (ff.rm == 0 && !fk_rne_grid(ff, t->kmin, room, &t->magic, &t->norm_thr)) return false;
   return true;
@@ -912,6 +914,9 @@ FK_ALWAYS uint32_t fk_vexp_group(const FastFormat& ff, const float* x, const FkD
     ok &= (fneg - room >= 1) & (fneg <= 254);
     top_neg = fneg << 23;
   }
+  // Top values past the data type's largest finite value: left to the general path.
+  ok &= (top_pos <= static_cast<int32_t>(ff.finite_top)) &
+        (top_neg <= static_cast<int32_t>(ff.finite_top));
   const V fm = kmin + 150, fn = kmin + (ff.mbits + 127);
   ok &= (fm - room >= 1) & (fm <= 254);
   if (ff.is_float) ok &= (fn >= 1) & (fn <= 254);
@@ -1003,6 +1008,13 @@ FK_ALWAYS void fk_vfloat_emit(const FastFormat& ff, const float* x, const FkDst&
   }
 }
 
+// Whether no element of a float-scaled tile can decode past the data type's range (else the
+// general path bounds the clamp; fast_tile's check).
+static inline bool fk_float_fits(const FastFormat& ff, const FastTile& t) {
+  double top = static_cast<double>(ff.maxfloat_f) + (ff.full_int_range ? 1.0 : 0.0);
+  return t.nan_tile || top * static_cast<double>(t.eff) < ff.prod_limit;
+}
+
 // Float-scaled tile of TC (a multiple of L) elements by fk_vrne (fk_float_tile's arithmetic).
 template <int TC, bool CODES, int L>
 FK_ALWAYS bool fk_vfloat_tile(const FastFormat& ff, const float* x, const FkDst& d) {
@@ -1018,12 +1030,13 @@ FK_ALWAYS bool fk_vfloat_tile(const FastFormat& ff, const float* x, const FkDst&
                               : fast_scale_cast(ff, fbits(raw));
   t.sc = from_fbits(scb);
   t.eff = ff.has_ts ? t.sc * ff.ts : t.sc;
+  if (!fk_float_fits(ff, t)) return false;
   fk_vfloat_emit<TC, CODES, L>(ff, x, d, t);
   return true;
 }
 
 // L consecutive float-scaled tiles (fk_vexp_group's layout): the scale of every tile in vector
-// arithmetic (needs ff.stile_rne); returns the mask of tiles left undone (none).
+// arithmetic (needs ff.stile_rne); returns the mask of tiles left undone (fk_float_fits).
 template <int TC, bool CODES, int L>
 FK_ALWAYS uint32_t fk_vfloat_group(const FastFormat& ff, const float* x, const FkDst& d) {
   typedef typename FkLanes<L>::vi V;
@@ -1041,17 +1054,22 @@ FK_ALWAYS uint32_t fk_vfloat_group(const FastFormat& ff, const float* x, const F
   __builtin_memcpy(scl, &sc, 4 * L);
   __builtin_memcpy(effl, &eff, 4 * L);
   __builtin_memcpy(nanl, &nan_tile, 4 * L);
+  uint32_t undone = 0;
   for (int i = 0; i < L; ++i) {
     FastTile t = ff.ftile;
     t.nan_tile = nanl[i] != 0;
     t.sc = scl[i];
     t.eff = effl[i];
+    if (!fk_float_fits(ff, t)) {
+      undone |= 1u << i;
+      continue;
+    }
     FkDst di = d;
     di.o = d.o + TC * i;
     if (CODES && d.scale) di.scale = d.scale + i;
     fk_vfloat_emit<TC, CODES, L>(ff, x + TC * i, di, t);
   }
-  return 0;
+  return undone;
 }
 
 // Float-scaled tile (NVFP4 and friends): v = x / eff in float32, rounded on the element grid,

@@ -135,7 +135,21 @@ struct TileParams {
   double inv = 1.0, pw = 1.0;  // 2^-sexp, 2^sexp
   float sc = 0.0f, eff = 0.0f, zero = 0.0f, zp = 0.0f;
   uint64_t scale_code = 0, zero_code = 0;
+  // The element clamp's bound where the scale would overflow the data type (reference
+  // finite_bound / _product_bound): unshifted, in a shifted subtile, and the zero-point range.
+  double lim = INFINITY, lim_shift = INFINITY, q_lo = 0.0, q_hi = 0.0;
 };
+
+// reference._product_bound: the largest grid magnitude b (<= top) with float32(b * scale)
+// finite in the data type (`limit`: elements.PRODUCT_LIMIT).
+inline double product_bound(float scale, const Num& n, double top, double limit) {
+  double sc = scale;
+  if (!(sc > 0)) return top;
+  double t = limit / sc;
+  double b = finite_bound(t < 2.0 * top + 2.0 ? t : 2.0 * top + 2.0, n, top);
+  if (b * sc >= limit) b = finite_bound(std::nextafter(b, 0.0), n, top);
+  return b;
+}
 
 // reference._cast_scale for one value.
 inline float cast_scale(float v, const Num& spec) {
@@ -207,6 +221,11 @@ TileParams tile_params(const Ctx& c, const Stats& st) {
       p.pw = pow2(p.sexp);
       p.scale_code = p.nan_tile ? (1ull << f.scale.ebits) - 1
                                 : static_cast<uint64_t>(p.sexp + int_frac_bits(f.elem) + f.scale.bias);
+      // The element magnitude that decodes to the type's largest finite value (exact).
+      double reach = std::ldexp(max_finite(finite_type(c.io)), -p.sexp);
+      double top = f.elem.maxfloat + (c.m.full_int_range && f.elem.kind == kInt ? 1.0 : 0.0);
+      p.lim = finite_bound(reach, f.elem, top);
+      p.lim_shift = finite_bound(2.0 * reach, f.elem, top);
       break;
     }
     case kFloatScale: {
@@ -215,6 +234,8 @@ TileParams tile_params(const Ctx& c, const Stats& st) {
       p.sc = cast_scale(raw, f.scale);
       p.eff = f.has_ts ? p.sc * c.ts : p.sc;
       p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
+      double top = f.elem.maxfloat + (c.m.full_int_range && f.elem.kind == kInt ? 1.0 : 0.0);
+      p.lim = product_bound(p.eff, f.elem, top, product_limit(finite_type(c.io)));
       break;
     }
     case kZeroFloat: {
@@ -228,6 +249,19 @@ TileParams tile_params(const Ctx& c, const Stats& st) {
       p.sc = cast_scale(raw, f.scale);
       p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
       p.zero_code = encode_value(static_cast<double>(p.zero), f.zero);
+      // reference._zero_float_top: the largest q whose decoded value stays finite.
+      const float over = overflow_f32(finite_type(c.io));
+      const double s64 = p.sc, z64 = p.zero, qm = qmax;
+      double q = qm;
+      if (s64 > 0) {
+        double t = std::floor((static_cast<double>(over) - z64) / s64) + 1.0;
+        q = t < 0.0 ? 0.0 : t > qm ? qm : t;  // np.clip (NaN stays NaN)
+      }
+      for (int k = 0; k < 3; ++k) {
+        float y = static_cast<float>(q) * p.sc + p.zero;
+        if (std::fabs(y) >= over && q > 0) q -= 1.0;
+      }
+      p.q_hi = q;
       break;
     }
     case kZeroInt: {
@@ -242,6 +276,11 @@ TileParams tile_params(const Ctx& c, const Stats& st) {
       zp = std::nearbyint(zp);
       zp = zp < 0.0f ? 0.0f : zp > qmax ? qmax : zp;
       p.zp = zp;
+      // q - zp decodes to (q - zp) * sc: keep |q - zp| where that stays finite.
+      double reach = product_bound(p.sc, f.elem, qmax, product_limit(finite_type(c.io)));
+      double zpd = zp;
+      p.q_lo = zpd - reach > 0.0 ? zpd - reach : 0.0;
+      p.q_hi = zpd + reach < qmax ? zpd + reach : static_cast<double>(qmax);
       p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
       p.zero_code = encode_value(static_cast<double>(p.zp), f.zero);
       break;
@@ -263,7 +302,8 @@ inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, b
     case kExpShift: {
       double v = static_cast<double>(x) * p.inv;
       if (shifted) v = v * 2.0;
-      double q = quantize_value(v, n, rm, r, false, c.m.full_int_range);
+      double q = quantize_value(v, n, rm, r, false, c.m.full_int_range,
+                                shifted ? p.lim_shift : p.lim);
       double out = q * p.pw;
       if (shifted) out = out * 0.5;
       *y = static_cast<float>(out);
@@ -273,7 +313,8 @@ inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, b
     case kFloatScale: {
       // A zero scale zeroes everything, but NaN stays NaN (reference._float_scaled).
       float v = p.eff > 0 ? x / p.eff : (x != x ? x : 0.0f);
-      double q = quantize_value(static_cast<double>(v), n, rm, r, false, c.m.full_int_range);
+      double q =
+          quantize_value(static_cast<double>(v), n, rm, r, false, c.m.full_int_range, p.lim);
       *y = static_cast<float>(q) * p.eff;
       if (c.io.codes) *code = encode_value(n.is_float ? q : nan_to_num(q), n);
       break;
@@ -285,6 +326,7 @@ inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, b
       double v64 = v;
       double q = std::copysign(round_magnitude(std::fabs(v64), rm, r), v64);
       q = q < 0.0 ? 0.0 : q > qmax ? qmax : q;
+      q = q > p.q_hi ? p.q_hi : q;  // reference: np.where(q > q_hi, q_hi, q)
       *y = static_cast<float>(q) * p.sc + p.zero;
       *code = static_cast<uint64_t>(static_cast<int64_t>(nan_to_num(q)));
       break;
@@ -296,6 +338,7 @@ inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, b
       double q = std::copysign(round_magnitude(std::fabs(v64), rm, r), v64) +
                  static_cast<double>(p.zp);
       q = q < 0.0 ? 0.0 : q > qmax ? qmax : q;
+      q = q < p.q_lo ? p.q_lo : q > p.q_hi ? p.q_hi : q;
       *y = static_cast<float>(q - static_cast<double>(p.zp)) * p.sc;
       *code = static_cast<uint64_t>(static_cast<int64_t>(nan_to_num(q)));
       break;
@@ -477,10 +520,15 @@ void process_tile(const Ctx& c, int64_t t, Scratch& s) {
         for (int64_t u = 0; u < usize; ++u) s.v[u] = static_cast<double>(s.x[ue[u]]) * p.inv;
         double best = 0.0;
         int best_map = 0;
+        // Each mapping keeps to its entries <= the tile's bound (reference._codebook_select).
+        double bound = finite_bound(std::ldexp(max_finite(finite_type(c.io)), -p.sexp), comp,
+                                    comp.maxfloat);
         auto nearest = [&](int map, double vv, int* idx_out) -> double {
           const double* tab = f.mags.data() + static_cast<size_t>(map) * half;
           const uint8_t* ev = f.even.data() + static_cast<size_t>(map) * half;
+          double cap = *(std::upper_bound(tab, tab + half, bound) - 1);
           double a = std::fabs(vv);
+          a = a > cap ? cap : a;  // np.minimum: NaN stays NaN
           int lo_i = static_cast<int>(std::lower_bound(tab, tab + half, a) - tab);
           if (std::isnan(a)) lo_i = half;
           int hi = lo_i < 1 ? 1 : lo_i > half - 1 ? half - 1 : lo_i;
@@ -593,6 +641,10 @@ struct FastFormat {
   // codes read off the rounding (fk_vrne_code): the largest code magnitudes
   bool code_direct = false;
   int32_t cmax_pos = 0, cmax_neg = 0;
+  // The data type's largest finite value (float32 bits) and elements.PRODUCT_LIMIT: tiles whose
+  // top values would pass them take the general path (its clamp bound, finite_bound).
+  uint32_t finite_top = 0x7F7FFFFFu;
+  double prod_limit = 0.0;
 };
 
 
@@ -661,7 +713,10 @@ bool fast_tile(const FastFormat& ff, uint32_t amax_bits, bool nan, bool nonfinit
   float sc = from_fbits(fast_scale_cast(ff, fbits(raw)));
   t->sc = sc;
   t->eff = ff.has_ts ? sc * ff.ts : sc;
-  return true;
+  // Top values that could decode past the data type's range: the general path bounds them
+  // (fast_impl.h's fk_float_fits).
+  double top = static_cast<double>(ff.maxfloat_f) + (ff.full_int_range ? 1.0 : 0.0);
+  return nan_tile || top * static_cast<double>(t->eff) < ff.prod_limit;
 }
 
 namespace fast_base {
@@ -749,6 +804,8 @@ bool fast_setup(const Ctx& c, FastFormat* ff) {
   ff->sub = c.path == kExpShift ? static_cast<int>(g.Sc) : 0;
   ff->tc = static_cast<int>(g.Tc);
   ff->policy = c.m.nan_policy;
+  ff->finite_top = fbits(static_cast<float>(max_finite(finite_type(c.io))));
+  ff->prod_limit = product_limit(finite_type(c.io));
   // maxfloat (and maxfloat + 1 for the full int range) as float32 fields.
   float mf = static_cast<float>(n.maxfloat);
   if (static_cast<double>(mf) != n.maxfloat || !(mf > 0) || !std::isfinite(mf)) return false;
@@ -1102,6 +1159,7 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
     };
     std::unique_ptr<float, Free> xf, yf;
     QuantizeIO io2 = io;
+    io2.finite_type = finite_type(io);  // the caller's type, not the float32 buffers'
     if (half_in) {
       xf = big();
       float* d = xf.get();
@@ -1182,12 +1240,14 @@ std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
   int code_w = code_width(f.code_bits());
   float nan_f = from_fbits(kQuietNaN);
   if (!f.scaled) {  // an unscaled cast: elementwise, keeps Inf where the format has it
+    const double limit = finite_bound(max_finite(finite_type(io)), f.elem, f.elem.maxfloat);
     pf((g.size + kChunk - 1) / kChunk, [&](int64_t c0, int64_t c1) {
       int64_t end = std::min(g.size, c1 * kChunk);
       for (int64_t i = c0 * kChunk; i < end; ++i) {
         float x = load_x(io.x, io.x_type, i);
         uint32_t r = stochastic ? stochastic_bits(key, static_cast<uint64_t>(i)) : 0u;
-        double q = quantize_value(static_cast<double>(x), f.elem, m.round_mode, r, true, false);
+        double q =
+            quantize_value(static_cast<double>(x), f.elem, m.round_mode, r, true, false, limit);
         if (io.values) store_y(io.values, io.values_type, i, static_cast<float>(q));
         if (io.codes) store_code(io.codes, code_w, i, encode_value(q, f.elem));
       }

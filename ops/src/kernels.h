@@ -68,6 +68,9 @@ std::string make_geometry(const Format& f, const std::vector<int64_t>& shape, in
 struct QuantizeIO {
   const void* x = nullptr;
   int x_type = kF32;
+  // The float type whose range bounds the element clamp (finite input never decodes past its
+  // largest finite value); -1: x_type.
+  int finite_type = -1;
   void* values = nullptr;
   int values_type = kF32;
   void* codes = nullptr;     // code_width(code_bits) bytes per element, or:
@@ -82,6 +85,22 @@ struct QuantizeIO {
 
 std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>& shape, int axis,
                      const QuantizeIO& io, const ParallelFor& pf);
+
+inline int finite_type(const QuantizeIO& io) {
+  return io.finite_type >= 0 ? io.finite_type : io.x_type;
+}
+// elements.MAX_FINITE: the largest finite value of the float type.
+inline double max_finite(int type) {
+  return type == kF16 ? 65504.0 : type == kBF16 ? 0x1.FEp127 : 0x1.FFFFFEp127;
+}
+// elements.OVERFLOW: float32 values from this magnitude on round to Inf in the type.
+inline float overflow_f32(int type) {
+  return type == kF16 ? 65520.0f : type == kBF16 ? 0x1.FFp127f : INFINITY;
+}
+// elements.PRODUCT_LIMIT: float32(q * scale) rounded to the type is finite iff q * scale < it.
+inline double product_limit(int type) {
+  return type == kF16 ? 65520.0 - 0x1p-9 : type == kBF16 ? 0x1.FEFFFFp127 : 0x1.FFFFFFp127;
+}
 
 struct DequantizeIO {
   const void* codes = nullptr;     // code_width(code_bits) bytes per element, or:

@@ -86,9 +86,19 @@ inline double round_magnitude(double t, int mode, uint32_t rand) {
   }
 }
 
-// elements.quantize_values for one float64 value.
+// elements.finite_bound: the largest grid value of n that is <= t (> 0), at most top.
+inline double finite_bound(double t, const Num& n, double top) {
+  if (!(t < top)) return top;
+  if (n.kind != kFloat) return std::floor(t);
+  int fl = floor_log2(t);
+  int e = (fl > n.emin ? fl : n.emin) - n.mbits;
+  return std::floor(t * pow2(-e)) * pow2(e);
+}
+
+// elements.quantize_values for one float64 value; `limit` (elements.finite_bound) lowers the
+// clamp of both signs where the scale would take the top values past the data type's range.
 inline double quantize_value(double v, const Num& n, int mode, uint32_t rand, bool keep_inf,
-                             bool full_int_range) {
+                             bool full_int_range, double limit = INFINITY) {
   double a = std::fabs(v);
   double q;
   if (n.kind == kFloat) {
@@ -102,6 +112,7 @@ inline double quantize_value(double v, const Num& n, int mode, uint32_t rand, bo
   }
   double top = n.maxfloat;
   if (full_int_range && n.kind == kInt && v < 0) top = top + 1.0;
+  top = top < limit ? top : limit;
   double clamped = q > top ? top : q;  // np.minimum: NaN stays NaN
   if (keep_inf && n.has_inf && std::isinf(a)) clamped = INFINITY;
   double out = std::copysign(clamped, v);
