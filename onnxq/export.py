@@ -379,6 +379,40 @@ def _entry(name: str, q: QTensor) -> tuple[dict[str, Any], dict[str, np.ndarray]
 
 
 # -- export ----------------------------------------------------------------------------------
+def _no_weights_message(model: onnx.ModelProto) -> str:
+    """Why a model has no DequantizeMX weights to export, and how to make one that has."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    again = "quantize the float model again with the defaults (--storage packed --target onnxq)"
+    stored = stored_tensors(model)
+    lowered = any(
+        n.op_type in ("DequantizeLinear", "Gather") and n.domain in ("", "ai.onnx")
+        and n.input and n.input[0] in stored
+        and stored[n.input[0]].data_type != onnx.TensorProto.FLOAT
+        for g in graphs(model.graph) for n in g.node
+    )  # fmt: skip
+    if meta.get("onnxq_target") == "standard" or ("onnxq_version" in meta and lowered):
+        return (
+            "the model was quantized with --target standard: its weights are plain "
+            "DequantizeLinear/Gather nodes, which export does not read; " + again + " and "
+            "export that"
+        )
+    if meta.get("onnxq_weight_storage") == "fake":
+        return (
+            "the model was quantized with --storage fake: its weights are stored as floats, "
+            "with no codes to export; " + again + " and export that"
+        )
+    if "onnxq_version" in meta:
+        return (
+            "the model has no quantized weights (no DequantizeMX node reading stored codes: "
+            "only activations were quantized?); quantize the float model with --weights FMT "
+            "(packed storage, onnxq target) and export that"
+        )
+    return (
+        "the model has no quantized weights (it was not quantized by onnxq); quantize it "
+        "first, e.g. `onnxq quantize MODEL -o Q.onnx --weights mxfp8e4`, and export Q.onnx"
+    )
+
+
 def export(
     model: onnx.ModelProto | str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -409,10 +443,7 @@ def export(
             f"weight {tensor!r} is a codebook format ({code}), which has no hardware layout"
         )
     if not weights:
-        raise ExportError(
-            "the model has no quantized weights (no DequantizeMX node reading stored codes); "
-            "quantize it with --storage packed first"
-        )
+        raise ExportError(_no_weights_message(_as_model(model)))
     parts = []
     for name, q in weights.items():
         try:
