@@ -217,7 +217,10 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
         return sum(len(s) for s in tensor.string_data)
     bits = _ELEM_BITS.get(tensor.data_type)
     if bits is None:
-        bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        try:
+            bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):  # an unknown element type: what is stored
+            return len(tensor.raw_data)
     return math.ceil(math.prod(tensor.dims) * bits / 8)
 
 

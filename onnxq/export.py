@@ -30,6 +30,7 @@ weight bit for bit) and float32 values computed from the layout alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -43,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxq import _files
 from onnxq.cast.api import QTensor
 from onnxq.cast.packing import code_dtype, pack_bits, unpack_bits
 from onnxq.formats.datatype import DataType, datatype, datatypes
@@ -453,44 +455,57 @@ def export(
                 raise
             raise ExportError(f"weight {name!r}: {err}") from None
     out = Path(out_dir)
+    if out.is_dir():
+        _files.sweep(out)  # hidden temporaries of a killed export do not make it "not empty"
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ExportError(
             f"the output folder {str(out)!r} is not empty; pass --overwrite "
             "(overwrite=True) or choose an empty folder"
         )
+    created = not out.is_dir()
     out.mkdir(parents=False, exist_ok=True)
     tensors = []
-    data_tmp = out / f".{DATA_FILE}.tmp"
     offset = 0
-    with open(data_tmp, "wb") as f:
-        for entry, blobs in parts:
-            entry["blobs"] = {}
-            for key, blob in blobs.items():
-                raw = np.ascontiguousarray(blob).tobytes()
-                pad = -offset % _ALIGN
-                f.write(b"\0" * pad)
-                offset += pad
-                f.write(raw)
-                entry["blobs"][key] = {
-                    "offset": offset,
-                    "length": len(raw),
-                    "dtype": "int8" if blob.dtype == np.int8 else "uint8",
-                    "sha256": hashlib.sha256(raw).hexdigest(),
-                }
-                offset += len(raw)
-            tensors.append(entry)
-    manifest = {
-        "onnxq_version": onnxq.__version__,
-        "manifest_version": MANIFEST_VERSION,
-        "data_file": DATA_FILE,
-        "alignment": _ALIGN,
-        "byte_order": "bits least significant first; multi-byte fields none (all bytes)",
-        "tensors": tensors,
-    }
-    manifest_tmp = out / f".{MANIFEST}.tmp"
-    manifest_tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    os.replace(data_tmp, out / DATA_FILE)
-    os.replace(manifest_tmp, out / MANIFEST)
+    try:
+        # Locked temporaries renamed into place (onnxq._files). The data file is renamed
+        # first; a kill before the manifest follows pairs an old manifest with new data,
+        # which `load` detects (each blob's sha256 is in the manifest).
+        with _files.new_file(out / DATA_FILE) as (f, data_tmp), \
+                _files.new_file(out / MANIFEST) as (mf, manifest_tmp):  # fmt: skip
+            for entry, blobs in parts:
+                entry["blobs"] = {}
+                for key, blob in blobs.items():
+                    raw = np.ascontiguousarray(blob).tobytes()
+                    pad = -offset % _ALIGN
+                    f.write(b"\0" * pad)
+                    offset += pad
+                    f.write(raw)
+                    entry["blobs"][key] = {
+                        "offset": offset,
+                        "length": len(raw),
+                        "dtype": "int8" if blob.dtype == np.int8 else "uint8",
+                        "sha256": hashlib.sha256(raw).hexdigest(),
+                    }
+                    offset += len(raw)
+                tensors.append(entry)
+            manifest = {
+                "onnxq_version": onnxq.__version__,
+                "manifest_version": MANIFEST_VERSION,
+                "data_file": DATA_FILE,
+                "alignment": _ALIGN,
+                "byte_order": "bits least significant first; multi-byte fields none (all bytes)",
+                "tensors": tensors,
+            }
+            mf.write((json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+            f.flush()
+            mf.flush()
+            _files.replace(data_tmp, out / DATA_FILE)
+            _files.replace(manifest_tmp, out / MANIFEST)
+    except BaseException:
+        if created:  # leave no empty folder behind
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     return manifest
 
 

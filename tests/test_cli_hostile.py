@@ -120,6 +120,13 @@ def ins(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "dq_nodtype": _dq_node(axis=-1, shape=[16]),
         "dq_huge": _dq_node(dtype="mxfp4", axis=-1, shape=[2**40, 2**40]),
     }
+    short = _tiny()
+    short.graph.initializer[0].raw_data = short.graph.initializer[0].raw_data[:100]
+    mismatch = _tiny()
+    mismatch.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 63
+    type999 = _tiny()
+    type999.graph.initializer[0].data_type = 999
+    broken.update(short=short, mismatch=mismatch, type999=type999)
     for name, model in broken.items():
         onnx.save(model, str(d / f"{name}.onnx"))
     onnxq.quantize_model(str(d / "tiny.onnx"), str(d / "q.onnx"), weights="mxfp4")
@@ -201,7 +208,6 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("version", ["--version"], 0, ""),
     ("formats", ["formats"], 0, ""),
     ("formats extra", ["formats", "extra"], 2, "extra"),
-    ("help", ["quantize", "--help"], 0, ""),
     # quantize: bad models
     ("q missing", ["quantize", "{in}/nope.onnx", "-o", "{out}/q.onnx", "--weights", "mxfp4"], 2,
      "does not exist"),
@@ -213,12 +219,14 @@ CASES: list[tuple[str, list[str], int, str]] = [
                      "mxfp4"], 2, "truncated"),
     ("q garbage", ["quantize", "{in}/garbage.onnx", "-o", "{out}/q.onnx", "--weights", "mxfp4"],
      2, "garbage.onnx"),
-    ("q text", ["quantize", "{in}/text.onnx", "-o", "{out}/q.onnx", "--weights", "mxfp4"], 2,
-     "text.onnx"),
     ("q dangling", ["quantize", "{in}/dangling.onnx", "-o", "{out}/q.onnx", "--weights",
                     "mxfp4"], 2, ""),
     ("q nothing targeted", ["quantize", "{in}/relu.onnx", "-o", "{out}/q.onnx", "--weights",
                             "mxfp4"], 2, "nothing"),
+    ("q short payload", ["quantize", "{in}/short.onnx", "-o", "{out}/q.onnx", "--weights",
+                         "mxfp4"], 2, "w1"),
+    ("q impossible shapes", ["quantize", "{in}/mismatch.onnx", "-o", "{out}/q.onnx",
+                             "--weights", "mxfp4"], 2, "not valid ONNX"),
     ("q quantized twice", ["quantize", "{in}/q.onnx", "-o", "{out}/q.onnx", "--weights",
                            "mxfp4"], 2, ""),
     # quantize: bad options
@@ -226,18 +234,13 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("q no model", ["quantize"], 2, "MODEL"),
     ("q no format", Q, 2, "nothing to quantize"),
     ("q bad format", [*Q, "--weights", "mxfp3"], 2, "mxfp3"),
-    ("q empty format", [*Q, "--weights", ""], 2, "format"),
     ("q bad activation format", [*Q, "--activations", "bogus"], 2, "bogus"),
     ("q bad storage", [*Q, "--weights", "mxfp4", "--storage", "zip"], 2, "zip"),
     ("q bad target", [*Q, "--weights", "mxfp4", "--target", "gpu"], 2, "gpu"),
-    ("q bad method", [*Q, "--weights", "mxfp4", "--calibration-method", "max"], 2, "max"),
     ("q percentile zero", [*Q, "--weights", "mxfp4", "--percentile", "0"], 2, "percentile"),
     ("q percentile nan", [*Q, "--weights", "mxfp4", "--percentile", "nan"], 2, "percentile"),
-    ("q percentile text", [*Q, "--weights", "mxfp4", "--percentile", "high"], 2, "percentile"),
     ("q calibration missing", [*Q, "--activations", "int8_tensor", "--calibration",
                                "{in}/nope"], 2, "--calibration"),
-    ("q calibration file", [*Q, "--activations", "int8_tensor", "--calibration",
-                            "{in}/a_file"], 2, "--calibration"),
     ("q calibration empty", ["quantize", "{in}/static.onnx", "-o", "{out}/q.onnx",
                              "--activations", "int8_tensor", "--calibration", "{in}/calib"],
      2, ".npz"),
@@ -250,7 +253,6 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("q block size no preset", [*Q, "--weights", "mxfp4", "--block-size", "8"], 2,
      "--block-size"),
     ("q bad block size", [*Q, "--preset", "bfp16-deploy", "--block-size", "3"], 2, "3"),
-    ("q block size text", [*Q, "--preset", "bfp16-deploy", "--block-size", "big"], 2, "big"),
     # quantize: outputs
     ("q output missing folder", ["quantize", "{in}/tiny.onnx", "-o", "{out}/no/q.onnx",
                                  "--weights", "mxfp4"], 2, "folder"),
@@ -270,7 +272,6 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("r empty", [*Q, "--recipe", "{in}/empty.yaml"], 2, "empty.yaml"),
     ("r comment only", [*Q, "--recipe", "{in}/comment.yaml"], 2, "comment.yaml"),
     ("r list", [*Q, "--recipe", "{in}/list.yaml"], 2, "list.yaml"),
-    ("r scalar", [*Q, "--recipe", "{in}/scalar.yaml"], 2, "scalar.yaml"),
     ("r int format", [*Q, "--recipe", "{in}/int_weights.yaml"], 2, "weights"),
     ("r unknown key", [*Q, "--recipe", "{in}/unknown_key.yaml"], 2, "weight"),
     ("r bad yaml", [*Q, "--recipe", "{in}/bad_yaml.yaml"], 2, "bad_yaml.yaml"),
@@ -310,8 +311,6 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("run dangling", ["run", "{in}/dangling.onnx"], 2, "onnxruntime"),
     ("run inputs missing", ["run", "{in}/tiny.onnx", "--inputs", "{in}/nope.npz"], 2,
      "--inputs"),
-    ("run inputs directory", ["run", "{in}/tiny.onnx", "--inputs", "{in}/a_dir"], 2,
-     "--inputs"),
     ("run inputs garbage", ["run", "{in}/tiny.onnx", "--inputs", "{in}/garbage.npz"], 2,
      "--inputs"),
     ("run inputs a pickle", ["run", "{in}/tiny.onnx", "--inputs", "{in}/pickle.npz"], 2,
@@ -322,8 +321,6 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "--inputs"),
     ("run inputs wrong name", ["run", "{in}/tiny.onnx", "--inputs", "{in}/names.npz"], 2,
      "--inputs"),
-    ("run inputs extra name", ["run", "{in}/tiny.onnx", "--inputs", "{in}/extra.npz"], 2,
-     "--inputs"),
     ("run inputs strings", ["run", "{in}/tiny.onnx", "--inputs", "{in}/strings.npz"], 2, "x"),
     ("run inputs wrong shape", ["run", "{in}/tiny.onnx", "--inputs", "{in}/shape.npz"], 2,
      "shape"),
@@ -331,10 +328,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("run batch zero", ["run", "{in}/tiny.onnx", "--batch", "0"], 2, "--batch"),
     ("run batch negative", ["run", "{in}/tiny.onnx", "--batch", "-3"], 2, "--batch"),
     ("run batch huge", ["run", "{in}/tiny.onnx", "--batch", "1000000000000"], 2, "--batch"),
-    ("run batch text", ["run", "{in}/tiny.onnx", "--batch", "two"], 2, "--batch"),
     ("run bad dim", ["run", "{in}/tiny.onnx", "--dim", "N"], 2, "--dim"),
     ("run dim zero", ["run", "{in}/tiny.onnx", "--dim", "N=0"], 2, "--dim"),
-    ("run seed text", ["run", "{in}/tiny.onnx", "--seed", "x"], 2, "--seed"),
     ("run seed negative", ["run", "{in}/tiny.onnx", "--seed", "-1"], 2, "--seed"),
     ("run save missing folder", ["run", "{in}/tiny.onnx", "--save", "{out}/no/o.npz"], 2,
      "--save"),
@@ -354,7 +349,6 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("cmp success", ["compare", "{in}/tiny.onnx", "{in}/q.onnx", "--layers"], 0, ""),
     # inspect
     ("inspect missing", ["inspect", "{in}/nope.onnx"], 2, "does not exist"),
-    ("inspect directory", ["inspect", "{in}/a_dir"], 2, "directory"),
     ("inspect empty", ["inspect", "{in}/empty.onnx"], 2, "empty.onnx"),
     ("inspect truncated", ["inspect", "{in}/truncated.onnx"], 2, "truncated"),
     ("inspect two models", ["inspect", "{in}/tiny.onnx", "{in}/q.onnx"], 2, "q.onnx"),
@@ -362,6 +356,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("inspect bad dtype", ["inspect", "{in}/dq_fmt.onnx"], 0, ""),
     ("inspect no dtype", ["inspect", "{in}/dq_nodtype.onnx"], 0, ""),
     ("inspect huge shape", ["inspect", "{in}/dq_huge.onnx"], 0, ""),
+    ("inspect unknown element type", ["inspect", "{in}/type999.onnx"], 0, ""),
     ("inspect float", ["inspect", "{in}/tiny.onnx"], 0, ""),
     ("inspect quantized", ["inspect", "{in}/q.onnx"], 0, ""),
     # export

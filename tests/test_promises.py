@@ -232,3 +232,17 @@ def test_inspect_shows_a_custom_op_only_model(
     shown = capsys.readouterr().out
     assert "onnxq_custom_ops_only: 3 onnxq node(s) have no standard-ONNX fallback" in shown
     assert "onnxq_target: onnxq" in shown
+
+
+def test_export_sweeps_what_a_killed_export_left(tmp_path: Path) -> None:
+    from onnxq import export
+
+    model, _ = builders.mlp()
+    q = quantize_model(model, weights="mxfp8e4")
+    out = tmp_path / "hw"
+    out.mkdir()
+    stale = out / ".weights.bin.0123abcd.onnxq-tmp"  # no process holds its lock any more
+    stale.write_bytes(b"half")
+    export.export(q, out)  # the folder counts as empty: only a dead run's temporary is in it
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "weights.bin"]
+    assert export.load(out)

@@ -829,7 +829,13 @@ def _materialise_weight(
     """Quantize one weight; structural removals wait in ``removals`` (keeps references valid)."""
     src = entry.source
     tensor = src.tensor
-    array = _array(tensor, spill)
+    try:
+        array = _array(tensor, spill)
+    except ValueError as err:  # payload and dims disagree, unknown element type
+        raise ValueError(
+            f"weight {entry.tensor!r} cannot be read ({err}): the model file is corrupt; "
+            "export or copy it again"
+        ) from None
     if storage == "fake":
         fake = onnxq.cast(array, entry.dtype, axis=entry.axis, round_mode=entry.round_mode,
                           scale_mode=entry.scale_mode)  # fmt: skip
@@ -1295,7 +1301,13 @@ def quantize_model(
     m, spill = _load(model, out_path)
     m = _opset(m)
     with _stripped(m):
-        types = _tensor_types(onnx.shape_inference.infer_shapes(m))
+        try:
+            types = _tensor_types(onnx.shape_inference.infer_shapes(m))
+        except onnx.shape_inference.InferenceError as err:
+            raise ValueError(
+                f"shape inference fails on the model ({' '.join(str(err).split())[:300]}): it "
+                "is not valid ONNX; check it with onnx.checker.check_model(full_check=True)"
+            ) from None
     the_plan = plan(m, chosen, types)
     planned = [a for a in the_plan.activations if isinstance(a, _ActivationPlan)]
     to_calibrate = _activation_modes(planned, calibration, target)
@@ -1387,16 +1399,19 @@ def quantize_model(
         source = Path(model) if isinstance(model, (str, os.PathLike)) else None
         try:  # checks the model before anything is renamed into place
             _save(m, out_path, spill, source)
-        except onnx.checker.ValidationError as err:
+        except _CHECK_ERRORS as err:
             raise ValueError(_invalid(err)) from None
     elif _payload(m) < _EXTERNAL_BYTES:
         try:
             onnx.checker.check_model(m, full_check=True)
-        except onnx.checker.ValidationError as err:
+        except _CHECK_ERRORS as err:
             raise ValueError(_invalid(err)) from None
     if report is not None and hasattr(report, "close"):
         report.close()
     return m
+
+
+_CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
 
 
 def _invalid(err: Exception) -> str:
