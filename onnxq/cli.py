@@ -582,6 +582,8 @@ def _counts(model: onnx.ModelProto) -> str:
         skipped = len(json.loads(meta.get("onnxq_skipped", "[]")))
         if skipped:
             parts.append(f"{skipped} skipped (onnxq inspect says why)")
+    if "onnxq_custom_ops_only" in meta:
+        parts.append("custom-op-only model: it runs only with the onnxq custom-op library")
     return "".join(f"; {p}" for p in parts)
 
 

@@ -1539,16 +1539,17 @@ def _no_fallback_message(gaps: list[dict[str, str]], target: str) -> str:
     else:  # an entry of _embed: the node
         what = f"node {g['node']!r}"
     more = f" (and {len(gaps) - 1} more tensor(s))" if len(gaps) > 1 else ""
+    calibrate_it = ""
     if g.get("calibrate") == "tensor":  # a static QuantizeLinear pair would do
-        more += (", unless calibrated: pass --calibration DIR (calibration=...) for a static "
-                 "QuantizeLinear/DequantizeLinear pair")  # fmt: skip
+        calibrate_it = ("calibrate it (--calibration DIR, calibration=...) for a static "
+                        "QuantizeLinear/DequantizeLinear pair, ")  # fmt: skip
     if target == "standard":
         return (f"target='standard' cannot quantize {what}{more}: it has no standard-ONNX form "
                 f"({g['reason']}); use another format or mode, or target='onnxq'")  # fmt: skip
     return (
         f"{what}{more} has no standard-ONNX fallback ({g['reason']}), so the model would run "
         "only where the onnxq custom-op library is registered, not in a plain onnxruntime; "
-        "choose another format or mode (floor or ceil scales, even/away/zero rounding), or "
-        "pass --custom-ops-only (custom_ops_only=True, recipe key custom_ops_only: true) to "
-        "write a custom-op-only model"
+        "choose another format or mode (floor or ceil scales, even/away/zero rounding), "
+        f"{calibrate_it}or pass --custom-ops-only (custom_ops_only=True, recipe key "
+        "custom_ops_only: true) to write a custom-op-only model"
     )
