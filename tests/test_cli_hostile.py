@@ -182,6 +182,11 @@ def ins(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "no_fallback.yaml": b"weights: mxfp4\nactivations: mxfp8e4\nscale_mode: midmax\n",
         "custom.yaml": b"weights: mxfp4\nactivations: nvfp4\ncustom_ops_only: true\n",
         "custom_bad.yaml": b"weights: mxfp4\ncustom_ops_only: maybe\n",
+        # YAML aliases: exclude holds lists of lists (nesting them deeper grows str() of them
+        # exponentially), not node names
+        "laughs.yaml": b"weights: mxfp4\nop_types: [MatMul]\nexclude: &e9 [" + b",".join(
+            [b"&e8 [" + b",".join([b'"x"'] * 10) + b"]"] + [b"*e8"] * 9) + b"]\n",
+        "huge.yaml": b"weights: mxfp4\n" + b"# padding\n" * 120_000,
     }
     for name, text in recipes.items():
         (d / name).write_bytes(text)
@@ -285,6 +290,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("r axis out of range", [*Q, "--recipe", "{in}/axis_range.yaml"], 2, "axis"),
     ("r unsupported op", [*Q, "--recipe", "{in}/bad_op.yaml"], 2, "Softmax"),
     ("r override list", [*Q, "--recipe", "{in}/override_list.yaml"], 2, "op_type_overrides"),
+    ("r nested aliases", [*Q, "--recipe", "{in}/laughs.yaml"], 2, "exclude"),
+    ("r too big", [*Q, "--recipe", "{in}/huge.yaml"], 2, "huge.yaml"),
     ("r custom flag not bool", [*Q, "--recipe", "{in}/custom_bad.yaml"], 2, "custom_ops_only"),
     # quantize: promises a plain onnxruntime could not keep
     ("q no fallback: nvfp4 activations", ["quantize", "{in}/static.onnx", "-o",
@@ -404,6 +411,8 @@ def test_bad_input_exits_2_in_one_line_and_writes_nothing(
         assert sorted(p.name for p in out.iterdir()) == [], "output left behind"
     else:
         assert "Traceback" not in done.stderr, done.stderr
+        if any("{out}" in a for a in argv):  # the output was written
+            assert any(out.iterdir())
     leftovers = [p.name for p in (*ins.iterdir(), *out.iterdir()) if p.name.startswith(".")]
     assert leftovers == []
 

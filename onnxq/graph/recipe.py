@@ -110,7 +110,9 @@ def _check_keys(data: Mapping[str, Any], allowed: Iterable[str], where: str) -> 
 def _op_types(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise ValueError(f"{where}: expected a list of op types, got {value!r}")
-    ops = tuple(str(v) for v in value)
+    if not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: expected a list of op type names (strings)")
+    ops = tuple(value)
     for op in ops:
         if op not in SUPPORTED_OP_TYPES:
             raise ValueError(
@@ -220,6 +222,8 @@ class Recipe:
         exclude = data.get("exclude", ())
         if isinstance(exclude, str) or not isinstance(exclude, Iterable):
             raise ValueError(f"{where}.exclude: expected a list of node-name patterns")
+        if not all(isinstance(p, str) for p in exclude):
+            raise ValueError(f"{where}.exclude: expected node-name patterns (strings)")
         custom_ops_only = data.get("custom_ops_only", False)
         if not isinstance(custom_ops_only, bool):
             raise ValueError(
@@ -328,6 +332,9 @@ class Recipe:
         return Override(**chosen)
 
 
+_MAX_RECIPE_BYTES = 1 << 20  # recipes are a few lines; anything bigger is the wrong file
+
+
 def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any] | Recipe) -> Recipe:
     """Load a recipe from a YAML or JSON file, a mapping or a `Recipe`.
 
@@ -348,6 +355,11 @@ def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any] | Recipe) -> 
     if not path.is_file():
         raise ValueError(f"recipe file {str(path)!r} does not exist or is not a file")
     expected = "a recipe is a YAML or JSON text file such as `weights: mxfp4`"
+    if path.stat().st_size > _MAX_RECIPE_BYTES:
+        raise ValueError(
+            f"recipe file {str(path)!r} is {path.stat().st_size:,} bytes, over the "
+            f"{_MAX_RECIPE_BYTES:,} a recipe may have; {expected}"
+        )
     try:
         raw = path.read_bytes()
     except OSError as err:
