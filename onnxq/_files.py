@@ -32,24 +32,32 @@ __all__ = ["TEMP_SUFFIX", "locked", "new_file", "replace", "sweep"]
 TEMP_SUFFIX = ".onnxq-tmp"
 
 
-def _lock(fd: int, wait: bool) -> bool:
+def _lock(fd: int, wait: bool) -> bool | None:
+    """Take the exclusive lock.
+
+    Returns:
+        True when taken; False when another process holds it; None when this system or
+        filesystem has no flock (then nothing is ever swept, to be safe).
+    """
     if fcntl is None:  # pragma: no cover
-        return not wait
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         return False
+    except OSError:  # ENOLCK and friends: a filesystem without locks
+        return None
     return True
 
 
 def locked(path: Path) -> bool:
-    """True when a live process holds ``path``'s lock (it is being written or committed)."""
+    """True when a live process may hold ``path``'s lock (it is being written or committed)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return False
     try:
-        return not _lock(fd, wait=False)
+        return _lock(fd, wait=False) is not True
     finally:
         os.close(fd)
 
@@ -65,8 +73,8 @@ def sweep(folder: Path) -> None:
             except OSError:
                 continue
             try:
-                if not _lock(fd, wait=False):
-                    continue  # a live writer
+                if _lock(fd, wait=False) is not True:
+                    continue  # a live writer, or no way to tell
                 st = os.fstat(fd)
                 now = os.lstat(path)
                 if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):

@@ -246,3 +246,20 @@ def test_export_sweeps_what_a_killed_export_left(tmp_path: Path) -> None:
     export.export(q, out)  # the folder counts as empty: only a dead run's temporary is in it
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "weights.bin"]
     assert export.load(out)
+
+
+def test_without_file_locks_writes_work_and_nothing_is_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem without flock (ENOLCK): a temporary may belong to a live run, so it stays."""
+    import errno
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(_files.fcntl, "flock", no_locks)
+    stale = tmp_path / ".q.onnx.0123abcd.onnxq-tmp"
+    stale.write_bytes(b"?")
+    model, _ = builders.mlp()
+    quantize_model(model, tmp_path / "q.onnx", weights="mxfp4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [stale.name, "q.onnx"]
