@@ -197,6 +197,13 @@ def _load_model(path: str) -> tuple[Path, onnx.ModelProto]:
     return p, model
 
 
+def _data_files(path: Path, model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """("external data file", path) of each file the model's tensors refer to."""
+    names = {e.value for g in graphs(model.graph) for t in g.initializer
+             for e in t.external_data if e.key == "location"}  # fmt: skip
+    return [("model's external data file", str(path.parent / n)) for n in sorted(names)]
+
+
 def _file_bytes(path: Path, model: onnx.ModelProto) -> int:
     """Size of the model file plus the external data files it references."""
     total = path.stat().st_size
@@ -495,7 +502,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
             f"the output {args.output!r} is the input model",
             "write to another path with -o, or pass --overwrite to replace the input",
         )
-    _not_an_input(out, "-o/--output", [("--recipe file", args.recipe)])
+    _not_an_input(out, "-o/--output", [("--recipe file", args.recipe), *_data_files(src, model)])
     weights = _format_arg(args.weights, "--weights")
     activations = _format_arg(args.activations, "--activations")
     recipe: Any = str(_existing_file(args.recipe, "--recipe")) if args.recipe else None
@@ -608,10 +615,11 @@ def _summaries(names: Sequence[str], arrays: Sequence[np.ndarray]) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    src, _ = _load_model(args.model)
+    src, model = _load_model(args.model)
     save = _output_path(args.save, "--save") if args.save else None
     if save is not None:
-        _not_an_input(save, "--save", [("model", args.model), ("--inputs file", args.inputs)])
+        _not_an_input(save, "--save", [("model", args.model), ("--inputs file", args.inputs),
+                                       *_data_files(src, model)])  # fmt: skip
     sess = _session(src, repr(args.model))
     feeds = _feeds(sess.get_inputs(), args.inputs, args.batch, _parse_dims(args.dim), args.seed)
     names = [o.name for o in sess.get_outputs()]

@@ -136,6 +136,8 @@ def ins(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          target="standard")  # fmt: skip
     onnxq.quantize_model(str(d / "tiny.onnx"), str(d / "cb.onnx"),
                          weights="cb41fi_e2m2fnuz_e8m0_t32")  # fmt: skip
+    onnx.save(_tiny(), str(d / "ext.onnx"), save_as_external_data=True,
+              location="ext.onnx.data", size_threshold=0)  # fmt: skip
     tiny = (d / "tiny.onnx").read_bytes()
     (d / "truncated.onnx").write_bytes(tiny[: len(tiny) // 2])
     (d / "empty.onnx").write_bytes(b"")
@@ -270,6 +272,12 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("q output is the input, relative", ["quantize", "{in}/tiny.onnx", "-o",
                                          "{in}/a_dir/../tiny.onnx", "--weights", "mxfp4"], 2,
      "--overwrite"),
+    ("q output is the input's data", ["quantize", "{in}/ext.onnx", "-o", "{in}/ext.onnx.data",
+                                      "--weights", "mxfp4"], 2, "external data"),
+    ("q output is the recipe", [*Q, "--weights", "mxfp4", "--recipe", "{in}/null.yaml", "-o",
+                                "{in}/null.yaml"], 2, "--recipe file"),
+    ("q external data success", ["quantize", "{in}/ext.onnx", "-o", "{out}/q.onnx",
+                                 "--weights", "mxfp4"], 0, ""),
     # quantize: recipes
     ("r missing", [*Q, "--recipe", "{in}/nope.yaml"], 2, "nope.yaml"),
     ("r directory", [*Q, "--recipe", "{in}/a_dir"], 2, "a_dir"),
@@ -343,6 +351,10 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("run save a folder", ["run", "{in}/tiny.onnx", "--save", "{in}/a_dir"], 2, "--save"),
     ("run save over the model", ["run", "{in}/tiny.onnx", "--save", "{in}/tiny.onnx"], 2,
      "--save"),
+    ("run save over the model's data", ["run", "{in}/ext.onnx", "--save",
+                                        "{in}/ext.onnx.data"], 2, "external data"),
+    ("run save over the inputs", ["run", "{in}/tiny.onnx", "--inputs", "{in}/good.npz",
+                                  "--save", "{in}/good.npz"], 2, "--inputs file"),
     ("run bad onnxq dtype", ["run", "{in}/dq_fmt.onnx"], 2, ""),
     ("run huge shape attribute", ["run", "{in}/dq_huge.onnx"], 2, ""),
     ("run success", ["run", "{in}/q.onnx", "--save", "{out}/o.npz"], 0, ""),
