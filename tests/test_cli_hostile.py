@@ -234,6 +234,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
                          "mxfp4"], 2, "w1"),
     ("q impossible shapes", ["quantize", "{in}/mismatch.onnx", "-o", "{out}/q.onnx",
                              "--weights", "mxfp4"], 2, "not valid ONNX"),
+    ("q nothing targeted, allowed", ["quantize", "{in}/relu.onnx", "-o", "{out}/q.onnx",
+                                     "--weights", "mxfp4", "--allow-empty"], 0, ""),
     ("q quantized twice", ["quantize", "{in}/q.onnx", "-o", "{out}/q.onnx", "--weights",
                            "mxfp4"], 2, ""),
     # quantize: bad options
