@@ -5,9 +5,12 @@ call it in-process; the console script ``onnxq`` and ``python -m onnxq`` wrap it
 
 Exit status: 0 on success, 2 for bad input (one line on stderr naming the problem and the fix,
 never a traceback, nothing written), 1 for an unexpected failure (one line; set
-``ONNXQ_DEBUG=1`` for the traceback). Output files are written to a temporary folder beside the
-target and renamed into place, so a failed command leaves nothing behind, and the input model is
-never written to (unless ``quantize --overwrite`` names it as the output).
+``ONNXQ_DEBUG=1`` for the traceback), 141 (128 + SIGPIPE, quietly) when the reader of stdout
+goes away, as in ``onnxq inspect m.onnx | head``. Output files are written to hidden temporary
+files beside the target and renamed into place (`onnxq._files`), so a failed command leaves
+nothing behind and a killed one only hidden ``*.onnxq-tmp`` files that the next run removes;
+input files are never written to (unless ``quantize --overwrite`` names the model as the
+output).
 """
 
 from __future__ import annotations
@@ -19,12 +22,10 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -32,12 +33,14 @@ import numpy as np
 import onnx
 
 import onnxq
+from onnxq import _files
 from onnxq.export import graphs, stored_tensors
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a filter killed by SIGPIPE
 
 _PROG = "onnxq"
 _QUANT_OPS = ("DequantizeMX", "CodebookLookup")
@@ -66,6 +69,7 @@ _ORT_TYPES = {
     "tensor(bool)": np.bool_,
 }
 _SCORE_NAME = re.compile(r"logit|prob|score|class|softmax", re.IGNORECASE)
+_MAX_GENERATED = 1 << 30  # values per generated input (4 GiB of float32)
 
 
 class UsageError(Exception):
@@ -88,6 +92,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Raise a UsageError instead of printing the usage and exiting."""
         raise UsageError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse swallows OSError here; a closed stdout must reach main's BrokenPipe handling.
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def _one_line(text: object) -> str:
@@ -122,16 +131,19 @@ class ProgressBar:
     Called as ``bar(done, total, what)``, the signature `onnxq.quantize_model` reports with.
     """
 
-    def __init__(self, stream: TextIO | None = None, width: int = 28) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, width: int = 28, always: bool = False
+    ) -> None:
         """Draw on ``stream`` (default stderr) when it is a terminal.
 
         Args:
             stream: where to draw.
             width: the bar's width in characters.
+            always: draw on any stream (``quantize_model(progress=True)`` asked for it).
         """
         self.stream = sys.stderr if stream is None else stream
         isatty = getattr(self.stream, "isatty", None)
-        self.enabled = bool(isatty and isatty())
+        self.enabled = always or bool(isatty and isatty())
         self.width = width
         self._last = 0.0
         self._drawn = 0
@@ -185,6 +197,13 @@ def _load_model(path: str) -> tuple[Path, onnx.ModelProto]:
     return p, model
 
 
+def _data_files(path: Path, model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """("external data file", path) of each file the model's tensors refer to."""
+    names = {e.value for g in graphs(model.graph) for t in g.initializer
+             for e in t.external_data if e.key == "location"}  # fmt: skip
+    return [("model's external data file", str(path.parent / n)) for n in sorted(names)]
+
+
 def _file_bytes(path: Path, model: onnx.ModelProto) -> int:
     """Size of the model file plus the external data files it references."""
     total = path.stat().st_size
@@ -205,7 +224,10 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
         return sum(len(s) for s in tensor.string_data)
     bits = _ELEM_BITS.get(tensor.data_type)
     if bits is None:
-        bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        try:
+            bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):  # an unknown element type: what is stored
+            return len(tensor.raw_data)
     return math.ceil(math.prod(tensor.dims) * bits / 8)
 
 
@@ -230,27 +252,14 @@ def _output_path(path: str, option: str) -> Path:
     return out
 
 
-@contextlib.contextmanager
-def _staged(out: Path) -> Iterator[Path]:
-    """Yield a path named like ``out`` in a temporary folder beside it.
-
-    On success every file written there moves into ``out``'s folder (the named file last, so
-    its external data is in place before it); on failure they are removed.
-    """
-    try:
-        stage = Path(tempfile.mkdtemp(prefix=".onnxq-", dir=out.parent))
-    except OSError as err:
-        raise UsageError(
-            f"cannot write to the output folder {str(out.parent)!r} ({err.strerror})",
-            "choose a folder you can write to",
-        ) from None
-    try:
-        yield stage / out.name
-        written = sorted(stage.iterdir(), key=lambda f: (f.name == out.name, f.name))
-        for f in written:
-            os.replace(f, out.parent / f.name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+def _not_an_input(out: Path, option: str, inputs: Sequence[tuple[str, str | None]]) -> None:
+    """Refuse an output path that names one of the command's input files."""
+    for what, path in inputs:
+        if path and _same_file(Path(path), out):
+            raise UsageError(
+                f"{option} {str(out)!r} is the {what}, which onnxq never overwrites",
+                "write the output to another path",
+            )
 
 
 def _format_arg(value: str | None, option: str) -> str | None:
@@ -295,11 +304,26 @@ def _session(model: Path | onnx.ModelProto, label: str) -> Any:
         ) from None
 
 
+def _count(option: str, low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high], refused in one line otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} {text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{option} {value} is not in [{low}, {high}]")
+        return value
+
+    return parse
+
+
 def _parse_dims(items: Sequence[str] | None) -> dict[str, int]:
     dims: dict[str, int] = {}
     for item in items or ():
         name, sep, value = item.partition("=")
-        if not sep or not name or not value.isdigit() or int(value) < 1:
+        if not sep or not name or not value.isascii() or not value.isdigit() or int(value) < 1:
             raise UsageError(f"--dim {item!r} is not NAME=SIZE", "write e.g. --dim seq=128")
         dims[name] = int(value)
     return dims
@@ -319,13 +343,24 @@ def _generated(arg: Any, rng: np.random.Generator, batch: int, dims: Mapping[str
             shape.append(dims[d])
         else:
             shape.append(batch if i == 0 else 1)
-    if np.issubdtype(dtype, np.floating):
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype is np.bool_:
-        return np.ones(shape, np.bool_)
-    if "mask" in arg.name.lower():  # attention masks: attend everywhere
-        return np.ones(shape, dtype)
-    return rng.integers(1, 10, shape).astype(dtype)  # no zeros: divisors, valid indices
+    if math.prod(shape) > _MAX_GENERATED:
+        raise UsageError(
+            f"generated input {arg.name!r} of shape {shape} has over {_MAX_GENERATED:,} values",
+            "pass a smaller --batch or --dim, or the arrays with --inputs",
+        )
+    try:
+        if np.issubdtype(dtype, np.floating):
+            return rng.standard_normal(shape).astype(dtype)
+        if dtype is np.bool_:
+            return np.ones(shape, np.bool_)
+        if "mask" in arg.name.lower():  # attention masks: attend everywhere
+            return np.ones(shape, dtype)
+        return rng.integers(1, 10, shape).astype(dtype)  # no zeros: divisors, valid indices
+    except MemoryError:
+        raise UsageError(
+            f"generated input {arg.name!r} of shape {shape} does not fit in memory",
+            "pass a smaller --batch or --dim",
+        ) from None
 
 
 def _feeds(
@@ -381,9 +416,17 @@ def _run_session(sess: Any, feeds: Mapping[str, np.ndarray], names: list[str], l
 
 
 def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    with _staged(path) as target:
-        with open(target, "wb") as f:  # np.savez on a path would append ".npz"
-            np.savez(f, **arrays)
+    try:
+        _files.sweep(path.parent)
+        with _files.new_file(path) as (f, temp):
+            np.savez(f, **arrays)  # to a file object: np.savez on a path would append ".npz"
+            f.flush()
+            _files.replace(temp, path)
+    except OSError as err:
+        raise UsageError(
+            f"cannot write {str(path)!r} ({err.strerror or err})",
+            "choose a writable folder with free space",
+        ) from None
 
 
 # -- subcommands -----------------------------------------------------------------------------
@@ -459,6 +502,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
             f"the output {args.output!r} is the input model",
             "write to another path with -o, or pass --overwrite to replace the input",
         )
+    _not_an_input(out, "-o/--output", [("--recipe file", args.recipe), *_data_files(src, model)])
     weights = _format_arg(args.weights, "--weights")
     activations = _format_arg(args.activations, "--activations")
     recipe: Any = str(_existing_file(args.recipe, "--recipe")) if args.recipe else None
@@ -482,12 +526,12 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     start = time.monotonic()
     bar = ProgressBar()
     try:
-        with _staged(out) as target, warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            try:
+            try:  # writes beside `out` and renames, removing what it left if it fails
                 result = quantize(
                     str(src),
-                    str(target),
+                    str(out),
                     weights=weights,
                     activations=activations,
                     recipe=recipe,
@@ -498,13 +542,13 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
                     percentile=args.percentile,
                     progress=bar,
                     overwrite=args.overwrite,
+                    custom_ops_only=args.custom_ops_only,
+                    allow_empty=args.allow_empty,
                 )
             except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as err:
                 raise UsageError(str(err)) from None
             finally:
                 bar.close()
-            if not target.exists():  # the quantizer only returned the model
-                onnx.save(result, str(target))
     except OSError as err:
         raise UsageError(
             f"cannot write {args.output!r} ({err.strerror or err})",
@@ -545,6 +589,8 @@ def _counts(model: onnx.ModelProto) -> str:
         skipped = len(json.loads(meta.get("onnxq_skipped", "[]")))
         if skipped:
             parts.append(f"{skipped} skipped (onnxq inspect says why)")
+    if "onnxq_custom_ops_only" in meta:
+        parts.append("custom-op-only model: it runs only with the onnxq custom-op library")
     return "".join(f"; {p}" for p in parts)
 
 
@@ -569,8 +615,11 @@ def _summaries(names: Sequence[str], arrays: Sequence[np.ndarray]) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    src, _ = _load_model(args.model)
+    src, model = _load_model(args.model)
     save = _output_path(args.save, "--save") if args.save else None
+    if save is not None:
+        _not_an_input(save, "--save", [("model", args.model), ("--inputs file", args.inputs),
+                                       *_data_files(src, model)])  # fmt: skip
     sess = _session(src, repr(args.model))
     feeds = _feeds(sess.get_inputs(), args.inputs, args.batch, _parse_dims(args.dim), args.seed)
     names = [o.name for o in sess.get_outputs()]
@@ -842,7 +891,12 @@ def _quantized_row(
     else:
         return None
     numel = math.prod(shape)
-    out_bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(out_type).itemsize
+    try:
+        out_bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(out_type).itemsize
+    except (KeyError, ValueError, TypeError):  # not a float type: the node is broken
+        out_bits = 32
+    if not node.output:
+        return None
     inputs = [i for i in node.input if i and i in stored]
     shape_text = "x".join(map(str, shape)) or "scalar"
     if node.input and node.input[0] in stored:
@@ -872,6 +926,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
         manifest = exporter.export(str(src), out, overwrite=args.overwrite)
     except exporter.ExportError as err:
         raise UsageError(str(err)) from None
+    except (ValueError, KeyError, TypeError) as err:  # a malformed onnxq node in the model
+        raise UsageError(
+            f"{args.model!r} has a malformed onnxq node ({type(err).__name__}: "
+            f"{_one_line(err)[:200]})",
+            "export a model written by `onnxq quantize`",
+        ) from None
     except OSError as err:
         raise UsageError(
             f"cannot write {args.output!r} ({err.strerror or err})",
@@ -917,7 +977,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--batch",
-        type=int,
+        type=_count("--batch", 1, 1 << 20),
         default=1,
         metavar="N",
         help="size of a symbolic first dimension of generated inputs (default 1)",
@@ -931,7 +991,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=_count("--seed", 0, 2**63 - 1),
         default=0,
         help="seed of generated inputs (default 0): floats are standard normal, "
         "integers uniform in [1, 10) (ones for inputs named *mask*), booleans true",
@@ -944,7 +1004,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=_PROG,
         description="Quantize ONNX models to block-scaled formats (MX, BFP, NVFP4, codebooks), "
         "run them in onnxruntime and compare them with the float model.",
-        epilog="Exit status: 0 success, 2 bad input (one line on stderr), 1 failure.",
+        epilog="Exit status: 0 success, 2 bad input (one line on stderr), 1 failure, 141 "
+        "when stdout is closed early (as by `| head`).",
     )
     parser.add_argument(
         "--version",
@@ -1023,6 +1084,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="allow OUT to be the input model itself (replaced only on success)",
+    )
+    q.add_argument(
+        "--custom-ops-only",
+        action="store_true",
+        help="write the model even when some onnxq nodes have no standard-ONNX fallback "
+        "(scale modes other than floor/ceil, stochastic rounding, NVFP4 activations...): it "
+        "then runs only with the onnxq custom-op library, and its metadata and `onnxq "
+        "inspect` say so; without this flag such a model is refused",
+    )
+    q.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="write OUT even when the formats or recipe select no tensor of the model "
+        "(otherwise an error)",
     )
     q.add_argument(
         "--preset",
@@ -1125,9 +1200,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     try:
         args = build_parser().parse_args(argv)
-        return int(args.handler(args))
+        status = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _broken_pipe()
     except SystemExit as done:  # --help and --version
         code = done.code
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            return _broken_pipe()
         return code if isinstance(code, int) else 0 if code is None else EXIT_FAILURE
     except UsageError as err:
         print(f"{_PROG}: error: {err}", file=sys.stderr)
@@ -1144,3 +1227,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
+
+
+def _broken_pipe() -> int:
+    """The reader of stdout went away (``| head``): stop quietly, as Unix filters do.
+
+    Python would report the unflushed output at exit; pointing stdout at /dev/null first
+    silences that.
+    """
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE

@@ -30,6 +30,7 @@ weight bit for bit) and float32 values computed from the layout alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -43,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxq import _files
 from onnxq.cast.api import QTensor
 from onnxq.cast.packing import code_dtype, pack_bits, unpack_bits
 from onnxq.formats.datatype import DataType, datatype, datatypes
@@ -379,6 +381,40 @@ def _entry(name: str, q: QTensor) -> tuple[dict[str, Any], dict[str, np.ndarray]
 
 
 # -- export ----------------------------------------------------------------------------------
+def _no_weights_message(model: onnx.ModelProto) -> str:
+    """Why a model has no DequantizeMX weights to export, and how to make one that has."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    again = "quantize the float model again with the defaults (--storage packed --target onnxq)"
+    stored = stored_tensors(model)
+    lowered = any(
+        n.op_type in ("DequantizeLinear", "Gather") and n.domain in ("", "ai.onnx")
+        and n.input and n.input[0] in stored
+        and stored[n.input[0]].data_type != onnx.TensorProto.FLOAT
+        for g in graphs(model.graph) for n in g.node
+    )  # fmt: skip
+    if meta.get("onnxq_target") == "standard" or ("onnxq_version" in meta and lowered):
+        return (
+            "the model was quantized with --target standard: its weights are plain "
+            "DequantizeLinear/Gather nodes, which export does not read; " + again + " and "
+            "export that"
+        )
+    if meta.get("onnxq_weight_storage") == "fake":
+        return (
+            "the model was quantized with --storage fake: its weights are stored as floats, "
+            "with no codes to export; " + again + " and export that"
+        )
+    if "onnxq_version" in meta:
+        return (
+            "the model has no quantized weights (no DequantizeMX node reading stored codes: "
+            "only activations were quantized?); quantize the float model with --weights FMT "
+            "(packed storage, onnxq target) and export that"
+        )
+    return (
+        "the model has no quantized weights (it was not quantized by onnxq); quantize it "
+        "first, e.g. `onnxq quantize MODEL -o Q.onnx --weights mxfp8e4`, and export Q.onnx"
+    )
+
+
 def export(
     model: onnx.ModelProto | str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -409,10 +445,7 @@ def export(
             f"weight {tensor!r} is a codebook format ({code}), which has no hardware layout"
         )
     if not weights:
-        raise ExportError(
-            "the model has no quantized weights (no DequantizeMX node reading stored codes); "
-            "quantize it with --storage packed first"
-        )
+        raise ExportError(_no_weights_message(_as_model(model)))
     parts = []
     for name, q in weights.items():
         try:
@@ -422,44 +455,57 @@ def export(
                 raise
             raise ExportError(f"weight {name!r}: {err}") from None
     out = Path(out_dir)
+    if out.is_dir():
+        _files.sweep(out)  # hidden temporaries of a killed export do not make it "not empty"
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ExportError(
             f"the output folder {str(out)!r} is not empty; pass --overwrite "
             "(overwrite=True) or choose an empty folder"
         )
+    created = not out.is_dir()
     out.mkdir(parents=False, exist_ok=True)
     tensors = []
-    data_tmp = out / f".{DATA_FILE}.tmp"
     offset = 0
-    with open(data_tmp, "wb") as f:
-        for entry, blobs in parts:
-            entry["blobs"] = {}
-            for key, blob in blobs.items():
-                raw = np.ascontiguousarray(blob).tobytes()
-                pad = -offset % _ALIGN
-                f.write(b"\0" * pad)
-                offset += pad
-                f.write(raw)
-                entry["blobs"][key] = {
-                    "offset": offset,
-                    "length": len(raw),
-                    "dtype": "int8" if blob.dtype == np.int8 else "uint8",
-                    "sha256": hashlib.sha256(raw).hexdigest(),
-                }
-                offset += len(raw)
-            tensors.append(entry)
-    manifest = {
-        "onnxq_version": onnxq.__version__,
-        "manifest_version": MANIFEST_VERSION,
-        "data_file": DATA_FILE,
-        "alignment": _ALIGN,
-        "byte_order": "bits least significant first; multi-byte fields none (all bytes)",
-        "tensors": tensors,
-    }
-    manifest_tmp = out / f".{MANIFEST}.tmp"
-    manifest_tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    os.replace(data_tmp, out / DATA_FILE)
-    os.replace(manifest_tmp, out / MANIFEST)
+    try:
+        # Locked temporaries renamed into place (onnxq._files). The data file is renamed
+        # first; a kill before the manifest follows pairs an old manifest with new data,
+        # which `load` detects (each blob's sha256 is in the manifest).
+        with _files.new_file(out / DATA_FILE) as (f, data_tmp), \
+                _files.new_file(out / MANIFEST) as (mf, manifest_tmp):  # fmt: skip
+            for entry, blobs in parts:
+                entry["blobs"] = {}
+                for key, blob in blobs.items():
+                    raw = np.ascontiguousarray(blob).tobytes()
+                    pad = -offset % _ALIGN
+                    f.write(b"\0" * pad)
+                    offset += pad
+                    f.write(raw)
+                    entry["blobs"][key] = {
+                        "offset": offset,
+                        "length": len(raw),
+                        "dtype": "int8" if blob.dtype == np.int8 else "uint8",
+                        "sha256": hashlib.sha256(raw).hexdigest(),
+                    }
+                    offset += len(raw)
+                tensors.append(entry)
+            manifest = {
+                "onnxq_version": onnxq.__version__,
+                "manifest_version": MANIFEST_VERSION,
+                "data_file": DATA_FILE,
+                "alignment": _ALIGN,
+                "byte_order": "bits least significant first; multi-byte fields none (all bytes)",
+                "tensors": tensors,
+            }
+            mf.write((json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+            f.flush()
+            mf.flush()
+            _files.replace(data_tmp, out / DATA_FILE)
+            _files.replace(manifest_tmp, out / MANIFEST)
+    except BaseException:
+        if created:  # leave no empty folder behind
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     return manifest
 
 

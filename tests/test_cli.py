@@ -154,7 +154,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def _leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".onnxq-"))
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))  # temporaries
 
 
 # -- help, version, formats --------------------------------------------------------------------

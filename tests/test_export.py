@@ -183,7 +183,7 @@ def test_cli_export_writes_manifest(tmp_path: Path, capsys: pytest.CaptureFixtur
     ("kwargs", "word"),
     [
         ({}, "no quantized weights"),  # the float model
-        ({"weights": "mxfp4", "weight_storage": "fake"}, "no quantized weights"),
+        ({"weights": "mxfp4", "weight_storage": "fake"}, "--storage fake"),
         ({"weights": "nvfp4"}, "no hardware layout"),
         ({"weights": "cb41fi_e2m2fnuz_e8m0_t32"}, "codebook"),
         ({"weights": "int8_channel"}, "no hardware layout"),

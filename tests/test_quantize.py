@@ -216,11 +216,29 @@ def test_metadata_ir_version_and_opset() -> None:
     assert model.opset_import[0].version == 17  # the input is not modified
 
 
-def test_formats_without_a_fallback_are_recorded() -> None:
+@pytest.mark.parametrize(
+    ("activations", "modes", "words"),
+    [
+        ("nvfp4", {}, ["nvfp4", "float scales"]),
+        ("mxfp8e4", {"scale_mode": "midmax"}, ["mxfp8e4", "midmax"]),
+        ("mxint8", {"round_mode": "stochastic"}, ["mxint8", "stochastic"]),
+    ],
+)
+def test_formats_without_a_fallback_are_refused_unless_custom_ops_only(
+    activations: str, modes: dict[str, str], words: list[str]
+) -> None:
     model, _ = builders.mlp()
-    q = quantize_model(model, activations="nvfp4")
-    missing = json.loads({p.key: p.value for p in q.metadata_props}["onnxq_no_fallback"])
+    recipe = {"activations": activations, **modes}
+    with pytest.raises(NotImplementedError, match="--custom-ops-only") as err:
+        quantize_model(model, recipe=recipe)
+    assert "activation 'x'" in str(err.value) and all(w in str(err.value) for w in words)
+    q = quantize_model(model, recipe=recipe, custom_ops_only=True)
+    meta = {p.key: p.value for p in q.metadata_props}
+    missing = json.loads(meta["onnxq_no_fallback"])
     assert {m["node"] for m in missing} == {"x__qx", "h0__qx", "h1__qx"}
+    assert "custom-op library" in meta["onnxq_custom_ops_only"]
+    keyed = quantize_model(model, recipe={**recipe, "custom_ops_only": True})  # the recipe key
+    assert "onnxq_custom_ops_only" in {p.key for p in keyed.metadata_props}
 
 
 def test_recipe_overrides_excludes_and_yaml(tmp_path: Path) -> None:

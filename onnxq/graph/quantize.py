@@ -39,6 +39,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
+import secrets
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -51,6 +53,7 @@ import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxq
+from onnxq import _files
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.graph import calibrate
@@ -593,12 +596,22 @@ def _copy_payload(tensor: TensorProto, spill: _Spill | None, out: Any) -> None:
     return None
 
 
-def _save(model: onnx.ModelProto, output: Path, spill: _Spill | None = None) -> None:
-    """Check the model, write temporary files beside ``output``, rename them (never half-written).
+_DATA_MAGIC = b"onnxq external data v1\n".ljust(64, b"\0")  # marks data files onnxq wrote
 
-    External data (``{output.name}.data``) when the input had it or the payload reaches
-    ``_EXTERNAL_BYTES``; it is written tensor by tensor, copying parked and input payloads in
-    chunks. Otherwise one file, parked payloads read back first.
+
+def _save(
+    model: onnx.ModelProto, output: Path, spill: _Spill | None = None, source: Path | None = None
+) -> None:
+    """Check the model and write it beside ``output`` so that a kill at any point is harmless.
+
+    External data (when the input had it or the payload reaches ``_EXTERNAL_BYTES``) goes to
+    a data file under a name that does not exist yet - ``{output.name}.data``, else
+    ``{output.name}.{8 hex}.data`` - written tensor by tensor (parked and input payloads
+    copied in chunks). Order: data file complete under its new name, then the model renamed
+    onto ``output`` (the commit), then the data files no model refers to any more are removed
+    (`_remove_stale_data`). A kill before the commit leaves the old model with its old data; a
+    kill after it, the new model with its new data; temporary files and orphaned data are
+    removed by the next run (`onnxq._files`). Otherwise one file, parked payloads read back.
     """
     folder = output.parent if str(output.parent) else Path(".")
     if not folder.is_dir():
@@ -612,15 +625,16 @@ def _save(model: onnx.ModelProto, output: Path, spill: _Spill | None = None) -> 
                 t.data_location = TensorProto.DEFAULT
                 t.raw_data = data
         onnx.checker.check_model(model, full_check=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    data_tmp = None
+    _files.sweep(folder)
+    # The data files of the model about to be replaced may be removed after the commit.
+    replaced = _referenced(output) if output.exists() and _data_files(output) else set()
+    data_path: Path | None = None
     try:
-        if external:
-            location = f"{output.name}.data"
-            fd, data_tmp = tempfile.mkstemp(prefix=f".{location}.", suffix=".tmp", dir=folder)
-            refs: list[TensorProto] = []
-            with os.fdopen(fd, "wb") as out:
+        with contextlib.ExitStack() as stack:
+            if external:
+                out, data_tmp = stack.enter_context(_files.new_file(folder / f"{output.name}.data"))
+                out.write(_DATA_MAGIC)
+                refs: list[TensorProto] = []
                 for t in _all_tensors(model):
                     data = b"" if _is_external(t) else t.raw_data
                     if not _is_external(t) and len(data) < _EXTERNAL_MIN:
@@ -633,28 +647,105 @@ def _save(model: onnx.ModelProto, output: Path, spill: _Spill | None = None) -> 
                     else:
                         out.write(data)
                     del data
-                    _point(t, os.path.basename(data_tmp), start, out.tell() - start)
                     refs.append(t)
-            onnx.save_model(model, tmp)
-            onnx.checker.check_model(tmp, full_check=True)
-            for t in refs:  # point the references at the final name
-                for entry in t.external_data:
-                    if entry.key == "location":
-                        entry.value = location
-            onnx.save_model(model, tmp)
-            os.replace(data_tmp, folder / location)
-        else:
-            onnx.save_model(model, tmp)
-        os.replace(tmp, output)
+                    _point(t, "", start, out.tell() - start)
+                out.flush()
+                data_path = _publish_new(data_tmp, output)
+                for t in refs:  # point the references at the data file's final name
+                    for entry in t.external_data:
+                        if entry.key == "location":
+                            entry.value = data_path.name
+            f, tmp = stack.enter_context(_files.new_file(output))
+            f.write(model.SerializeToString())
+            f.flush()
+            if external:
+                onnx.checker.check_model(str(tmp), full_check=True)
+            _files.replace(tmp, output)  # the commit
+            data_path = None
     except BaseException:
-        for leftover in (tmp, data_tmp):
-            if leftover is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(leftover)
+        if data_path is not None:  # published but never referenced by a committed model
+            with contextlib.suppress(OSError):
+                os.unlink(data_path)
         raise
     finally:
         if spill is not None:
             spill.close()
+    _remove_stale_data(output, source, replaced)
+
+
+def _publish_new(temp: Path, output: Path) -> Path:
+    """Give a finished data file a name beside ``output`` that no file has; return it.
+
+    ``os.link`` fails rather than replace, so an existing data file (the old model's, or the
+    input's) is never overwritten.
+    """
+    for k in range(100):
+        name = f"{output.name}.data" if k == 0 else f"{output.name}.{secrets.token_hex(4)}.data"
+        final = temp.parent / name
+        try:
+            os.link(temp, final)
+        except FileExistsError:
+            continue
+        except OSError:  # no hard links on this filesystem
+            if final.exists():
+                continue
+            os.replace(temp, final)
+            return final
+        os.unlink(temp)
+        return final
+    raise ValueError(f"no free data file name beside {str(output)!r}")
+
+
+def _referenced(model_path: Path) -> set[str]:
+    """The external data locations a model file refers to (empty when unreadable)."""
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception:
+        return set()
+    return {e.value for t in _all_tensors(model) if _is_external(t)
+            for e in t.external_data if e.key == "location"}  # fmt: skip
+
+
+def _data_files(output: Path) -> list[Path]:
+    """Files beside ``output`` named like its data files: ``{name}.data``, ``{name}.{hex}.data``."""
+    folder = output.parent if str(output.parent) else Path(".")
+    names = re.compile(re.escape(output.name) + r"(\.[0-9a-f]{8})?\.data")
+    with contextlib.suppress(OSError):
+        return [p for p in folder.iterdir()
+                if names.fullmatch(p.name) and p.is_file() and not p.is_symlink()]  # fmt: skip
+    return []
+
+
+def _remove_stale_data(output: Path, source: Path | None, replaced: set[str]) -> None:
+    """Remove the data files of ``output`` that no model uses any more.
+
+    Candidates (`_data_files`) are those the replaced model referred to (``replaced``) and
+    those onnxq wrote (they start with ``_DATA_MAGIC``: orphans of a run killed after its
+    commit); other files are never touched. They stay when the model at ``output`` or the
+    input model refers to them, or while another run holds them (`onnxq._files.locked`).
+    """
+    candidates = []
+    for path in _data_files(output):
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            if path.name in replaced or f.read(len(_DATA_MAGIC)) == _DATA_MAGIC:
+                candidates.append(path)
+    if not candidates:
+        return
+    keep = _referenced(output)
+    if source is not None and source.exists() and not _same_path(source, output):
+        keep |= {str((source.parent / v).resolve()) for v in _referenced(source)}
+    for path in candidates:
+        if path.name in keep or str(path.resolve()) in keep or _files.locked(path):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 # -- materialisation --------------------------------------------------------------------------
@@ -738,7 +829,13 @@ def _materialise_weight(
     """Quantize one weight; structural removals wait in ``removals`` (keeps references valid)."""
     src = entry.source
     tensor = src.tensor
-    array = _array(tensor, spill)
+    try:
+        array = _array(tensor, spill)
+    except ValueError as err:  # payload and dims disagree, unknown element type
+        raise ValueError(
+            f"weight {entry.tensor!r} cannot be read ({err}): the model file is corrupt; "
+            "export or copy it again"
+        ) from None
     if storage == "fake":
         fake = onnxq.cast(array, entry.dtype, axis=entry.axis, round_mode=entry.round_mode,
                           scale_mode=entry.scale_mode)  # fmt: skip
@@ -1108,8 +1205,10 @@ def quantize_model(
     calibration: str | os.PathLike[str] | Iterable[Mapping[str, np.ndarray]] | None = None,
     calibration_method: Literal["minmax", "percentile"] = "minmax",
     percentile: float = 99.99,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: bool | Callable[[int, int, str], None] | None = None,
     overwrite: bool = False,
+    custom_ops_only: bool = False,
+    allow_empty: bool = False,
 ) -> onnx.ModelProto:
     """Quantize a float ONNX model to onnxq formats (see the module doc).
 
@@ -1133,8 +1232,16 @@ def quantize_model(
         calibration_method: ``minmax`` (max |x|, and min/max for zero points) or
             ``percentile`` (that percentile of |x|).
         percentile: the percentile of ``percentile`` calibration, in (0, 100].
-        progress: called as ``progress(done, total, tensor_name)`` after each tensor.
+        progress: ``True`` draws a progress bar on stderr; a callable is called as
+            ``progress(done, total, tensor_name)`` after each tensor; None or False: silent.
         overwrite: allow ``output`` to be the input path.
+        custom_ops_only: write the model even when some of its onnxq nodes have no
+            standard-ONNX fallback (scale modes other than floor/ceil, stochastic rounding,
+            NVFP4 activations, ...), so that it runs only where the onnxq custom-op library is
+            registered; the ``onnxq_custom_ops_only`` metadata lists those nodes. Without it
+            (and without the recipe key ``custom_ops_only: true``) such a model is refused.
+        allow_empty: return (and write) the model even when the choices select no tensor;
+            without it that is an error.
 
     Returns:
         The quantized model. When it is written with external data (the input had external
@@ -1142,18 +1249,22 @@ def quantize_model(
         ``{output name}.data`` beside ``output``.
 
     Raises:
-        ValueError: nothing to quantize, a bad recipe, format, storage, path or percentile,
-            output equal to the input without ``overwrite``, a model the pass cannot read,
-            or bad calibration samples (no .npz file, wrong input names).
-        NotImplementedError: ``target="standard"`` with activations that are not calibrated
-            tensor-scaled formats, or with a weight format it cannot store exactly;
-            calibration of channel-scaled or subgraph activations.
+        ValueError: nothing to quantize (no format, or no tensor selected without
+            ``allow_empty``), a bad recipe, format, storage, path or percentile, output equal
+            to the input without ``overwrite``, a model the pass cannot read or that is not
+            valid ONNX, or bad calibration samples (no .npz file, wrong input names).
+        NotImplementedError: a tensor whose onnxq node has no standard-ONNX fallback without
+            ``custom_ops_only``; ``target="standard"`` with activations that are not calibrated
+            tensor-scaled formats or have no fallback, or with a weight format it cannot store
+            exactly; calibration of channel-scaled or subgraph activations.
+        TypeError: ``progress`` is neither a bool nor a callable.
     """
     if weight_storage not in ("packed", "fake"):
         raise ValueError(f"weight_storage {weight_storage!r}: expected 'packed' or 'fake'")
     if target not in ("onnxq", "standard"):
         raise ValueError(f"target {target!r}: expected 'onnxq' or 'standard'")
     _calibration_check(calibration, calibration_method, percentile)
+    report = _progress(progress)
     if recipe is None and weights is None and activations is None:
         raise ValueError(
             "nothing to quantize: pass a weight format (--weights mxfp4) or a recipe (--recipe)"
@@ -1165,6 +1276,18 @@ def quantize_model(
     if overrides:
         chosen = Recipe.from_mapping(
             {**chosen.to_dict(), **{k: str(v) for k, v in overrides.items()}}
+        )
+    custom_ops_only = bool(custom_ops_only or chosen.custom_ops_only)
+    if custom_ops_only and target == "standard":
+        raise ValueError(
+            "custom_ops_only (--custom-ops-only) contradicts target='standard' (--target "
+            "standard), which writes no custom op; drop one of them"
+        )
+    label = _choice_label(recipe, weights, activations)
+    if not allow_empty and not chosen.sets_a_format():
+        raise ValueError(
+            f"nothing to quantize: {label} sets no weight or activation format; give one "
+            "(weights: mxfp4) or pass --allow-empty (allow_empty=True)"
         )
     out_path = Path(output) if output is not None else None
     if out_path is not None and isinstance(model, (str, os.PathLike)):
@@ -1178,10 +1301,23 @@ def quantize_model(
     m, spill = _load(model, out_path)
     m = _opset(m)
     with _stripped(m):
-        types = _tensor_types(onnx.shape_inference.infer_shapes(m))
+        try:
+            types = _tensor_types(onnx.shape_inference.infer_shapes(m))
+        except onnx.shape_inference.InferenceError as err:
+            raise ValueError(
+                f"shape inference fails on the model ({' '.join(str(err).split())[:300]}): it "
+                "is not valid ONNX; check it with onnx.checker.check_model(full_check=True)"
+            ) from None
     the_plan = plan(m, chosen, types)
     planned = [a for a in the_plan.activations if isinstance(a, _ActivationPlan)]
     to_calibrate = _activation_modes(planned, calibration, target)
+    calibrated = {a.tensor for a in to_calibrate}
+    kept = [a for a in planned if a.tensor in calibrated or _static_shape(a.shape)]
+    if not the_plan.weights and not kept and not allow_empty:
+        raise ValueError(_nothing_selected(m, chosen, label, len(planned)))
+    gaps = _no_fallback(the_plan, target, calibrated)
+    if gaps and not custom_ops_only:
+        raise NotImplementedError(_no_fallback_message(gaps, target))
     statics: dict[str, calibrate.StaticScale] = {}
     calibration_meta: dict[str, Any] | None = None
     if to_calibrate:
@@ -1204,8 +1340,8 @@ def quantize_model(
         else:
             _materialise_activation(act, act.shape, names, inserts, skipped)
         done += 1
-        if progress is not None:
-            progress(done, total, act.tensor)
+        if report is not None:
+            report(done, total, act.tensor)
     m.graph.initializer.extend(static_inits)
     dq_nodes: list[onnx.NodeProto] = []
     removals: dict[int, tuple[_Scope, set[str]]] = {}
@@ -1214,8 +1350,8 @@ def quantize_model(
         _materialise_weight(m, entry, weight_storage, names, main_defined, dq_nodes, removals,
                             target, spill)  # fmt: skip
         done += 1
-        if progress is not None:
-            progress(done, total, entry.tensor)
+        if report is not None:
+            report(done, total, entry.tensor)
     # Rebuilding a node list copies its subgraphs: change the deepest graphs first.
     changed = {id(s): s for s, _ in removals.values()} | {id(s): s for s, _ in inserts.values()}
     for key, scope in sorted(changed.items(), key=lambda item: -item[1].depth):
@@ -1238,11 +1374,18 @@ def quantize_model(
         "onnxq_version": onnxq.__version__,
         "onnxq_recipe": chosen.to_json(),
         "onnxq_weight_storage": weight_storage,
+        "onnxq_target": target,
         "onnxq_quantized": json.dumps({"weights": len(the_plan.weights),
                                        "activations": len(the_plan.activations) - len(skipped)}),
     }  # fmt: skip
-    if missing:
+    if missing and target != "standard":
+        if not custom_ops_only:  # the early check (_no_fallback) should have caught it
+            raise NotImplementedError(_no_fallback_message(missing, target))
         meta["onnxq_no_fallback"] = json.dumps(missing)
+        meta["onnxq_custom_ops_only"] = (
+            f"{len(missing)} onnxq node(s) have no standard-ONNX fallback: the model runs only "
+            "with the onnxq custom-op library (onnxq.runtime.session)"
+        )
     if skipped:
         meta["onnxq_skipped"] = json.dumps(skipped)
     if calibration_meta is not None:
@@ -1253,7 +1396,160 @@ def quantize_model(
         ir = max(ir, 10)  # NodeProto/FunctionProto.overload
     m.ir_version = ir
     if out_path is not None:
-        _save(m, out_path, spill)  # checks the model before anything is renamed into place
+        source = Path(model) if isinstance(model, (str, os.PathLike)) else None
+        try:  # checks the model before anything is renamed into place
+            _save(m, out_path, spill, source)
+        except _CHECK_ERRORS as err:
+            raise ValueError(_invalid(err)) from None
     elif _payload(m) < _EXTERNAL_BYTES:
-        onnx.checker.check_model(m, full_check=True)
+        try:
+            onnx.checker.check_model(m, full_check=True)
+        except _CHECK_ERRORS as err:
+            raise ValueError(_invalid(err)) from None
+    if report is not None and hasattr(report, "close"):
+        report.close()
     return m
+
+
+_CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
+
+
+def _invalid(err: Exception) -> str:
+    return (
+        f"the quantized model fails onnx.checker ({' '.join(str(err).split())[:300]}); the "
+        "input model is probably not valid ONNX: check it with onnx.checker.check_model"
+    )
+
+
+def _progress(progress: Any) -> Callable[[int, int, str], None] | None:
+    """The progress callback: True draws a bar on stderr (`onnxq.cli.ProgressBar`)."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        from onnxq.cli import ProgressBar
+
+        return ProgressBar(always=True)
+    if not callable(progress):
+        raise TypeError(
+            f"progress must be True, False, None or a callable(done, total, name), not "
+            f"{type(progress).__name__}"
+        )
+    return progress
+
+
+def _static_shape(shape: list[int | None] | None) -> bool:
+    return shape is not None and all(d is not None for d in shape)
+
+
+def _choice_label(recipe: Any, weights: Any, activations: Any) -> str:
+    """How the user named their choices, for messages: the recipe file and/or the formats."""
+    parts = []
+    if isinstance(recipe, (str, os.PathLike)):
+        parts.append(f"recipe {Path(recipe).name!r}")
+    elif recipe is not None:
+        parts.append("the recipe")
+    parts += [f"{what} {str(v)!r}" for what, v in (("weights", weights),
+                                                   ("activations", activations)) if v]  # fmt: skip
+    return " with ".join(parts)
+
+
+def _nothing_selected(model: onnx.ModelProto, recipe: Recipe, label: str, skipped: int) -> str:
+    nodes = [n for s in _scopes(model.graph) for n in s.graph.node
+             if n.domain in ("", "ai.onnx")]  # fmt: skip
+    targets = [n for n in nodes if n.op_type in recipe.op_types]
+    if skipped:
+        why = (f"its {skipped} activation(s) have no static shape (DequantizeMX needs one: fix "
+               "the input shapes)")  # fmt: skip
+    elif not targets:
+        why = f"the model has no {'/'.join(recipe.op_types)} node"
+    else:
+        why = (f"none of its {len(targets)} {'/'.join(sorted({n.op_type for n in targets}))} "
+               "node(s) has a float weight or an activation that the recipe gives a format "
+               "(excluded, or weights computed by other nodes)")  # fmt: skip
+    return (f"nothing to quantize: {label} selects no tensor of the model: {why}; check the "
+            "recipe, or pass --allow-empty (allow_empty=True) to write it unchanged")  # fmt: skip
+
+
+def _no_fallback(
+    the_plan: QuantPlan, target: str, calibrated: set[str]
+) -> list[dict[str, str]]:
+    """Planned tensors whose onnxq node would have no standard-ONNX function fallback.
+
+    Asks the builders (`onnxq.graph.functions.build_function`) with the attributes the
+    materialisers give each node, before any weight is quantized: one entry per tensor
+    (``tensor``, ``kind``, ``format``, ``modes``, ``reason``).
+    """
+    cache: dict[tuple[str, str, tuple[int, ...]], str | None] = {}
+
+    def refusal(op: str, attrs: dict[str, Any], shape: list[int]) -> str | None:
+        key = (op, json.dumps(attrs, sort_keys=True), tuple(shape))
+        if key not in cache:
+            try:
+                build_function(op, attrs, shape)
+                cache[key] = None
+            except NotImplementedError as err:
+                cache[key] = str(err)
+            except ValueError:  # bad attributes: the materialisers report those
+                cache[key] = None
+        return cache[key]
+
+    gaps = []
+    if target != "standard":  # standard weights are lowered to plain ops (lower.py) instead
+        for w in the_plan.weights:
+            assert isinstance(w, _WeightPlan)
+            op = "CodebookLookup" if isinstance(w.dtype.nspec, Codebook) else "DequantizeMX"
+            attrs = {"dtype": w.dtype.code, "axis": w.axis,
+                     "output_type": w.source.tensor.data_type}  # fmt: skip
+            why = refusal(op, attrs, [int(d) for d in w.source.tensor.dims])
+            if why:
+                gaps.append({"tensor": w.tensor, "kind": "weight", "format": w.dtype.name,
+                             "modes": "", "reason": why})  # fmt: skip
+    for a in the_plan.activations:
+        assert isinstance(a, _ActivationPlan)
+        if a.tensor in calibrated or not _static_shape(a.shape):
+            continue
+        if isinstance(a.dtype.nspec, Codebook):
+            continue  # refused by _materialise_activation
+        dims = [int(d) for d in a.shape or () if d is not None]
+        attrs = {"dtype": a.dtype.code, "axis": a.axis, "round_mode": a.round_mode,
+                 "scale_mode": a.scale_mode}  # fmt: skip
+        try:
+            kinds = [elem for elem, _ in output_types("QuantizeMX", attrs, tuple(dims))]
+        except ValueError:
+            continue
+        while kinds and not kinds[-1]:
+            kinds.pop()
+        why = refusal("QuantizeMX", {**attrs, "num_outputs": len(kinds)}, dims) or refusal(
+            "DequantizeMX", {"dtype": a.dtype.code, "axis": a.axis, "output_type": a.elem_type},
+            dims,
+        )
+        if why:
+            kind = calibrate.calibrated_kind(a.dtype, a.round_mode)
+            gaps.append({"tensor": a.tensor, "kind": "activation", "format": a.dtype.name,
+                         "modes": f"round_mode {a.round_mode}, scale_mode {a.scale_mode}",
+                         "reason": why, "calibrate": kind})  # fmt: skip
+    return gaps
+
+
+def _no_fallback_message(gaps: list[dict[str, str]], target: str) -> str:
+    g = gaps[0]
+    if "tensor" in g:
+        modes = f", {g['modes']}" if g["modes"] else ""
+        what = f"{g['kind']} {g['tensor']!r} ({g['format']}{modes})"
+    else:  # an entry of _embed: the node
+        what = f"node {g['node']!r}"
+    more = f" (and {len(gaps) - 1} more tensor(s))" if len(gaps) > 1 else ""
+    calibrate_it = ""
+    if g.get("calibrate") == "tensor":  # a static QuantizeLinear pair would do
+        calibrate_it = ("calibrate it (--calibration DIR, calibration=...) for a static "
+                        "QuantizeLinear/DequantizeLinear pair, ")  # fmt: skip
+    if target == "standard":
+        return (f"target='standard' cannot quantize {what}{more}: it has no standard-ONNX form "
+                f"({g['reason']}); use another format or mode, or target='onnxq'")  # fmt: skip
+    return (
+        f"{what}{more} has no standard-ONNX fallback ({g['reason']}), so the model would run "
+        "only where the onnxq custom-op library is registered, not in a plain onnxruntime; "
+        "choose another format or mode (floor or ceil scales, even/away/zero rounding), "
+        f"{calibrate_it}or pass --custom-ops-only (custom_ops_only=True, recipe key "
+        "custom_ops_only: true) to write a custom-op-only model"
+    )

@@ -21,6 +21,7 @@ Recipe schema (YAML; JSON is the same structure)::
       Conv: {weights: mxfp8e4, activations: null}
     node_overrides:             # per node-name glob (later patterns win)
       "layer0/*": {weights: mx6, weight_axis: 0, round_mode: away}
+    custom_ops_only: false      # true: allow nodes with no standard-ONNX fallback
 
 Override keys: ``weights``, ``activations``, ``round_mode``, ``scale_mode``, ``weight_axis``,
 ``activation_axis`` (an axis replaces the reduction axis the quantizer would choose).
@@ -62,7 +63,7 @@ KEEP_FLOAT = "float"
 
 _TOP_KEYS = (
     "weights", "activations", "round_mode", "scale_mode", "op_types", "add_op_types",
-    "remove_op_types", "exclude", "op_type_overrides", "node_overrides",
+    "remove_op_types", "exclude", "op_type_overrides", "node_overrides", "custom_ops_only",
 )  # fmt: skip
 _OVERRIDE_KEYS = (
     "weights", "activations", "round_mode", "scale_mode", "weight_axis", "activation_axis",
@@ -109,7 +110,9 @@ def _check_keys(data: Mapping[str, Any], allowed: Iterable[str], where: str) -> 
 def _op_types(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise ValueError(f"{where}: expected a list of op types, got {value!r}")
-    ops = tuple(str(v) for v in value)
+    if not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: expected a list of op type names (strings)")
+    ops = tuple(value)
     for op in ops:
         if op not in SUPPORTED_OP_TYPES:
             raise ValueError(
@@ -186,6 +189,8 @@ class Recipe:
         exclude: node-name globs kept in float.
         op_type_overrides: per op type choices.
         node_overrides: per node-name glob choices, applied in order after op-type ones.
+        custom_ops_only: allow a model that runs only with the onnxq custom-op library
+            (nodes with no standard-ONNX fallback); see `onnxq.quantize_model`.
     """
 
     weights: DataType | None = None
@@ -196,6 +201,7 @@ class Recipe:
     exclude: tuple[str, ...] = ()
     op_type_overrides: tuple[tuple[str, Override], ...] = ()
     node_overrides: tuple[tuple[str, Override], ...] = ()
+    custom_ops_only: bool = False
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "recipe") -> Recipe:
@@ -216,6 +222,13 @@ class Recipe:
         exclude = data.get("exclude", ())
         if isinstance(exclude, str) or not isinstance(exclude, Iterable):
             raise ValueError(f"{where}.exclude: expected a list of node-name patterns")
+        if not all(isinstance(p, str) for p in exclude):
+            raise ValueError(f"{where}.exclude: expected node-name patterns (strings)")
+        custom_ops_only = data.get("custom_ops_only", False)
+        if not isinstance(custom_ops_only, bool):
+            raise ValueError(
+                f"{where}.custom_ops_only: expected true or false, got {custom_ops_only!r}"
+            )
 
         def overrides(key: str, ops_only: bool) -> tuple[tuple[str, Override], ...]:
             table = data.get(key) or {}
@@ -239,7 +252,15 @@ class Recipe:
             exclude=tuple(str(p) for p in exclude),
             op_type_overrides=overrides("op_type_overrides", True),
             node_overrides=overrides("node_overrides", False),
+            custom_ops_only=custom_ops_only,
         )
+
+    def sets_a_format(self) -> bool:
+        """True when some weight or activation gets a format (by default or an override)."""
+        layers = [o for _, o in (*self.op_type_overrides, *self.node_overrides)]
+        values = [self.weights, self.activations]
+        values += [v for o in layers for v in (o.weights, o.activations)]
+        return any(v is not None and v != KEEP_FLOAT for v in values)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping that `from_mapping` parses back to an equal recipe."""
@@ -252,6 +273,7 @@ class Recipe:
             "exclude": list(self.exclude),
             "op_type_overrides": {k: v.to_dict() for k, v in self.op_type_overrides},
             "node_overrides": {k: v.to_dict() for k, v in self.node_overrides},
+            **({"custom_ops_only": True} if self.custom_ops_only else {}),
         }
 
     def to_json(self) -> str:
@@ -310,6 +332,9 @@ class Recipe:
         return Override(**chosen)
 
 
+_MAX_RECIPE_BYTES = 1 << 20  # recipes are a few lines; anything bigger is the wrong file
+
+
 def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any] | Recipe) -> Recipe:
     """Load a recipe from a YAML or JSON file, a mapping or a `Recipe`.
 
@@ -329,7 +354,25 @@ def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any] | Recipe) -> 
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"recipe file {str(path)!r} does not exist or is not a file")
-    text = path.read_text(encoding="utf-8")
+    expected = "a recipe is a YAML or JSON text file such as `weights: mxfp4`"
+    if path.stat().st_size > _MAX_RECIPE_BYTES:
+        raise ValueError(
+            f"recipe file {str(path)!r} is {path.stat().st_size:,} bytes, over the "
+            f"{_MAX_RECIPE_BYTES:,} a recipe may have; {expected}"
+        )
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"recipe file {str(path)!r} cannot be read ({err.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"recipe file {str(path)!r} is not text (byte 0x{raw[err.start]:02x} at offset "
+            f"{err.start} is not UTF-8); {expected}"
+        ) from None
+    if "\0" in text:
+        raise ValueError(f"recipe file {str(path)!r} is not text (it holds NUL bytes); {expected}")
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)
@@ -339,7 +382,14 @@ def load_recipe(source: str | os.PathLike[str] | Mapping[str, Any] | Recipe) -> 
             data = yaml.safe_load(text)
     except Exception as err:  # yaml.YAMLError / json.JSONDecodeError
         raise ValueError(f"recipe file {str(path)!r} is not valid YAML/JSON: {err}") from None
-    return Recipe.from_mapping(data if data is not None else {}, where=f"recipe {path.name}")
+    if data is None:
+        raise ValueError(f"recipe file {str(path)!r} is empty; {expected}")
+    if not isinstance(data, Mapping):
+        raise ValueError(
+            f"recipe file {str(path)!r} holds a {type(data).__name__}, not a mapping of recipe "
+            f"keys; {expected}"
+        )
+    return Recipe.from_mapping(data, where=f"recipe {path.name}")
 
 
 # -- deployment presets ----------------------------------------------------------------------
