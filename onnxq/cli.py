@@ -7,7 +7,7 @@ Exit status: 0 on success, 2 for bad input (one line on stderr naming the proble
 never a traceback, nothing written), 1 for an unexpected failure (one line; set
 ``ONNXQ_DEBUG=1`` for the traceback), 141 (128 + SIGPIPE, quietly) when the reader of stdout
 goes away, as in ``onnxq inspect m.onnx | head``. Output files are written to hidden temporary
-files beside the target and renamed into place (`onnxq._files`), so a failed command leaves
+files beside the target and renamed into place (`onnxq._output`), so a failed command leaves
 nothing behind and a killed one only hidden ``*.onnxq-tmp`` files that the next run removes;
 input files are never written to (unless ``quantize --overwrite`` names the model as the
 output).
@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 import onnxq
-from onnxq import _files
+from onnxq import _output
 from onnxq.export import graphs, stored_tensors
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -417,11 +417,11 @@ def _run_session(sess: Any, feeds: Mapping[str, np.ndarray], names: list[str], l
 
 def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     try:
-        _files.sweep(path.parent)
-        with _files.new_file(path) as (f, temp):
+        _output.sweep(path.parent)
+        with _output.new_file(path) as (f, temp):
             np.savez(f, **arrays)  # to a file object: np.savez on a path would append ".npz"
             f.flush()
-            _files.replace(temp, path)
+            _output.replace(temp, path)
     except OSError as err:
         raise UsageError(
             f"cannot write {str(path)!r} ({err.strerror or err})",

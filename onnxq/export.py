@@ -44,7 +44,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxq import _files
+from onnxq import _output
 from onnxq.cast.api import QTensor
 from onnxq.cast.packing import code_dtype, pack_bits, unpack_bits
 from onnxq.formats.datatype import DataType, datatype, datatypes
@@ -456,7 +456,7 @@ def export(
             raise ExportError(f"weight {name!r}: {err}") from None
     out = Path(out_dir)
     if out.is_dir():
-        _files.sweep(out)  # hidden temporaries of a killed export do not make it "not empty"
+        _output.sweep(out)  # hidden temporaries of a killed export do not make it "not empty"
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ExportError(
             f"the output folder {str(out)!r} is not empty; pass --overwrite "
@@ -467,11 +467,11 @@ def export(
     tensors = []
     offset = 0
     try:
-        # Locked temporaries renamed into place (onnxq._files). The data file is renamed
+        # Locked temporaries renamed into place (onnxq._output). The data file is renamed
         # first; a kill before the manifest follows pairs an old manifest with new data,
         # which `load` detects (each blob's sha256 is in the manifest).
-        with _files.new_file(out / DATA_FILE) as (f, data_tmp), \
-                _files.new_file(out / MANIFEST) as (mf, manifest_tmp):  # fmt: skip
+        with _output.new_file(out / DATA_FILE) as (f, data_tmp), \
+                _output.new_file(out / MANIFEST) as (mf, manifest_tmp):  # fmt: skip
             for entry, blobs in parts:
                 entry["blobs"] = {}
                 for key, blob in blobs.items():
@@ -499,8 +499,8 @@ def export(
             mf.write((json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
             f.flush()
             mf.flush()
-            _files.replace(data_tmp, out / DATA_FILE)
-            _files.replace(manifest_tmp, out / MANIFEST)
+            _output.replace(data_tmp, out / DATA_FILE)
+            _output.replace(manifest_tmp, out / MANIFEST)
     except BaseException:
         if created:  # leave no empty folder behind
             with contextlib.suppress(OSError):

@@ -25,7 +25,7 @@ from onnx import numpy_helper
 
 import onnxq
 from models import builders
-from onnxq import _files
+from onnxq import _output
 from onnxq.graph.quantize import quantize_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +100,8 @@ def test_cli_save_honours_the_umask(tmp_path: Path) -> None:
 _HOLD = """
 import sys, time
 from pathlib import Path
-from onnxq import _files
-with _files.new_file(Path(sys.argv[1])) as (f, path):
+from onnxq import _output
+with _output.new_file(Path(sys.argv[1])) as (f, path):
     f.write(b"half a model")
     f.flush()
     print(path, flush=True)
@@ -121,7 +121,7 @@ def test_a_killed_writer_leaves_only_a_hidden_file_that_the_next_run_removes(
 ) -> None:
     proc, temp = _holder(tmp_path / "q.onnx")
     try:
-        _files.sweep(tmp_path)  # a live writer's file stays
+        _output.sweep(tmp_path)  # a live writer's file stays
         assert temp.exists()
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -135,16 +135,16 @@ def test_a_killed_writer_leaves_only_a_hidden_file_that_the_next_run_removes(
 # A quantize run that kills itself (SIGKILL) at one point of the commit sequence.
 _KILLED_RUN = """
 import os, signal, sys
-from onnxq import _files
+from onnxq import _output
 from onnxq.graph import quantize as qz
 where = sys.argv[3]
 if where == "before the model":
-    real = _files.replace
+    real = _output.replace
     def replace(temp, target):
         if target.name == "q.onnx":
             os.kill(os.getpid(), signal.SIGKILL)
         real(temp, target)
-    _files.replace = replace
+    _output.replace = replace
 else:
     qz._remove_stale_data = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
 qz.quantize_model(sys.argv[1], sys.argv[2], weights="mxint8")
@@ -257,7 +257,7 @@ def test_without_file_locks_writes_work_and_nothing_is_swept(
     def no_locks(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(_files.fcntl, "flock", no_locks)
+    monkeypatch.setattr(_output.fcntl, "flock", no_locks)
     stale = tmp_path / ".q.onnx.0123abcd.onnxq-tmp"
     stale.write_bytes(b"?")
     model, _ = builders.mlp()

@@ -53,7 +53,7 @@ import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxq
-from onnxq import _files
+from onnxq import _output
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.graph import calibrate
@@ -611,7 +611,7 @@ def _save(
     onto ``output`` (the commit), then the data files no model refers to any more are removed
     (`_remove_stale_data`). A kill before the commit leaves the old model with its old data; a
     kill after it, the new model with its new data; temporary files and orphaned data are
-    removed by the next run (`onnxq._files`). Otherwise one file, parked payloads read back.
+    removed by the next run (`onnxq._output`). Otherwise one file, parked payloads read back.
     """
     folder = output.parent if str(output.parent) else Path(".")
     if not folder.is_dir():
@@ -625,14 +625,15 @@ def _save(
                 t.data_location = TensorProto.DEFAULT
                 t.raw_data = data
         onnx.checker.check_model(model, full_check=True)
-    _files.sweep(folder)
+    _output.sweep(folder)
     # The data files of the model about to be replaced may be removed after the commit.
     replaced = _referenced(output) if output.exists() and _data_files(output) else set()
     data_path: Path | None = None
     try:
         with contextlib.ExitStack() as stack:
             if external:
-                out, data_tmp = stack.enter_context(_files.new_file(folder / f"{output.name}.data"))
+                data_path = folder / f"{output.name}.data"
+                out, data_tmp = stack.enter_context(_output.new_file(data_path))
                 out.write(_DATA_MAGIC)
                 refs: list[TensorProto] = []
                 for t in _all_tensors(model):
@@ -655,12 +656,12 @@ def _save(
                     for entry in t.external_data:
                         if entry.key == "location":
                             entry.value = data_path.name
-            f, tmp = stack.enter_context(_files.new_file(output))
+            f, tmp = stack.enter_context(_output.new_file(output))
             f.write(model.SerializeToString())
             f.flush()
             if external:
                 onnx.checker.check_model(str(tmp), full_check=True)
-            _files.replace(tmp, output)  # the commit
+            _output.replace(tmp, output)  # the commit
             data_path = None
     except BaseException:
         if data_path is not None:  # published but never referenced by a committed model
@@ -722,7 +723,7 @@ def _remove_stale_data(output: Path, source: Path | None, replaced: set[str]) ->
     Candidates (`_data_files`) are those the replaced model referred to (``replaced``) and
     those onnxq wrote (they start with ``_DATA_MAGIC``: orphans of a run killed after its
     commit); other files are never touched. They stay when the model at ``output`` or the
-    input model refers to them, or while another run holds them (`onnxq._files.locked`).
+    input model refers to them, or while another run holds them (`onnxq._output.locked`).
     """
     candidates = []
     for path in _data_files(output):
@@ -735,7 +736,7 @@ def _remove_stale_data(output: Path, source: Path | None, replaced: set[str]) ->
     if source is not None and source.exists() and not _same_path(source, output):
         keep |= {str((source.parent / v).resolve()) for v in _referenced(source)}
     for path in candidates:
-        if path.name in keep or str(path.resolve()) in keep or _files.locked(path):
+        if path.name in keep or str(path.resolve()) in keep or _output.locked(path):
             continue
         with contextlib.suppress(OSError):
             os.unlink(path)
