@@ -632,8 +632,8 @@ def _save(
     try:
         with contextlib.ExitStack() as stack:
             if external:
-                data_path = folder / f"{output.name}.data"
-                out, data_tmp = stack.enter_context(_output.new_file(data_path))
+                data_target = folder / f"{output.name}.data"
+                out, data_tmp = stack.enter_context(_output.new_file(data_target))
                 out.write(_DATA_MAGIC)
                 refs: list[TensorProto] = []
                 for t in _all_tensors(model):
