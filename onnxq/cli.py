@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 
 import onnxq
+from onnxq._files import check_external, load_model
 from onnxq.export import graphs, stored_tensors
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -182,6 +183,13 @@ def _load_model(path: str) -> tuple[Path, onnx.ModelProto]:
         ) from None
     if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
         raise UsageError(f"{path!r} is not an ONNX model or is truncated (no graph or opset)", fix)
+    try:  # every command refuses external data outside the model's folder before reading
+        check_external(model, p.parent)
+    except ValueError as err:
+        raise UsageError(
+            f"model {path!r}: {_one_line(err)}",
+            "keep external data files beside the model and name them by relative paths",
+        ) from None
     return p, model
 
 
@@ -675,8 +683,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     f_target: Path | onnx.ModelProto = f_src
     q_target: Path | onnx.ModelProto = q_src
     if args.layers:
-        f_full = onnx.load(str(f_src))
-        q_full = onnx.load(str(q_src))
+        f_full = load_model(f_src)
+        q_full = load_model(q_src)
         wanted = _layer_candidates(f_full, q_full)
         in_quant = set(_expose(q_full, wanted))
         layers = [n for n in _expose(f_full, wanted) if n in in_quant]
