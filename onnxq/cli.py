@@ -663,10 +663,10 @@ def _expose(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
 
     Only tensors whose type shape inference knows are added; returns their names.
     """
-    import onnxq.graph  # noqa: F401  (registers the onnxq schemas for shape inference)
+    from onnxq.graph.schemas import infer_shapes  # types onnxq outputs on every onnx release
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = infer_shapes(model)
     except Exception:
         return []
     types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}

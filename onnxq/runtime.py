@@ -113,11 +113,10 @@ def session(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto, **k
     """
     import onnxruntime as ort
 
-    from onnxq.graph.schemas import register_schemas
+    from onnxq.graph.schemas import infer_shapes
 
     lib = library_path()
-    register_schemas()
-    model = onnx.shape_inference.infer_shapes(_as_model(path_or_model))
+    model = infer_shapes(_as_model(path_or_model))
     options = kwargs.pop("sess_options", None) or ort.SessionOptions()
     options.register_custom_ops_library(lib)
     kwargs.setdefault("providers", ["CPUExecutionProvider"])

@@ -58,7 +58,7 @@ from onnxq.graph import calibrate
 from onnxq.graph.functions import build_function
 from onnxq.graph.lower import lower_weight
 from onnxq.graph.recipe import ActivationEntry, QuantPlan, Recipe, WeightEntry, load_recipe
-from onnxq.graph.schemas import DOMAIN, output_types, register_schemas
+from onnxq.graph.schemas import DOMAIN, infer_shapes, output_types, register_schemas
 
 __all__ = ["plan", "quantize_model"]
 
@@ -226,7 +226,7 @@ def plan(
     scopes = list(_scopes(model.graph))
     recipe.check_nodes(n.name for s in scopes for n in s.graph.node)
     if types is None:
-        types = _tensor_types(onnx.shape_inference.infer_shapes(model))
+        types = _tensor_types(infer_shapes(model))
     weights: dict[tuple[int, str], dict[str, Any]] = {}
     acts: dict[str, dict[str, Any]] = {}
     for scope in scopes:
@@ -1168,7 +1168,7 @@ def quantize_model(
     m, spill = _load(model, out_path)
     m = _opset(m)
     with _stripped(m):
-        types = _tensor_types(onnx.shape_inference.infer_shapes(m))
+        types = _tensor_types(infer_shapes(m))
     the_plan = plan(m, chosen, types)
     planned = [a for a in the_plan.activations if isinstance(a, _ActivationPlan)]
     to_calibrate = _activation_modes(planned, calibration, target)
