@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 import pytest
 
 from models import builders
@@ -176,3 +177,30 @@ def _unused_outputs(model: onnx.ModelProto) -> set[str]:
             if not elem:
                 unused.add(name)
     return unused
+
+
+# -- fallbacks use only ops that onnxruntime>=1.20 implements --------------------------------------
+_BITSHIFT_TYPES = {onnx.TensorProto.UINT8, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
+
+
+@pytest.mark.parametrize("options", [
+    {"weights": "mxfp4", "activations": "mxfp6e2", "weight_storage": "packed"},
+    {"weights": "mx6", "activations": "nvfp4", "weight_storage": "packed"},
+    {"weights": "e8m7_e8m0_t32", "activations": "bfp16", "weight_storage": "packed"},
+])  # fmt: skip
+def test_fallback_bitshifts_use_types_old_onnxruntime_implements(options: dict) -> None:
+    """onnxruntime has BitShift kernels for uint8/32/64 only (uint16 since late 2026)."""
+    model, _ = builders.mlp()
+    q = quantize_model(model, **options)
+    assert q.functions, "the case must embed function fallbacks"
+    inlined = onnx.shape_inference.infer_shapes(onnx.inliner.inline_local_functions(q))
+    types = {v.name: v.type.tensor_type.elem_type for v in inlined.graph.value_info}
+    types.update({t.name: t.data_type for t in inlined.graph.initializer})
+    for node in inlined.graph.node:
+        for attr in node.attribute:
+            if attr.name == "value" and node.op_type == "Constant":
+                types[node.output[0]] = attr.t.data_type
+    shifts = [n for n in inlined.graph.node if n.op_type == "BitShift"]
+    assert shifts, "the case must unpack codes with BitShift"
+    for node in shifts:
+        assert {types.get(i) for i in node.input} <= _BITSHIFT_TYPES, node
