@@ -34,6 +34,7 @@ import onnx
 
 import onnxq
 from onnxq import _output
+from onnxq._files import check_external, load_model
 from onnxq.export import graphs, stored_tensors
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -194,6 +195,13 @@ def _load_model(path: str) -> tuple[Path, onnx.ModelProto]:
         ) from None
     if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
         raise UsageError(f"{path!r} is not an ONNX model or is truncated (no graph or opset)", fix)
+    try:  # every command refuses external data outside the model's folder before reading
+        check_external(model, p.parent)
+    except ValueError as err:
+        raise UsageError(
+            f"model {path!r}: {_one_line(err)}",
+            "keep external data files beside the model and name them by relative paths",
+        ) from None
     return p, model
 
 
@@ -704,10 +712,10 @@ def _expose(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
 
     Only tensors whose type shape inference knows are added; returns their names.
     """
-    import onnxq.graph  # noqa: F401  (registers the onnxq schemas for shape inference)
+    from onnxq.graph.schemas import infer_shapes  # types onnxq outputs on every onnx release
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = infer_shapes(model)
     except Exception:
         return []
     types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}
@@ -724,8 +732,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     f_target: Path | onnx.ModelProto = f_src
     q_target: Path | onnx.ModelProto = q_src
     if args.layers:
-        f_full = onnx.load(str(f_src))
-        q_full = onnx.load(str(q_src))
+        f_full = load_model(f_src)
+        q_full = load_model(q_src)
         wanted = _layer_candidates(f_full, q_full)
         in_quant = set(_expose(q_full, wanted))
         layers = [n for n in _expose(f_full, wanted) if n in in_quant]

@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx
 
+from onnxq._files import check_external, load_model
 from onnxq.cast import native
 
 __all__ = ["has_custom_ops", "library_path", "session"]
@@ -68,12 +69,18 @@ def has_custom_ops() -> bool:
 
 
 def _as_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.ModelProto:
-    if isinstance(path_or_model, onnx.ModelProto):
-        return path_or_model
-    if isinstance(path_or_model, bytes):
-        return onnx.load_from_string(path_or_model)
+    # External data must be regular files inside the model's folder; a ModelProto or bytes
+    # has none, so onnxruntime reads its external data relative to the working directory.
+    if isinstance(path_or_model, (onnx.ModelProto, bytes)):
+        model = (
+            path_or_model
+            if isinstance(path_or_model, onnx.ModelProto)
+            else onnx.load_from_string(path_or_model)
+        )
+        check_external(model, Path.cwd())
+        return model
     if isinstance(path_or_model, (str, os.PathLike)):
-        return onnx.load(Path(path_or_model))
+        return load_model(path_or_model)
     raise TypeError(
         f"session expects a model path, serialized bytes or an onnx.ModelProto, got "
         f"{type(path_or_model).__name__}"
@@ -99,16 +106,17 @@ def session(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto, **k
     Raises:
         FileNotFoundError: the custom-op library is not built (see `library_path`).
         ValueError: an onnxq node has a bad ``dtype``, ``axis``, ``shape`` or ``output_type``
-            (the message starts with the op name in brackets).
+            (the message starts with the op name in brackets), or external data that is not
+            a regular file inside the model's folder (the working directory for a ModelProto
+            or bytes) or does not fit it.
         TypeError: ``path_or_model`` has an unsupported type.
     """
     import onnxruntime as ort
 
-    from onnxq.graph.schemas import register_schemas
+    from onnxq.graph.schemas import infer_shapes
 
     lib = library_path()
-    register_schemas()
-    model = onnx.shape_inference.infer_shapes(_as_model(path_or_model))
+    model = infer_shapes(_as_model(path_or_model))
     options = kwargs.pop("sess_options", None) or ort.SessionOptions()
     options.register_custom_ops_library(lib)
     if os.environ.get("ONNXQ_ORT_ARENA") == "0":  # no arena: a sanitizer sees every overrun

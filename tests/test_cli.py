@@ -1,7 +1,9 @@
 """The `onnxq` command (onnxq/cli.py): every subcommand on a tiny model, every bad input.
 
-The CLI runs in-process through `main(argv)`; one test runs the console script. Until
-`onnxq.quantize_model` is exported, `quantize` runs a small stand-in defined here (MatMul
+Every command runs as a real subprocess (``python -m onnxq``) so that each test checks the exit
+status the shell sees: a crash in onnx's static destructors at exit (status 139) or a hang
+there would pass unnoticed in-process. One test runs the console script. Until
+`onnxq.quantize_model` is exported, in-process tests run a small stand-in defined here (MatMul
 weights only, a JSON recipe with `exclude`), so these tests check the command, not the pass.
 """
 
@@ -143,14 +145,24 @@ def tiny(tmp_path: Path) -> Path:
 @pytest.fixture
 def quantized(tiny: Path, tmp_path: Path) -> Path:
     out = tmp_path / "tiny.q.onnx"
-    assert cli.main(["quantize", str(tiny), "-o", str(out), "--weights", "mxfp4"]) == 0
+    code, _, err = _run(["quantize", str(tiny), "-o", str(out), "--weights", "mxfp4"])
+    assert code == 0, err
     return out
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+def _run(
+    argv: list[str], capsys: pytest.CaptureFixture[str] | None = None, script: str | None = None
+) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of ``python -m onnxq ARGV`` (or of ``script`` ARGV).
+
+    A subprocess, this checkout first on its path; ``capsys`` is unused (kept so that calls
+    read alike). The timeout turns a hang (at exit, say) into a failure.
+    """
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = ["-c", script] if script is not None else ["-m", "onnxq"]
+    done = subprocess.run([sys.executable, *command, *argv], capture_output=True, text=True,
+                          timeout=300, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+    return done.returncode, done.stdout, done.stderr
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -505,16 +517,23 @@ def test_npz_with_wrong_names_is_refused(
     _assert_refused(code, out, err, "['y']", "['x']")
 
 
-def test_unexpected_failure_is_one_line_with_status_1(
-    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    def broken(*args: Any, **kwargs: Any) -> onnx.ModelProto:
-        raise RuntimeError("boom\nsecond line")
+_BROKEN_QUANTIZER = """
+import sys
+import onnxq
+from onnxq import cli
 
-    monkeypatch.setattr(onnxq, "quantize_model", broken, raising=False)
+def broken(*args, **kwargs):
+    raise RuntimeError("boom\\nsecond line")
+
+onnxq.quantize_model = broken
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_unexpected_failure_is_one_line_with_status_1(tiny: Path, tmp_path: Path) -> None:
     out_path = tmp_path / "o.onnx"
     code, out, err = _run(["quantize", str(tiny), "-o", str(out_path), "--weights", "mxfp4"],
-                          capsys)  # fmt: skip
+                          script=_BROKEN_QUANTIZER)  # fmt: skip
     assert code == cli.EXIT_FAILURE and out == ""
     assert err.splitlines() == [
         "onnxq: internal error: RuntimeError: boom second line "

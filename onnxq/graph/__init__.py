@@ -1,10 +1,9 @@
 """The ONNX side: op schemas, standard-ONNX function fallbacks, graph passes.
 
-Importing this package registers the ONNX schemas of the onnxq ops (`schemas.register_schemas`).
+The ONNX schemas of the onnxq ops are registered when first needed (`register_schemas`, called
+by `infer_shapes`, `onnxq.runtime.session` and `quantize_model`), not at import.
 """
 
-from onnxq.graph.schemas import DOMAIN, OPS, VERSION, register_schemas
+from onnxq.graph.schemas import DOMAIN, OPS, VERSION, infer_shapes, register_schemas
 
-register_schemas()
-
-__all__ = ["DOMAIN", "OPS", "VERSION", "register_schemas"]
+__all__ = ["DOMAIN", "OPS", "VERSION", "infer_shapes", "register_schemas"]

@@ -156,16 +156,17 @@ def _unpack(body: _Body, packed: str, bits: int, count: int) -> str:
     """The first ``count`` codes of ``bits`` bits of a packed uint8 stream, as int64 ``[count]``.
 
     The stream is read in groups of ``bits`` bytes (8 codes): code k of a group starts at bit
-    ``k * bits``, so it lies in bytes ``k*bits // 8`` and the next one, both gathered as uint16.
+    ``k * bits``, so it lies in bytes ``k*bits // 8`` and the next one, both gathered as uint32
+    (onnxruntime implements BitShift for uint8/32/64; uint16 only from late 2026).
     """
     if bits == 8:
         return body.cast(body.slice(packed, [count], [0]), TensorProto.INT64)
     if bits == 16:
         pairs = body.reshape(body.slice(packed, [2 * count], [0]), [count, 2])
-        wide = body.cast(pairs, TensorProto.UINT16)
+        wide = body.cast(pairs, TensorProto.UINT32)
         lo = body.op("Gather", wide, body.ints([0]), axis=1)
         hi = body.op("Gather", wide, body.ints([1]), axis=1)
-        hi = body.op("BitShift", hi, body.const(8, np.uint16), direction="LEFT")
+        hi = body.op("BitShift", hi, body.const(8, np.uint32), direction="LEFT")
         word = body.op("BitwiseOr", lo, hi)
         return body.cast(body.reshape(word, [count]), TensorProto.INT64)
     if not 1 <= bits < 8:
@@ -177,17 +178,17 @@ def _unpack(body: _Body, packed: str, bits: int, count: int) -> str:
         stream = body.op(
             "Pad", stream, body.ints([0, groups * bits - need]), body.const(0, np.uint8)
         )
-    grid = body.cast(body.reshape(stream, [groups, bits]), TensorProto.UINT16)
+    grid = body.cast(body.reshape(stream, [groups, bits]), TensorProto.UINT32)
     starts = [k * bits for k in range(8)]
     lo_idx = [s // 8 for s in starts]
     hi_idx = [min(s // 8 + 1, bits - 1) for s in starts]
     lo = body.op("Gather", grid, body.ints(lo_idx), axis=1)
     hi = body.op("Gather", grid, body.ints(hi_idx), axis=1)
-    hi = body.op("BitShift", hi, body.const(8, np.uint16), direction="LEFT")
+    hi = body.op("BitShift", hi, body.const(8, np.uint32), direction="LEFT")
     word = body.op("BitwiseOr", lo, hi)
-    offsets = body.const(np.array([s % 8 for s in starts], dtype=np.uint16))
+    offsets = body.const(np.array([s % 8 for s in starts], dtype=np.uint32))
     word = body.op("BitShift", word, offsets, direction="RIGHT")
-    codes = body.op("BitwiseAnd", word, body.const((1 << bits) - 1, np.uint16))
+    codes = body.op("BitwiseAnd", word, body.const((1 << bits) - 1, np.uint32))
     codes = body.reshape(codes, [groups * 8])
     if groups * 8 != count:
         codes = body.slice(codes, [count], [0])

@@ -54,13 +54,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxq
 from onnxq import _output
+from onnxq._files import external_ref, load_external, open_regular, read_array, read_range
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.graph import calibrate
 from onnxq.graph.functions import build_function
 from onnxq.graph.lower import lower_weight
 from onnxq.graph.recipe import ActivationEntry, QuantPlan, Recipe, WeightEntry, load_recipe
-from onnxq.graph.schemas import DOMAIN, output_types, register_schemas
+from onnxq.graph.schemas import DOMAIN, infer_shapes, output_types, register_schemas
 
 __all__ = ["plan", "quantize_model"]
 
@@ -228,7 +229,7 @@ def plan(
     scopes = list(_scopes(model.graph))
     recipe.check_nodes(n.name for s in scopes for n in s.graph.node)
     if types is None:
-        types = _tensor_types(onnx.shape_inference.infer_shapes(model))
+        types = _tensor_types(infer_shapes(model))
     weights: dict[tuple[int, str], dict[str, Any]] = {}
     acts: dict[str, dict[str, Any]] = {}
     for scope in scopes:
@@ -352,24 +353,26 @@ def _load(
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        spill = None if output is None else _Spill(output.parent)
-        if spill is not None:
-            spill.had_external = any(_is_external(t) for t in _all_tensors(copy))
-        return copy, spill
-    if not isinstance(model, (str, os.PathLike)):
+        # A ModelProto has no folder: its external locations are relative to the working
+        # directory (as onnxruntime reads them), and must stay inside it.
+        base, loaded = Path.cwd(), copy
+    elif isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise ValueError(f"model {str(path)!r} does not exist or is not a file")
+        try:
+            loaded = onnx.load(path, load_external_data=False)
+        except Exception as err:
+            raise ValueError(f"model {str(path)!r} is not a readable ONNX model: {err}") from None
+        base = path.parent
+    else:
         raise TypeError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
-    path = Path(model)
-    if not path.is_file():
-        raise ValueError(f"model {str(path)!r} does not exist or is not a file")
-    try:
-        if output is None:
-            return onnx.load(path, load_external_data=True), None
-        loaded = onnx.load(path, load_external_data=False)
-        spill = _Spill(output.parent)
-        _resolve_external(loaded, path.parent.resolve(), spill)
-        return loaded, spill
-    except Exception as err:
-        raise ValueError(f"model {str(path)!r} is not a readable ONNX model: {err}") from None
+    if output is None:
+        load_external(loaded, base)
+        return loaded, None
+    spill = _Spill(output.parent)
+    _resolve_external(loaded, base, spill)
+    return loaded, spill
 
 
 class _Spill:
@@ -497,35 +500,22 @@ def _point(tensor: TensorProto, location: str, offset: int, length: int) -> None
 def _resolve_external(model: onnx.ModelProto, base: Path, spill: _Spill) -> None:
     """Check every external reference against its file and make its location absolute.
 
+    Locations must name regular files inside ``base`` and ranges inside them (`external_ref`).
     Tensors are read later, one at a time; small ones are loaded now (shape inference may
     read them).
     """
-    sizes: dict[Path, int] = {}
     for tensor in _all_tensors(model):
         if not _is_external(tensor):
             continue
         spill.had_external = True
-        location, offset, length = _external_info(tensor)
-        file = (base / location).resolve()
-        if file not in sizes:
-            if not file.is_file():
-                raise ValueError(f"external data file {location!r} of tensor {tensor.name!r} "
-                                 f"is missing beside the model")  # fmt: skip
-            sizes[file] = file.stat().st_size
-        if length is None:
-            length = sizes[file] - offset
-        if offset < 0 or length < 0 or offset + length > sizes[file]:
-            raise ValueError(f"external data file {location!r} is too short for tensor "
-                             f"{tensor.name!r} (truncated?)")  # fmt: skip
-        if length <= _INLINE_BYTES:
-            with open(file, "rb") as f:
-                f.seek(offset)
-                data = f.read(length)
+        ref = external_ref(tensor, base)
+        if ref.length <= _INLINE_BYTES:
+            data = read_range(ref.path, ref.offset, ref.length, f"external data of {tensor.name!r}")
             tensor.ClearField("external_data")
             tensor.data_location = TensorProto.DEFAULT
             tensor.raw_data = data
         else:
-            _point(tensor, str(file), offset, length)
+            _point(tensor, str(ref.path), ref.offset, ref.length)
 
 
 def _external_bytes(tensor: TensorProto, spill: _Spill | None) -> np.ndarray:
@@ -535,13 +525,9 @@ def _external_bytes(tensor: TensorProto, spill: _Spill | None) -> np.ndarray:
         if spill is None or length is None:
             raise ValueError(f"tensor {tensor.name!r} refers to a spill that is gone")
         return spill.read(offset, length)
-    path = Path(location)
-    if length is None:
-        length = path.stat().st_size - offset
-    out = np.fromfile(path, dtype=np.uint8, count=length, offset=offset)
-    if out.size != length:
-        raise ValueError(f"external data file {location!r} is too short for {tensor.name!r}")
-    return out
+    if length is None or not Path(location).is_absolute():  # `_resolve_external` sets both
+        raise ValueError(f"external data of {tensor.name!r} was not checked before reading")
+    return read_array(Path(location), offset, length, f"external data of {tensor.name!r}")
 
 
 def _array(tensor: TensorProto, spill: _Spill | None) -> np.ndarray:
@@ -578,9 +564,13 @@ def _copy_payload(tensor: TensorProto, spill: _Spill | None, out: Any) -> None:
         spill.file.flush()
         src, close = spill.file, False
     else:
-        src, close = open(location, "rb"), True
-        if length is None:
-            length = os.fstat(src.fileno()).st_size - offset
+        if length is None or not Path(location).is_absolute():  # `_resolve_external` sets both
+            raise ValueError(f"external data of {tensor.name!r} was not checked before copying")
+        src, size = open_regular(Path(location), f"external data of {tensor.name!r}")
+        close = True
+        if offset + length > size:
+            src.close()
+            raise ValueError(f"external data of {tensor.name!r} ends early (truncated?)")
     try:
         src.seek(offset)
         left = length
@@ -1303,7 +1293,7 @@ def quantize_model(
     m = _opset(m)
     with _stripped(m):
         try:
-            types = _tensor_types(onnx.shape_inference.infer_shapes(m))
+            types = _tensor_types(infer_shapes(m))
         except onnx.shape_inference.InferenceError as err:
             raise ValueError(
                 f"shape inference fails on the model ({' '.join(str(err).split())[:300]}): it "

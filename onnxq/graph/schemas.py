@@ -1,11 +1,17 @@
 """ONNX schemas of the onnxq ops (domain ``onnxq``, version 1; contract in docs/ops.md).
 
 `register_schemas` adds them to ONNX's schema registry, so ``onnx.checker.check_model`` and
-``onnx.shape_inference.infer_shapes`` accept models that use the ops. Their inference function
-derives every output's element type (and its shape, when the input shapes are known) from the
+``onnx.shape_inference.infer_shapes`` accept models that use the ops. `output_types` derives
+every output's element type (and its shape, when the input shapes are known) from the
 ``dtype``, ``axis``, ``shape`` and ``output_type`` attributes. onnxruntime cannot infer those
 types for custom ops (they depend on attributes), so `onnxq.runtime.session` writes them into
-the model with this inference before creating the session.
+the model with `infer_shapes` before creating the session.
+
+onnx 1.19 and later take a Python inference function on a schema; onnx's registry is a C++
+static that outlives the interpreter, so the schemas are deregistered at exit (otherwise the
+process hangs or crashes in onnx's static destructors). Older onnx releases cannot take one:
+there the schemas are registered without it and `infer_shapes` writes the onnxq outputs'
+types itself.
 
 `OPS` is the table of the ops, inputs and outputs; tests/test_custom_ops.py runs each op
 through the C++ library to check that the library registers the same ops.
@@ -13,6 +19,7 @@ through the C++ library to check that the library registers the same ops.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import math
 from typing import Any
@@ -25,7 +32,15 @@ from onnxq.cast.layout import Tiling
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType, datatype
 
-__all__ = ["DOMAIN", "OPS", "VERSION", "OpSpec", "output_types", "register_schemas"]
+__all__ = [
+    "DOMAIN",
+    "OPS",
+    "VERSION",
+    "OpSpec",
+    "infer_shapes",
+    "output_types",
+    "register_schemas",
+]
 
 DOMAIN = "onnxq"
 VERSION = 1
@@ -260,7 +275,8 @@ def _schema(spec: OpSpec) -> OpSchema:
         type_constraints=constraints,
         attributes=attributes,
     )
-    schema.set_type_and_shape_inference_function(lambda ctx: _infer(spec.name, ctx))
+    if _PY_INFERENCE:
+        schema.set_type_and_shape_inference_function(lambda ctx: _infer(spec.name, ctx))
     return schema
 
 
@@ -276,17 +292,130 @@ def _default_attr(name: str, value: Any) -> onnx.AttributeProto:
     return attr
 
 
+# onnx 1.19 added Python inference functions on schemas (earlier: `_propagate` does the work).
+_PY_INFERENCE = hasattr(OpSchema, "set_type_and_shape_inference_function")
 _registered = False
+_inferred_by_onnx = False  # the registered schemas carry `_infer`
 
 
 def register_schemas() -> None:
-    """Register the three schemas with ONNX (once per process; later calls do nothing)."""
-    global _registered
+    """Register the three schemas with ONNX (once per process; later calls do nothing).
+
+    Schemas that carry a Python inference function are deregistered at interpreter exit.
+    """
+    global _registered, _inferred_by_onnx
     if _registered:
         return
+    mine = []
     for spec in OPS.values():
         try:
             onnx.defs.get_schema(spec.name, VERSION, DOMAIN)
         except onnx.defs.SchemaError:
             onnx.defs.register_schema(_schema(spec))
+            mine.append(spec.name)
+    if mine and _PY_INFERENCE:
+        # Their inference functions are Python objects: free them while Python still runs.
+        atexit.register(_deregister, mine)
+    _inferred_by_onnx = _PY_INFERENCE and bool(mine)
     _registered = True
+
+
+def _deregister(names: list[str]) -> None:
+    for name in names:
+        try:
+            onnx.defs.deregister_schema(name, VERSION, DOMAIN)
+        except onnx.defs.SchemaError:
+            pass
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes`` that also types the outputs of onnxq nodes.
+
+    On onnx releases without Python inference functions the onnxq outputs' types (and shapes,
+    where X's shape is known) are written into ``value_info`` from `output_types`, and
+    inference repeats until nothing new is learned, so standard ops downstream are typed too.
+
+    Args:
+        model: the model (not modified).
+
+    Returns:
+        The inferred copy.
+
+    Raises:
+        ValueError: an onnxq node has a bad ``dtype``, ``axis``, ``shape`` or
+            ``output_type`` (on releases without Python inference functions).
+    """
+    register_schemas()
+    if _inferred_by_onnx or not any(
+        n.domain == DOMAIN for g in _graphs(model.graph) for n in g.node
+    ):
+        return onnx.shape_inference.infer_shapes(model)
+    return _propagate(model)
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                found.extend(_graphs(attr.g))
+            for sub in attr.graphs:
+                found.extend(_graphs(sub))
+    return found
+
+
+def _static_shape(t: onnx.TypeProto | None) -> tuple[int, ...] | None:
+    if t is None or not t.tensor_type.HasField("shape"):
+        return None
+    dims = t.tensor_type.shape.dim
+    if dims and all(d.HasField("dim_value") for d in dims):
+        return tuple(d.dim_value for d in dims)
+    return None
+
+
+def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`infer_shapes` for onnx releases whose schemas cannot carry `_infer`."""
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    nodes = [(g, n) for g in _graphs(work.graph) for n in g.node if n.domain == DOMAIN]
+    typed: set[str] = set()
+    last_pass = False  # QuantizeMX nodes whose X stays unknown get types without shapes
+    while True:
+        inferred = onnx.shape_inference.infer_shapes(work)
+        known: dict[str, onnx.TypeProto | None] = {}
+        for g in _graphs(inferred.graph):
+            for v in (*g.input, *g.value_info, *g.output):
+                if v.type.tensor_type.elem_type:
+                    known[v.name] = v.type
+            for t in g.initializer:
+                known[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims))
+        added = False
+        for graph, node in nodes:
+            todo = [(i, o) for i, o in enumerate(node.output) if o and o not in typed]
+            if not todo:
+                continue
+            x_type = known.get(node.input[0]) if node.input else None
+            if node.op_type == "QuantizeMX" and x_type is None and not last_pass:
+                continue  # X's type may come from a later round
+            attrs: dict[str, Any] = {}
+            for a in node.attribute:
+                attrs[a.name] = _attr_value(a)
+            shape = _static_shape(x_type) if node.op_type == "QuantizeMX" else None
+            results = output_types(node.op_type, attrs, shape)
+            outputs = {v.name: v for v in graph.output}
+            for i, name in todo:
+                typed.add(name)
+                elem, dims = results[i] if i < len(results) else (0, None)
+                if not elem:
+                    continue
+                info = onnx.helper.make_tensor_value_info(name, elem, dims)
+                if name in outputs:
+                    if not outputs[name].type.tensor_type.elem_type:
+                        outputs[name].type.CopyFrom(info.type)
+                else:
+                    graph.value_info.append(info)
+                added = True
+        if not added:
+            if last_pass or all(o in typed for _, n in nodes for o in n.output if o):
+                return inferred
+            last_pass = True

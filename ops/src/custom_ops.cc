@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -817,8 +818,17 @@ extern "C" ONNXQ_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions
   try {
     std::lock_guard<std::mutex> lock(g_mu);
     if (!g_api) {
-      // The headers' version when the runtime has it, else the highest it offers.
-      for (uint32_t v = ORT_API_VERSION; v >= kMinApi; --v) {
+      // The headers' version when the runtime has it, else the highest it offers. Start at
+      // the runtime's own API version (its minor version number): GetApi of a newer version
+      // prints an error on stderr, which would break one-line error output of a host.
+      uint32_t start = ORT_API_VERSION;
+      const char* version = api_base->GetVersionString();
+      unsigned major = 0, minor = 0;
+      if (version && std::sscanf(version, "%u.%u", &major, &minor) == 2 && major == 1 &&
+          minor >= kMinApi && minor < start) {
+        start = minor;
+      }
+      for (uint32_t v = start; v >= kMinApi; --v) {
         if (const OrtApi* api = api_base->GetApi(v)) {
           g_api = api;
           g_version = v;
