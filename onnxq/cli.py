@@ -877,8 +877,13 @@ def _quantized_row(
     attrs = _attrs(node)
     if node.domain == "onnxq" and node.op_type in _QUANT_OPS:
         shape = [int(d) for d in attrs.get("shape", [])]
+        if "dtype" not in attrs:
+            raise UsageError(
+                f"node {node.name or node.op_type!r} ({node.op_type}) has no dtype attribute: "
+                "the model is malformed; quantize the float model again"
+            )
         try:  # the attribute is untrusted: a code the ops would refuse is an error, not a label
-            fmt = _format_name(onnxq.datatype(str(attrs.get("dtype", "?"))).name)
+            fmt = _format_name(onnxq.datatype(str(attrs["dtype"])).name)
         except ValueError as err:
             raise UsageError(f"node {node.name or node.op_type!r}: bad dtype: {err}") from None
         out_type = int(attrs.get("output_type", onnx.TensorProto.FLOAT))
