@@ -185,7 +185,7 @@ _BITSHIFT_TYPES = {onnx.TensorProto.UINT8, onnx.TensorProto.UINT32, onnx.TensorP
 
 @pytest.mark.parametrize("options", [
     {"weights": "mxfp4", "activations": "mxfp6e2", "weight_storage": "packed"},
-    {"weights": "mx6", "activations": "nvfp4", "weight_storage": "packed"},
+    {"weights": "mx6", "activations": "mxint8", "weight_storage": "packed"},
     {"weights": "e8m7_e8m0_t32", "activations": "bfp16", "weight_storage": "packed"},
 ])  # fmt: skip
 def test_fallback_bitshifts_use_types_old_onnxruntime_implements(options: dict) -> None:
