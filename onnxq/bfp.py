@@ -1,4 +1,4 @@
-"""Block floating point with the BFP document's API and int8 layout (spec 004).
+"""Block floating point with the BFP document's API and int8 layout (docs/layouts.md).
 
 A block of ``block_size`` values shares ``shared_exp = floor(log2(max|x|)) + 1``; each value
 keeps ``round(x * 2^(m - 1 - shared_exp))`` clamped to +-(2^(m-1) - 1). That is exactly an

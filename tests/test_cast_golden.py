@@ -1,14 +1,15 @@
 """Golden casts: every expected value is derived by hand, in the comment beside it.
 
-Sources: spec 000 (codebooks), 001 (scaling), 002 (modes), 003 (MX9/MX6/MX4), 004 (BFP) and
-design.md items 1-11 and "Packing". Nothing here was produced by running the code.
+Sources: the codebook, scaling, modes, MX9/MX6/MX4 and BFP documents and
+docs/architecture.md (decisions 1-11 and "Packing", cited below as "decision N"). Nothing
+here was produced by running the code.
 
 Rules used in the derivations:
 
-* Element rounding (design 1): e = max(floor(log2|v|), emin), step 2^(e - mbits), round
+* Element rounding (decision 1): e = max(floor(log2|v|), emin), step 2^(e - mbits), round
   (even / away / zero = nearest with ties toward zero), clamp to +-maxfloat. Ints: step 1,
-  clamp +-(2^(N-1) - 1) (design 6).
-* Exponent scales (design 2, 3): sexp = maxexp' - emax_elem, clamped to [-127, 127];
+  clamp +-(2^(N-1) - 1) (decision 6).
+* Exponent scales (decision 2, 3): sexp = maxexp' - emax_elem, clamped to [-127, 127];
   E8M0 code = sexp + 127; all-zero tile -> code 0; NaN -> code 255. Ints always floor, with
   emax(intN) = floor(log2(2^(N-1) - 1)) = N - 2 (one integer bit).
   Elements are stored as v = x / 2^sexp; the virtual result is q(v) * 2^sexp.
@@ -56,7 +57,7 @@ def ctile(head: list[int], n: int = 32, fill: int = 0) -> list[int]:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Case:
-    """One golden cast: input, keyword arguments, and what design.md says comes out."""
+    """One golden cast: input, keyword arguments, and what the architecture says comes out."""
 
     name: str
     dtype: str
@@ -151,8 +152,8 @@ def run(case: Case) -> None:
 
 
 # -- family 1: unscaled element formats ------------------------------------------------------
-# Bare number codes: no scale; finite overflow saturates (design 1); Inf stays Inf only where
-# the format has Inf (e5m2, bfloat16, float16: design 5), else saturates to maxfloat.
+# Bare number codes: no scale; finite overflow saturates (decision 1); Inf stays Inf only where
+# the format has Inf (e5m2, bfloat16, float16: decision 5), else saturates to maxfloat.
 
 BF16_MAX = (2 - p2(-7)) * p2(127)  # 0x7F7F
 F32_MAX = (2 - p2(-23)) * p2(127)
@@ -177,7 +178,7 @@ UNSCALED_SPECS: list[tuple[str, list[float], dict[str, list[float]], list[int]]]
     ),
     (
         "e4m3fn",
-        # 464 = 448 + 16: e=8, step 32 -> 14.5, tie 448|480, 480 clamps to 448 (design 1);
+        # 464 = 448 + 16: e=8, step 32 -> 14.5, tie 448|480, 480 clamps to 448 (decision 1);
         # 480, 1e9, Inf -> 448 (no Inf in fn); 2^-9 = smallest subnormal; 2^-10: tie 0|2^-9;
         # 3*2^-10: 1.5 steps, tie 2^-9|2^-8; -2^-10 -> -0 (fn keeps -0);
         # 17: e=4, step 2 -> 8.5, tie 16|18; 1.0625: step 1/8 -> 8.5, tie 1|1.125.
@@ -245,7 +246,7 @@ UNSCALED_SPECS: list[tuple[str, list[float], dict[str, list[float]], list[int]]]
     ),
     (
         "e4m3b8fnuz",
-        # float8_e4m3fnuz (design 9: bias 8, max 240). 248: e=7, step 16 -> 15.5, tie
+        # float8_e4m3fnuz (decision 9: bias 8, max 240). 248: e=7, step 16 -> 15.5, tie
         # 240|256 -> 256 clamps; 2^-10 = smallest subnormal; 2^-11: tie 0|2^-10; -0 -> +0;
         # -2^-11 -> +0 (even, zero) / -2^-10 (away); 1.0625: tie 1|1.125; Inf -> 240.
         [240, 248, 256, p2(-10), p2(-11), -0.0, -p2(-11), 1.0625, INF, NAN],
@@ -261,7 +262,7 @@ UNSCALED_SPECS: list[tuple[str, list[float], dict[str, list[float]], list[int]]]
         "bfloat16",
         # 1 + 2^-8: step 2^-7 -> 128.5, tie 1|1+2^-7; 1 + 3*2^-8: 129.5, tie 1+2^-7|1+2^-6;
         # float32 max: e=127, step 2^120 -> 255.99998 -> 256 -> 2^128 clamps to bf16 max
-        # (saturation, not Inf: design 1); Inf stays Inf; 2^-133 = smallest subnormal;
+        # (saturation, not Inf: decision 1); Inf stays Inf; 2^-133 = smallest subnormal;
         # 2^-134: tie 0|2^-133; -2^-134 -> -0 (even, zero).
         [1 + p2(-8), 1 + 3 * p2(-8), -(1 + p2(-8)), BF16_MAX, F32_MAX, INF, -INF, NAN,
          p2(-133), p2(-134), -0.0, -p2(-134)],
@@ -425,10 +426,10 @@ def _scale_mode_cases() -> list[Case]:
             name=f"mxfp6e2 absmax 7.75 {mode}", dtype="mxfp6e2",
             x=tile([7.75, 1.0625, -0.0625]), kwargs={"scale_mode": mode},
             expected=tile(vals), scale=[code], data=ctile(codes),
-            packed_nbytes=24,  # 32 x 6 bits as one bit stream (design "Packing")
+            packed_nbytes=24,  # 32 x 6 bits as one bit stream (architecture "Packing")
         ))
     for mode in MODES:
-        # mxint8: ints always floor (design 3). absmax 1.5: floor(log2) = 0 -> E8M0 exponent 0
+        # mxint8: ints always floor (decision 3). absmax 1.5: floor(log2) = 0 -> E8M0 exponent 0
         # (code 127: int8 is fixed point 1.6, OCP MXINT8) whatever the mode; grid step 2^-6,
         # v = 64x: 96, -64, 32.5 -> even 32 -> 0.5.
         # codes: 96; -64 -> 192; 32.
@@ -463,7 +464,7 @@ INTS: list[Case] = [
     # symmetric: -127.9375 -> -128 clamps to -127 (code 129) -> -1.984375; 1.0 -> 64.
     Case("mxint8 symmetric", "mxint8", tile([-1.9990234375, 1.0]), tile([-1.984375, 1.0]),
          scale=[127], data=ctile([129, 64])),
-    # int_range=full (design 6, Quark MXINT8): -128 allowed (code 128) -> -2.0.
+    # int_range=full (decision 6, Quark MXINT8): -128 allowed (code 128) -> -2.0.
     Case("mxint8 full range", "mxint8", tile([-1.9990234375, 1.0]), tile([-2.0, 1.0]),
          {"int_range": "full"}, scale=[127], data=ctile([128, 64])),
     # mxint4: fixed point 1.2; absmax 1.5 -> exponent 0 (code 127), step 2^-2; v = 4x:
@@ -618,7 +619,7 @@ GEOMETRY: list[Case] = [
     # step 32 -> 16 -> 512 clamps to 448 (126) -> 448 * 2^-9 = 0.875.
     Case("mxfp8e4 absmax 1-2^-24", "mxfp8e4", tile([1 - p2(-24)]), tile([0.875]),
          scale=[118], data=ctile([126])),
-    # 256 - 2^-16: exponent bits give 7 (a float32 log2 rounds to 8.0: design 1) ->
+    # 256 - 2^-16: exponent bits give 7 (a float32 log2 rounds to 8.0: decision 1) ->
     # sexp -1 (126); v = 512 - 2^-15 -> 16 steps of 32 -> clamps to 448 -> 224.
     Case("mxfp8e4 absmax 256-2^-16 floor", "mxfp8e4", tile([256 - p2(-16)]), tile([224.0]),
          scale=[126], data=ctile([126])),
@@ -640,7 +641,7 @@ GEOMETRY: list[Case] = [
     # clamps to 6 (7) -> 6 * 2^125 = 1.5 * 2^127.
     Case("mxfp4 float32 max", "mxfp4", tile([F32_MAX]), tile([1.5 * p2(127)]), scale=[252],
          data=ctile([7])),
-    # bfp16 preset = int8_e8m0_t16 (spec 004 example): absmax 3.5 -> floor 1 (code 128),
+    # bfp16 preset = int8_e8m0_t16 (the BFP document's example): absmax 3.5 -> floor 1 (code 128),
     # step 2^(1-6); v = 32x: 112, 38.4 -> 38, -89.6 -> -90 (166), 16.
     Case("bfp16 preset", "bfp16", tile([3.5, 1.2, -2.8, 0.5], 16),
          tile([3.5, 1.1875, -2.8125, 0.5], 16), scale=[128], data=ctile([112, 38, 166, 16], 16)),
@@ -652,7 +653,7 @@ def test_geometry_and_edge_tiles(case: Case) -> None:
     run(case)
 
 
-# -- family 6: NaN and Inf (design 5) ---------------------------------------------------------
+# -- family 6: NaN and Inf (decision 5) ---------------------------------------------------------
 NONFINITE: list[Case] = [
     # element: absmax over finite = 3 -> floor 1 - 8 = -7 (120); NaN stays (code 127);
     # +-Inf -> +-448 * 2^-7 = +-3.5 (126, 254); 3 -> 384 (f15 m4 = 124); 0.5 -> 64 (f13 -> 104).
@@ -698,7 +699,7 @@ def test_nan_and_inf(case: Case) -> None:
     run(case)
 
 
-# -- family 7: MX9 / MX6 / MX4 (spec 003, design 10) ------------------------------------------
+# -- family 7: MX9 / MX6 / MX4 (MX9/MX6/MX4 document, decision 10) -----------------------------
 # Block 16, s_b = 2^(e_bmax - (m - 1)); a pair whose two exponents are both < e_bmax is
 # shifted (meta 1): its step is s_b / 2. |q| <= 2^m - 1. mx9 = int8 (m 7, emax 6),
 # mx6 = int5 (m 4, emax 3), mx4 = int3 (m 2, emax 1).
@@ -756,7 +757,7 @@ MX: list[Case] = [
          data=[15, 28, 12, 5, 15, 17, 8, 0, *MX6_TAIL_D]),
     # 18 values: block 1 is [1, 0.5] + 14 zeros of padding: e_bmax 0 (code 127) -> s_b 2^-6;
     # the pair holds exponent 0 = e_bmax -> unshifted (meta 0): 64, 32 exact. The meta grid
-    # keeps only the 9 pairs that hold data (padding is never stored: design 7).
+    # keeps only the 9 pairs that hold data (padding is never stored: decision 7).
     Case("mx9 ragged 18", "mx9", [*MX9_X, 1.0, 0.5],
          [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.0, 0.0, -p2(-6)] + [0.5, 0.25] * 4
          + [1.0, 0.5], scale=[128, 127], meta=[*MX9_META, 0],
@@ -785,7 +786,7 @@ def test_mx_shared_microexponents(case: Case) -> None:
 NVFP4_X1 = tile([168, 84, 70, -14, 6.25], 16) + tile(
     [0.5625, 0.28125, 0.234375, -0.046875, 0.0234375], 16)
 NVFP4_Y1 = tile([168, 84, 56, -14, 0], 16) + tile([0.5625, 0.28125, 0.1875, -0.046875, 0], 16)
-# Codebook cb41fi_e2m2fnuz_e8m0_t8 (spec 000): compute e2m2fnuz (bias 1, max 7, emax 2).
+# Codebook cb41fi_e2m2fnuz_e8m0_t8 (codebook document): compute e2m2fnuz (bias 1, max 7, emax 2).
 #   f mapping: fp4 = e2m1 values 0.5 1 1.5 2 3 4 6 (the spec's (-2, 2) row times 4), e2m2
 #     indices 16 + code = 18 20 22 24 26 28 30; the default offset leaves them natural:
 #     magnitudes (0, .5, 1, 1.5, 2, 3, 4, 6).
@@ -816,7 +817,7 @@ def test_nvfp4_and_codebook(case: Case) -> None:
     run(case)
 
 
-# -- family 9: BFP API (spec 004) ------------------------------------------------------------
+# -- family 9: BFP API (the BFP document) -------------------------------------------------
 # shared_exp = floor(log2 max) + 1; mantissa = round(x * 2^(m - 1 - shared)), +-(2^(m-1) - 1).
 # Block 0 (the worked example) [3.5, 1.2, -2.8, 0.5]: floor(log2 3.5) = 1 -> shared 2; x*32:
 #   112, 38.4 -> 38, -89.6 -> -90, 16; restored /32: 3.5, 1.1875, -2.8125, 0.5.
@@ -848,7 +849,7 @@ BFP_CASES = [
     # -5.6 -> -6 -> -3; 1 -> 0.5.
     BfpCase("bfp8 clamp", tile([3.75, 1.2, -2.8, 0.5]), 32, 4, ctile([7, 2, -6, 1]), [2],
             tile([3.5, 1.0, -3.0, 0.5])),
-    # An all-zero block: E8M0 code 0 (design 2): block exponent -127 = shared - 1 -> -126.
+    # An all-zero block: E8M0 code 0 (decision 2): block exponent -127 = shared - 1 -> -126.
     BfpCase("zero block", [0.0] * 4, 4, 8, [0] * 4, [-126], [0.0] * 4),
 ]
 
@@ -891,7 +892,7 @@ def test_bfp_presets_default_blocks() -> None:
     assert not _bits_mismatch("bfp8", bfp.dequantize(packed, meta), tile([3.5, 1.0, -3.0, 0.5]))
 
 
-# -- family 10: stochastic rounding (design 4) ---------------------------------------------------
+# -- family 10: stochastic rounding (decision 4) ---------------------------------------------------
 
 
 def _stochastic(dtype: str, x: np.ndarray, seed: int) -> np.ndarray:
@@ -929,7 +930,7 @@ def test_stochastic_rounding(dtype: str, head: list[float], lower: float, upper:
     assert not _bits_mismatch("upcast(compress)", upcast(packed, np.float32), a)
 
 
-# -- torch names as cast dtypes (design.md item 9) ---------------------------------------------
+# -- torch names as cast dtypes (decision 9) ---------------------------------------------------
 
 
 @pytest.mark.parametrize(

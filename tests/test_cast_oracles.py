@@ -5,14 +5,14 @@ the attribute ``onnxq.cast`` from the function to the subpackage (see test_cast_
 
 - Every code of every element format of at most 8 bits decodes (``NumberSpec.decode``) and
   re-encodes to itself: floats through the public unscaled cast, ints and E8M0 through
-  ``encode_values`` / ``decode_codes`` (they cannot be cast unscaled: design.md item 8).
+  ``encode_values`` / ``decode_codes`` (they cannot be cast unscaled: architecture decision 8).
 - Unscaled element casts agree bit for bit with ml_dtypes (round to nearest even) on random
   inputs, every midpoint between adjacent values (the ties) and subnormals.
 - OCP MX block casts agree with gfloat's block quantization (``compute_scale_amax`` is the
   OCP floor rule: 2^(floor(log2 amax) - emax_elem), clipped to 2^[-127, 127]).
 
 Differences with the oracles are documented where they are tested (see the ``test_*_differs``
-tests): they are decisions of design.md.
+tests): they are decisions of docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def test_every_float_code_decodes_and_casts_back_to_itself(code: str) -> None:
     assert np.array_equal(x.astype(np.float64), values[~nan])
     q = cast(x, code, mode="actual")
     assert isinstance(q, QTensor)
-    # Finite codes and +-Inf codes (ieee and inuz keep Inf in an unscaled cast: design.md
-    # item 5) come back exactly. -0: in ieee/fn formats -0.0 has its own code (sign bit set,
+    # Finite codes and +-Inf codes (ieee and inuz keep Inf in an unscaled cast: architecture
+    # decision 5) come back exactly. -0: in ieee/fn formats -0.0 has its own code (sign bit set,
     # all else zero) and float32 keeps the sign of -0.0, so it too comes back exactly; fnuz
     # and inuz formats have no -0 (that code is NaN), so -0 never appears among the finite
     # values and needs no special case here.
@@ -117,7 +117,8 @@ def test_every_e8m0_code_decodes_and_encodes_back_to_itself() -> None:
     assert encode_values(values, spec).tolist() == codes.tolist()
 
 
-# ml_dtypes type name -> onnxq code (design.md item 9: torch/ml_dtypes fnuz names carry bias 8/16).
+# ml_dtypes type name -> onnxq code (architecture decision 9: torch/ml_dtypes fnuz names
+# carry bias 8/16).
 ML_DTYPES = {
     "float8_e4m3fn": "e4m3fn",
     "float8_e5m2": "e5m2",
@@ -222,7 +223,7 @@ def test_unscaled_cast_agrees_with_ml_dtypes(name: str) -> None:
 
 
 def test_unscaled_overflow_differs_from_ml_dtypes() -> None:
-    # onnxq saturates finite overflow to +-maxfloat in every format (design.md item 1: "clamp
+    # onnxq saturates finite overflow to +-maxfloat in every format (architecture decision 1: "clamp
     # to +-maxfloat"); ml_dtypes follows IEEE/OCP conversion: Inf where the format has Inf
     # (e5m2), NaN where it has only NaN (e4m3fn, the fnuz types), saturation where it has
     # neither (float4/6). Input Inf keeps Inf in onnxq's unscaled casts to e5m2 (item 5).
@@ -312,14 +313,14 @@ def test_mx_block_cast_agrees_with_gfloat(preset: str, round_mode: str) -> None:
     ours_scale = q.scale.reshape(-1).astype(np.int64)
     their_scales = np.asarray(their_scales, dtype=np.int64)
     # Both read int8 as the fixed point 1.6 (OCP), so MXINT8 scale codes agree too; an
-    # all-zero tile gets the smallest scale (code 0, design.md item 2) in onnxq.
+    # all-zero tile gets the smallest scale (code 0, architecture decision 2) in onnxq.
     their_scales[(tiles == 0).all(axis=1)] = 0
     assert np.array_equal(ours_scale, their_scales)
 
 
 def test_mxint8_negative_full_scale_differs_from_gfloat() -> None:
     # gfloat's ocp_int8 includes -2.0 (code -128); onnxq's ints are symmetric by default
-    # (design.md item 6) and reach -128 only with int_range="full" (Quark's MXINT8).
+    # (architecture decision 6) and reach -128 only with int_range="full" (Quark's MXINT8).
     tile = np.zeros(32, dtype=np.float32)
     tile[0] = -1.9990234375  # scale 2^0, step 2^-6: -127.94 steps -> -128 or -127
     theirs, _, _ = _gfloat_blocks(gf.format_info_mxint8, tile[None], gfloat.RoundMode.TiesToEven)

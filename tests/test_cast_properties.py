@@ -112,8 +112,9 @@ def test_upcast_of_actual_and_compress_equals_virtual_cast(
 # exactly, error 0, and ties between mappings keep the first, whose values are the same), MX
 # subtile shifts and N:M sparsity (the kept values are still the largest).
 #
-# Finite inputs only: an Inf saturates to maxfloat * scale (design.md item 5), which the second
-# cast sees as the tile's absmax (e.g. mxfp6e2 [-inf, 3.375] -> [-7.5, 3.5] -> [-7.5, 3.25]).
+# Finite inputs only: an Inf saturates to maxfloat * scale (docs/architecture.md, decision 5),
+# which the second cast sees as the tile's absmax (e.g. mxfp6e2 [-inf, 3.375] -> [-7.5, 3.5]
+# -> [-7.5, 3.25]).
 #
 # Excluded, because the scale is recomputed from rounded data and need not come back:
 # - float scales (nvfp4, *_tensor, *_channel, int8_float32_t16n2m4): the second scale is
@@ -164,7 +165,8 @@ def test_unscaled_cast_is_idempotent(name: str, data: tuple[np.ndarray, int]) ->
 # -- (c) zero padding along the tile axis -------------------------------------------------------
 
 # Presets whose tiles have a fixed size along the cast axis: an explicit zero padding to a
-# whole number of tiles is exactly the implicit padding of design.md item 7. (Channel and
+# whole number of tiles is exactly the implicit padding of docs/architecture.md,
+# decision 7. (Channel and
 # tensor scales have no tile to fill: padding adds zeros to the statistic, which changes the
 # minimum of zero-point types.)
 TILED = [

@@ -1,4 +1,4 @@
-"""Codebook parsing, implicit patterns and generic mappings (spec 000, design.md item 10).
+"""Codebook parsing, implicit patterns and generic mappings (architecture decision 10).
 
 Every golden table below is derived by hand in the comment beside it: natural values ->
 compute codes -> number-line indices (index = 2^(bits-1) + code) -> shift -> values.

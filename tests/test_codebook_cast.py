@@ -1,9 +1,9 @@
 """Codebook casts: per-subtile mapping selection, user metrics, and MX6 as a codebook.
 
-design.md item 10: MX6 (int5 elements, E8M0 per 16, one shift bit per pair) and the implicit
-codebook `cb51ie_e2m3_mx6` (int5 pattern and its half, chosen per 2-element subtile) represent
-the same values; the preset picks the shift by the document's exponent rule, the codebook by
-error. These tests show both, and where they differ.
+docs/architecture.md, decision 10: MX6 (int5 elements, E8M0 per 16, one shift bit per pair)
+and the implicit codebook `cb51ie_e2m3_mx6` (int5 pattern and its half, chosen per 2-element
+subtile) represent the same values; the preset picks the shift by the document's exponent rule,
+the codebook by error. These tests show both, and where they differ.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """DataType: presets, codes, bits per value, the registry and the errors of the data type language.
 
 Every preset's code and bits per value is worked by hand from the documents (OCP MX v1.0 as
-cited by spec 001, spec 003 for MX9/MX6/MX4, spec 004 for BFP, design.md items 8-11).
+cited by the scaling document, the MX9/MX6/MX4 and BFP documents, docs/architecture.md
+decisions 8-11).
 """
 
 from __future__ import annotations
@@ -41,19 +42,19 @@ PRESETS = (
     # OCP MX v1.0: E8M0 scale (8 bits) shared by a block of 32 -> element bits + 8/32
     Preset("mxfp8e5", "e5m2", "e8m0_t32", 8 + 8 / 32),  # 8.25
     Preset("mxfp8e4", "e4m3fn", "e8m0_t32", 8 + 8 / 32),  # 8.25
-    # spec 001: "e8m0_t32 | with nspec e3m2fnuz, makes MXFP6E3 OCP, tile 32 in last dim"
+    # scaling document: "e8m0_t32 | with nspec e3m2fnuz, makes MXFP6E3 OCP, tile 32 in last dim"
     Preset("mxfp6e3", "e3m2fnuz", "e8m0_t32", 6 + 8 / 32),  # 6.25
     Preset("mxfp6e2", "e2m3fnuz", "e8m0_t32", 6 + 8 / 32),  # 6.25
     Preset("mxfp4e2", "e2m1fnuz", "e8m0_t32", 4 + 8 / 32),  # 4.25
     Preset("mxfp4", "e2m1fnuz", "e8m0_t32", 4 + 8 / 32),  # OCP has one FP4: E2M1
     Preset("mxint8", "int8", "e8m0_t32", 8 + 8 / 32),  # 8.25
     Preset("mxint4", "int4", "e8m0_t32", 4 + 8 / 32),  # 4.25
-    # spec 004: bfp16 = block 16, 8-bit mantissa (sign included); 8-bit shared exponent
+    # BFP document: bfp16 = block 16, 8-bit mantissa (sign included); 8-bit shared exponent
     Preset("bfp16", "int8", "e8m0_t16", 8 + 8 / 16),  # 8.5
-    # spec 004: bfp8 = block 32, 4-bit mantissa
+    # BFP document: bfp8 = block 32, 4-bit mantissa
     Preset("bfp8", "int4", "e8m0_t32", 4 + 8 / 32),  # 4.25
-    # spec 003: (m + 1) + d1/k1 + d2/k2 with d1 = 8, k1 = 16, d2 = 1, k2 = 2;
-    # m = 7, 4, 2 for MX9, MX6, MX4 (design item 10); the 1-bit shift is the s2 subtile
+    # MX9/MX6/MX4 document: (m + 1) + d1/k1 + d2/k2 with d1 = 8, k1 = 16, d2 = 1, k2 = 2;
+    # m = 7, 4, 2 for MX9, MX6, MX4 (architecture decision 10); the 1-bit shift is the s2 subtile
     Preset("mx9", "int8", "e8m0_t16s2", (7 + 1) + 8 / 16 + 1 / 2),  # 9
     Preset("mx6", "int5", "e8m0_t16s2", (4 + 1) + 8 / 16 + 1 / 2),  # 6
     Preset("mx4", "int3", "e8m0_t16s2", (2 + 1) + 8 / 16 + 1 / 2),  # 4
@@ -139,7 +140,7 @@ def test_bits_per_value_of_other_codes(code: str, bits_per_value: float) -> None
 
 
 def test_bits_per_value_of_a_sparse_tile_counts_everything_per_element() -> None:
-    # uint4 data, fp16 scale, int8 zero, 1x16 tile with 2:4 sparsity (spec 001 table row).
+    # uint4 data, fp16 scale, int8 zero, 1x16 tile with 2:4 sparsity (scaling document table row).
     # One tile = 16 tensor elements: 8 kept x 4 bits = 32, mask 16 x 1 bit = 16, scale 16,
     # zero 8 -> 72 bits / 16 elements = 4.5. (onnxq counts T in element positions, kept or
     # pruned; counting kept values instead would give (16 x 4 + 32 + 16 + 8) / 32 = 3.75.)

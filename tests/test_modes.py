@@ -1,7 +1,7 @@
 """Modes: the closed choices of the cast contract and the `defaults` context manager.
 
-The valid values come from the documents: spec 002 (round, scale, cast modes), design.md
-items 3 (rceil, even scale modes), 5 (nan_policy), 12 (backends) and 13 (defaults).
+The valid values come from the modes document (round, scale, cast modes) and docs/architecture.md,
+decisions 3 (rceil, even scale modes), 5 (nan_policy), 12 (backends) and 13 (defaults).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from onnxq.formats.modes import current_defaults, defaults
 
 # (enum, the values the documents name)
 DOCUMENTED = (
-    (RoundMode, ("even", "away", "zero", "stochastic")),  # spec 002 "Rounding Mode"
-    # spec 002 "Scale Selection Mode" (five methods) + design item 3 (rceil, even)
+    (RoundMode, ("even", "away", "zero", "stochastic")),  # modes document "Rounding Mode"
+    # modes document "Scale Selection Mode" (five methods) + decision 3 (rceil, even)
     (ScaleMode, ("floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even")),
-    (CastMode, ("virtual", "actual", "compress")),  # spec 002 "Cast Mode"
-    (NanPolicy, ("element", "block")),  # design item 5
-    (Backend, ("auto", "reference", "native", "triton")),  # design item 12
+    (CastMode, ("virtual", "actual", "compress")),  # modes document "Cast Mode"
+    (NanPolicy, ("element", "block")),  # architecture decision 5
+    (Backend, ("auto", "reference", "native", "triton")),  # architecture decision 12
 )
 CASES = [(enum, value) for enum, values in DOCUMENTED for value in values]
 
@@ -65,9 +65,9 @@ def test_a_member_of_another_enum_is_not_accepted(enum: type) -> None:
 # -- defaults ------------------------------------------------------------------------------------
 def test_the_documented_defaults_are_in_force_outside_any_block() -> None:
     d = current_defaults()
-    assert d.round_mode is RoundMode.EVEN  # spec 002: "The default mode, even"
-    assert d.scale_mode is ScaleMode.FLOOR  # design item 3: "floor (default, OCP)"
-    assert d.nan_policy is NanPolicy.ELEMENT  # design item 5: "element (default)"
+    assert d.round_mode is RoundMode.EVEN  # modes document: "The default mode, even"
+    assert d.scale_mode is ScaleMode.FLOOR  # architecture decision 3: floor is the default (OCP)
+    assert d.nan_policy is NanPolicy.ELEMENT  # architecture decision 5: element is the default
 
 
 def test_defaults_sets_values_inside_the_block_and_restores_them_after() -> None:

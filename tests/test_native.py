@@ -1,4 +1,4 @@
-"""The native (C++) backend equals the numpy reference bit for bit (design.md item 12)."""
+"""The native (C++) backend equals the numpy reference bit for bit (architecture decision 12)."""
 
 from __future__ import annotations
 

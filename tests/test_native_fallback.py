@@ -1,4 +1,4 @@
-"""Backend dispatch when the native library is missing (design.md item 12)."""
+"""Backend dispatch when the native library is missing (docs/architecture.md, decision 12)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ CASES = (
          2**-6, 2**-9, 2**-3, InfNaN.FN),
     Case("e4m3fn", "e4m3fn", Kind.FLOAT, 8, 4, 3, 7, 8, -6, 448.0, 464.0,
          2**-6, 2**-9, 2**-3, InfNaN.FN),
-    # design item 9: bare e4m3fnuz has the default bias 7. Every code but 0x80 is finite:
+    # Architecture decision 9: bare e4m3fnuz has the default bias 7. Every code but 0x80 is finite:
     # field 15, mantissa 111 -> 2^(15-7) * 1.875 = 480; midmax 480 + 2^(8-3-1) = 496
     Case("e4m3fnuz", "e4m3fnuz", Kind.FLOAT, 8, 4, 3, 7, 8, -6, 480.0, 496.0,
          2**-6, 2**-9, 2**-3, InfNaN.FNUZ),
@@ -83,7 +83,7 @@ CASES = (
     # code 0 -> 2^-127 (no subnormals); the value after 1 is 2, so eps = 1
     Case("e8m0", "e8m0", Kind.EXPONENT, 8, 8, 0, 127, 127, -127, 2.0**127, None,
          2.0**-127, 2.0**-127, 1.0),
-    # int8 is symmetric (design item 6): +-127; emax floor(log2 127) = 6 = N - 2;
+    # int8 is symmetric (architecture decision 6): +-127; emax floor(log2 127) = 6 = N - 2;
     # the step is always 1 (emin 0, smallest 1, eps 1); midmax 127 + 1/2
     Case("int8", "int8", Kind.INT, 8, 0, 7, 0, 6, 0, 127.0, 127.5, 1.0, 1.0, 1.0),
     # uint4: 0..15; emax floor(log2 15) = 3; midmax 15 + 1/2
@@ -218,7 +218,7 @@ def test_aliases_parse_to_the_same_spec(alias: str, code: str) -> None:
 
 
 def test_a_bias_or_suffix_makes_a_different_spec() -> None:
-    assert number("e4m3fnuz") != number("float8_e4m3fnuz")  # bias 7 vs 8 (design item 9)
+    assert number("e4m3fnuz") != number("float8_e4m3fnuz")  # bias 7 vs 8 (architecture decision 9)
     assert number("e4m3fn") != number("e4m3fnuz")
     assert number("e4m3fn") != number("e4m3ieee")
     assert number("e5m2") != number("e5m2fnuz")

@@ -1,4 +1,4 @@
-"""Bit packing (design.md "Packing"): round trips, hand-worked byte layouts, compress sizes.
+"""Bit packing (architecture "Packing"): round trips, hand-worked byte layouts, compress sizes.
 
 The layout: code i occupies stream bits [i*b, (i+1)*b), least significant bit first, and
 stream bit k is bit (k % 8) of byte k // 8. Every expected byte below is derived by hand.

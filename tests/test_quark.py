@@ -106,7 +106,7 @@ def test_the_sign_of_a_zero_result_differs(
 
 def test_mxint8_minus_128_is_quarks_range_and_onnxqs_full_int_range() -> None:
     # -1.9990234375 in a tile with exponent 0: -127.9375 steps of 2^-6 -> -128. Quark's MXINT8
-    # keeps -128 (-2.0); onnxq is symmetric by default (design.md item 6: -127 -> -1.984375)
+    # keeps -128 (-2.0); onnxq is symmetric by default (architecture decision 6: -127 -> -1.984375)
     # and matches Quark with int_range="full".
     x = _row([-1.9990234375, 1.0], 32)
     theirs = quark("mxint8", x)
@@ -129,7 +129,7 @@ def test_quarks_bfp_is_symmetric_so_full_int_range_differs(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["mxfp8e4", "mxfp4", "mxint8"])
 def test_quark_keeps_inf_where_onnxq_saturates(name: str) -> None:
-    # design.md item 5 (nan_policy="element"): Inf is left out of the tile maximum and
+    # Architecture decision 5 (nan_policy="element"): Inf is left out of the tile maximum and
     # saturates to maxfloat * scale. Quark lets Inf through. Tile [inf, 1]: max 1 -> scale
     # 2^(0 - emax); mxfp4 saturates to 6 * 2^-2 = 1.5, mxfp8e4 to 448 * 2^-8 = 1.75, mxint8
     # to 127 * 2^-6 = 1.984375.

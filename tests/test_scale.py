@@ -1,4 +1,4 @@
-"""ScaleSpec / TileSpec: the scaling document's (spec 001) two example tables and the grammar.
+"""ScaleSpec / TileSpec: the scaling document's two example tables and the grammar.
 
 Expected number specs are built field by field (not parsed), so a parser mistake cannot hide
 behind itself. Tile sizes, subtiles and N:M come from the tables' dim -2 / dim -1 columns.
@@ -25,7 +25,7 @@ CHANNEL = TileSpec(size=0)
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One example of spec 001 and what the document says it means."""
+    """One example of the scaling document and what the document says it means."""
 
     code: str
     data: str | None  # the data column; None for the implicit codebook row
@@ -50,8 +50,8 @@ ROWS = (
     # and 1x16 tile"; second table: data uint ("sparse uint4 tile 16"), dim -1 "t16 2:4"
     Row("float16_int8_t16n2m4", "uint4", FP16, INT8, None,
         (TileSpec(size=16, sparse_n=2, sparse_m=4),), sparsity=(2, 4, 0)),
-    # "e8m0_t16s4_t16s4 (typo'd e8m0_t16m4_t16s4 in the first table, design item 8) | implicit
-    # codebook, exponent scale on 16x16 tile, codebook selection on 4x4 subtile";
+    # "e8m0_t16s4_t16s4 (typo'd e8m0_t16m4_t16s4 in the first table, architecture decision 8) |
+    # implicit codebook, exponent scale on 16x16 tile, codebook selection on 4x4 subtile";
     # second table: data icb, scale e8m0, dim -2 "t16 s4", dim -1 "t16 s4"
     Row("e8m0_t16s4_t16s4", None, E8M0, None, None,
         (TileSpec(size=16, subtile=4), TileSpec(size=16, subtile=4)), subtile=(4, 4)),
@@ -85,7 +85,8 @@ def test_the_scope_properties_follow_the_tiles(row: Row) -> None:
     s = scale(row.code, data=row.data)
     assert s.is_tensor == (not row.tiles)
     assert s.is_2d == (len(row.tiles) == 2)
-    # spec 001: "is_multiscale is True" when a tensor scale is combined with another scope
+    # The scaling document: "is_multiscale is True" when a tensor scale is combined with another
+    # scope
     assert s.is_multiscale == (row.tenscale is not None)
     assert [t.is_channel for t in s.tiles] == [t.size == 0 for t in row.tiles]
     assert [t.is_sparse for t in s.tiles] == [t.sparse_m > 0 for t in row.tiles]
@@ -104,7 +105,8 @@ def test_the_canonical_code_parses_back_to_the_same_spec(row: Row) -> None:
 
 
 def test_a_second_number_code_is_a_zero_point_for_uint_data_else_a_tensor_scale() -> None:
-    # design item 8: two number codes = (scale, zero) when the data is uint, else (scale, tenscale)
+    # Architecture decision 8: two number codes = (scale, zero) when the data is uint, else
+    # (scale, tenscale)
     as_uint = scale("bfloat16_bfloat16_t0_t32", data="uint8")
     assert (as_uint.zero, as_uint.tenscale) == (BF16, None)
     as_float = scale("bfloat16_bfloat16_t0_t32", data="e4m3fn")
@@ -118,7 +120,7 @@ def test_a_second_number_code_is_a_zero_point_for_uint_data_else_a_tensor_scale(
     ("short", "full"), [("float32_t", "float32_t0"), ("e8m0_t_t32", "e8m0_t0_t32")]
 )
 def test_t_and_t0_both_mean_a_channel_tile(short: str, full: str) -> None:
-    # spec 001: 'Both "t" and "t0" can be used to specify channel scaled dimension.'
+    # The scaling document: 'Both "t" and "t0" can be used to specify channel scaled dimension.'
     assert scale(short) == scale(full)
     assert str(scale(short)) == full
 
@@ -142,7 +144,7 @@ def test_a_tile_code_parses_to_its_fields_and_back(code: str, tile: TileSpec) ->
 
 # -- malformed scale codes -----------------------------------------------------------------------
 MALFORMED = (
-    # design item 8: the first table's typo; the message suggests the fix
+    # Architecture decision 8: the first table's typo; the message suggests the fix
     ("e8m0_t16m4_t16s4", r"t16m4.*did you mean 't16s4'"),
     ("t3", r"tile size 3 .*power of two"),
     ("e8m0_t3", r"tile size 3 .*power of two"),

@@ -1,4 +1,4 @@
-"""`cast`, `upcast` and `QTensor`: one contract, several backends (design.md item 12).
+"""`cast`, `upcast` and `QTensor`: one contract, several backends (architecture decision 12).
 
 Layouts of a `QTensor` (all fields are numpy arrays):
 
@@ -145,7 +145,7 @@ def cast(
         round_mode: ``even``, ``away``, ``zero`` or ``stochastic``.
         scale_mode: ``floor``, ``ceil``, ``midmax``, ``option3``, ``topbinade``, ``rceil``,
             ``even`` (power-of-two scales of float elements; ints always use floor).
-        nan_policy: ``element`` or ``block`` (design.md item 5).
+        nan_policy: ``element`` or ``block`` (docs/architecture.md, decision 5).
         seed: stochastic rounding seed; the same seed gives the same bits on every backend.
         backend: ``auto``, ``reference``, ``native`` or ``triton``.
         metric: codebook mapping error, ``(scaled, quantized) -> error`` per unit (L2 default).

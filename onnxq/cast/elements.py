@@ -63,7 +63,7 @@ def _mix32(x: np.ndarray) -> np.ndarray:
 
 
 def stochastic_bits(seed: int, index: np.ndarray) -> np.ndarray:
-    """24 random bits per element from (seed, flat element index) - design.md item 4.
+    """24 random bits per element from (seed, flat element index): architecture decision 4.
 
     ``h = mix32(lo32(i) ^ mix32(hi32(i) ^ mix32(lo32(seed) ^ 0x9E3779B9)))``, bits = h >> 8.
     """
@@ -78,7 +78,8 @@ def stochastic_bits(seed: int, index: np.ndarray) -> np.ndarray:
 def floor_log2(a: np.ndarray) -> np.ndarray:
     """floor(log2(a)) of positive float64 values from their exponent bits (0 -> -1023).
 
-    Exact for normal float64 (every float32 is one); never uses a float log2 (design.md item 1).
+    Exact for normal float64 (every float32 is one); never uses a float log2
+    (docs/architecture.md, decision 1).
     """
     bits = np.ascontiguousarray(a, dtype=np.float64).view(np.int64)
     return ((bits >> 52) & 0x7FF) - 1023
@@ -140,7 +141,7 @@ def quantize_values(
     full_int_range: bool = False,
     limit: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Round scaled values ``v`` (float64) onto the grid of ``spec`` (design.md item 1).
+    """Round scaled values ``v`` (float64) onto the grid of ``spec`` (architecture decision 1).
 
     Floats: e = max(floor(log2|v|), emin), step 2^(e - mbits); ints: step 1. The result is
     clamped to +-maxfloat (ints: +-(2^(N-1) - 1), or -2^(N-1) with ``full_int_range``).

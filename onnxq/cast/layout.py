@@ -7,8 +7,8 @@ array is seen as ``(B, R, C)``:
 - 1-D tiles: ``B = 1``, ``R`` = all other elements, ``C`` = the axis, tiles of ``(1, T)``;
 - 2-D tiles: ``B`` = the leading dims, ``(R, C)`` = the last two dims, tiles of ``(Tr, Tc)``.
 
-``R`` and ``C`` are padded with zeros to whole tiles (design.md item 7); the padding is
-never stored. Per-tile and per-subtile arrays are returned to users in "grid" layout: the
+``R`` and ``C`` are padded with zeros to whole tiles (docs/architecture.md, decision 7); the
+padding is never stored. Per-tile and per-subtile arrays are returned to users in "grid" layout: the
 input's axis order with the tiled dims replaced by tile (or subtile) counts.
 """
 

@@ -1,4 +1,4 @@
-"""Bit packing for compress mode (design.md "Packing").
+"""Bit packing for compress mode (docs/architecture.md, "Packing").
 
 Codes of b bits are one little-endian bit stream: code i occupies stream bits
 [i*b, (i+1)*b), least significant bit first, and stream bit k is bit (k % 8) of byte k // 8.

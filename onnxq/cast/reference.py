@@ -2,15 +2,15 @@
 
 `quantize` turns a float32 array into element codes, scales, zero points, meta and masks
 (and the dequantized values, which are what a virtual cast returns); `dequantize` turns the
-codes back into float32. The order of operations mirrors the documents and design.md:
+codes back into float32. The order of operations mirrors docs/architecture.md:
 
 1. N:M sparsity (keep the N largest magnitudes of every M along the sparse axis).
-2. Tiles (layout.py), each tile's absmax over finite values (NaN policy: design.md item 5).
-3. The scale: exponent (scale-mode rules, design.md items 2-3), float (absmax / maxfloat
+2. Tiles (layout.py), each tile's absmax over finite values (NaN policy: decision 5).
+3. The scale: exponent (scale-mode rules, decisions 2-3), float (absmax / maxfloat
    cast to the scale type, over an optional tensor scale), or float scale + zero point.
 4. The elements: scaled, rounded (elements.py), clamped; codebooks pick a mapping per tile
    or subtile by error; MX9/6/4 shift a subtile by one when all its exponents are below the
-   tile's (spec 003).
+   tile's (the MX9/MX6/MX4 document, decision 10).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _prune(
 
 # -- step 3: exponent scales -------------------------------------------------------------------
 def _scale_exponent(amax: np.ndarray, spec: NumberSpec, mode: ScaleMode) -> np.ndarray:
-    """Maxexp' - emax of design.md item 3, before clamping (int64; all-zero tiles arbitrary)."""
+    """Maxexp' - emax of architecture decision 3, before clamping (int64; zero tiles arbitrary)."""
     a = amax.astype(np.float64)
     maxexp = floor_log2(np.where(a > 0, a, 1.0))
     if spec.is_float:
@@ -364,7 +364,7 @@ def _exponent_scaled(
     # The element magnitude whose decoded value is max_finite: the clamp's bound (exact).
     reach = np.ldexp(max_finite, -sexp)
     shift = None
-    if book is None and tiling.Sc:  # MX9/6/4: one shift bit per subtile (spec 003)
+    if book is None and tiling.Sc:  # MX9/6/4: one shift bit per subtile (decision 10)
         # "Both exponents below the block's" == every magnitude below 2^maxexp.
         below = (
             tiling.to_subtiles(absx) < pow2(floor_log2(amax.astype(np.float64)))[..., None, None]

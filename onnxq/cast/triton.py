@@ -1,4 +1,4 @@
-"""Triton cast engine: the reference's casts on torch tensors, bit for bit (design.md item 12).
+"""Triton engine: the reference's casts on torch tensors, bit for bit (architecture decision 12).
 
 Four kernels serve every supported data type. What selects code or block shapes is
 ``tl.constexpr`` (scale kind, element float/int, tile layout, stochastic rounding, float32 or

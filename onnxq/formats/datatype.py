@@ -237,7 +237,8 @@ def datatypes() -> dict[str, DataType]:
     return dict(sorted(_PRESETS.items()))
 
 
-# Presets: OCP MX v1.0 (block 32, E8M0), BFP (spec 004), shared-microexponent MX (spec 003),
+# Presets: OCP MX v1.0 (block 32, E8M0), BFP and shared-microexponent MX (docs/architecture.md,
+# decisions 10-11),
 # NVFP4 (E2M1, E4M3 scale per 16, FP32 tensor scale) and common tensor/channel types.
 _BUILTIN = {
     "mxfp8e5": "e5m2_e8m0_t32",

@@ -1,7 +1,7 @@
 """Closed choices of the cast contract: round, scale, cast and compute modes, NaN policy.
 
 Each member's comment gives its rule; every backend derives its behaviour from these values
-(spec `002`, design.md items 3-5, 12-13).
+(the modes document; docs/architecture.md, decisions 3-5, 12-13).
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ class _Choice(str, Enum):
 
 
 class RoundMode(_Choice):
-    """How a value between two grid points is rounded (spec 002, "Rounding Mode")."""
+    """How a value between two grid points is rounded (the modes document, "Rounding Mode")."""
 
     EVEN = "even"  # nearest, ties to the even grid point (IEEE default)
     AWAY = "away"  # nearest, ties away from zero
-    ZERO = "zero"  # nearest, ties toward zero (not truncation; design.md item 4)
+    ZERO = "zero"  # nearest, ties toward zero (not truncation; architecture decision 4)
     # Up with probability equal to the distance from the lower grid point. The random bits are
     # `stochastic_bits(seed, flat_index)`: identical on every backend for the same seed.
     STOCHASTIC = "stochastic"
@@ -63,7 +63,7 @@ class RoundMode(_Choice):
 
 
 class ScaleMode(_Choice):
-    """How a power-of-two scale exponent is chosen from a tile's absmax (spec 002).
+    """How a power-of-two scale exponent is chosen from a tile's absmax (architecture decision 3).
 
     `maxexp` = floor(log2(absmax)) from the float bits; the stored exponent is
     `maxexp' - emax_element` where maxexp' is:
@@ -86,11 +86,11 @@ class ScaleMode(_Choice):
 
 
 class CastMode(_Choice):
-    """What `cast` returns (spec 002, "Cast Mode")."""
+    """What `cast` returns (the modes document, "Cast Mode")."""
 
     VIRTUAL = "virtual"  # fake quantization: same shape and float dtype as the input
     ACTUAL = "actual"  # QTensor of unpacked codes (one unsigned integer per element)
-    COMPRESS = "compress"  # QTensor with codes, meta and masks bit-packed (design.md "Packing")
+    COMPRESS = "compress"  # QTensor with codes, meta and masks bit-packed (architecture "Packing")
 
     @classmethod
     def _label(cls) -> str:
@@ -98,7 +98,7 @@ class CastMode(_Choice):
 
 
 class NanPolicy(_Choice):
-    """Treatment of NaN and Inf inputs (design.md item 5)."""
+    """Treatment of NaN and Inf inputs (docs/architecture.md, decision 5)."""
 
     # NaN/Inf are left out of the tile maximum; NaN stays NaN; Inf saturates to the largest
     # finite value (Inf only for unscaled casts to a format that has Inf). Formats with no NaN
@@ -112,7 +112,7 @@ class NanPolicy(_Choice):
 
 
 class Backend(_Choice):
-    """Which engine runs a cast (design.md item 12)."""
+    """Which engine runs a cast (docs/architecture.md, decision 12)."""
 
     AUTO = "auto"  # triton for GPU tensors, native when built, else reference
     REFERENCE = "reference"  # numpy: the oracle

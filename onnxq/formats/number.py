@@ -13,8 +13,8 @@ Codes (case-insensitive):
 - ``intN`` (N >= 2), ``uintN`` (N >= 1): integers; as MX elements ints are fixed point with one
   integer bit, which is the same as exponent scaling with ``emax = N - 2``.
 - ``float16/32/64``, ``bfloat16``, ``binary8pP`` (P3109: e(8-P)m(P-1), bias 2^(7-P), inuz), and
-  torch / ml_dtypes names (``float8_e4m3fnuz`` has bias 8, ``float8_e5m2fnuz`` bias 16: design.md
-  item 9).
+  torch / ml_dtypes names (``float8_e4m3fnuz`` has bias 8, ``float8_e5m2fnuz`` bias 16:
+  docs/architecture.md, decision 9).
 
 ``str(spec)`` is the canonical code and ``number(str(spec)) == spec``.
 """
@@ -36,7 +36,7 @@ class Kind(str, Enum):
     """The category of a number format."""
 
     FLOAT = "float"  # sign, exponent, mantissa, implicit bit, subnormals
-    INT = "int"  # two's complement code; symmetric range in casts (design.md item 6)
+    INT = "int"  # two's complement code; symmetric range in casts (architecture decision 6)
     UINT = "uint"
     EXPONENT = "exponent"  # unsigned power of two (E8M0): value 2^(code - bias)
     CODEBOOK = "codebook"  # index into a lookup table of compute values (codebook.py)

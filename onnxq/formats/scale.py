@@ -1,10 +1,11 @@
-"""ScaleSpec / TileSpec: how a tensor is scaled, parsed from a scale code (spec 001).
+"""ScaleSpec / TileSpec: how a tensor is scaled, parsed from a scale code (docs/formats.md).
 
 A scale code is 1-3 number codes followed by 0-2 tile codes, joined by ``_``:
 
 - number codes: one = the scale; two = (scale, zero) for uint data, else (scale, tensor scale);
-  three = (scale, zero, tensor scale) (design.md item 8). Without the data type, a second float
-  code is read as a tensor scale and a second int/uint code as a zero point.
+  three = (scale, zero, tensor scale) (docs/architecture.md, decision 8). Without the data
+  type, a second float code is read as a tensor scale and a second int/uint code as a zero
+  point.
 - tile codes ``t[T][sS][nNmM]``: tile size T (a power of two; ``t`` or ``t0`` = the whole
   axis, a channel scale), subtile S, N:M sparsity. One tile code runs along the cast's axis; two
   are (dim -2, dim -1) after the axis is moved last. No tile code = one scale for the tensor.

@@ -809,7 +809,8 @@ def quantize_mx_function(
     absx = body.where(nonfinite, body.const(np.float32(0.0)), body.op("Abs", x))
     amax = _reduce_tiles(body, absx, dims, tiles, "ReduceMax")
 
-    # Scale: maxexp = floor(log2(amax)) by search on 2^-149 .. 2^127 (design.md item 1).
+    # Scale: maxexp = floor(log2(amax)) by search on 2^-149 .. 2^127
+    # (docs/architecture.md, decision 1).
     powers = np.array([_pow2_f32(k) for k in range(_F32_MIN_EXP, _F32_MAX_EXP + 1)])
     count = _count_below(body, amax, powers, strict=False)  # = maxexp + 150 for amax > 0
     top_index = body.op("Max", body.op("Sub", count, body.const(1, np.int64)),
@@ -894,7 +895,7 @@ def quantize_mx_function(
         codes = body.op("Add", idx, sign)
         codes = body.where(body.op("IsNaN", v), body.const(nan_code(n), np.int64), codes)
 
-    # NaN tiles: scale code all ones, element codes 0 (design.md item 5).
+    # NaN tiles: scale code all ones, element codes 0 (docs/architecture.md, decision 5).
     scale_code = body.op("Add", stored, body.const(s.scale.bias, np.int64))
     bad = isnan if policy is NanPolicy.ELEMENT else nonfinite
     if policy is NanPolicy.BLOCK or not n.is_float:

@@ -174,7 +174,7 @@ struct Ctx {
 // reference._int_frac_bits: an int element of N bits is fixed point with N - 2 fraction bits.
 inline int int_frac_bits(const Num& e) { return e.is_int ? e.bits - 2 : 0; }
 
-// reference._scale_exponent + clamp (design.md items 2-3).
+// reference._scale_exponent + clamp (docs/architecture.md, decisions 2-3).
 inline int scale_exponent(float amax, const Num& e, const Num& s, int mode) {
   double a = amax;
   int maxexp = floor_log2(a > 0 ? a : 1.0);
