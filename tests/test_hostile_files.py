@@ -474,3 +474,26 @@ def test_cli_accepts_contained_external_data(tmp_path: Path) -> None:
                 cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert onnx.load(str(tmp_path / "q.onnx")).graph.node
+
+
+def test_quantize_checks_external_data_of_sparse_initializers(tmp_path: Path) -> None:
+    """A sparse initializer's values are a TensorProto too: their location is checked."""
+    secret = _secret(tmp_path)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model = _model("w.bin", "0", str(4 * W_SHAPE[0] * W_SHAPE[1]))
+    (folder / "w.bin").write_bytes(np.ones(W_SHAPE, np.float32).tobytes())
+    values = TensorProto(name="s_values", data_type=TensorProto.FLOAT, dims=[2])
+    values.data_location = TensorProto.EXTERNAL
+    (folder / "link.bin").symlink_to(secret)  # inside by name, outside by target
+    values.external_data.add(key="location", value="link.bin")
+    values.external_data.add(key="offset", value="0")
+    values.external_data.add(key="length", value="8")
+    indices = helper.make_tensor("s_indices", TensorProto.INT64, [2], [0, 3])
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [4]))
+    path = folder / "m.onnx"
+    onnx.save(model, path)
+    with pytest.raises(ValueError) as info:
+        quantize_model(path, tmp_path / "q.onnx", weights="mxfp4")
+    _one_line_error(info.value, "symbolic link")
+    assert not (tmp_path / "q.onnx").exists()

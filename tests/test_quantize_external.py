@@ -16,6 +16,7 @@ import pytest
 from onnx import external_data_helper, numpy_helper
 
 from models import builders
+from onnxq._files import all_tensors
 from onnxq.graph import quantize as q
 from onnxq.graph.quantize import quantize_model
 
@@ -45,11 +46,11 @@ def _digest(folder: Path) -> dict[str, str]:
 
 
 def _tensors(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return {t.name: numpy_helper.to_array(t) for t in q._all_tensors(model)}
+    return {t.name: numpy_helper.to_array(t) for t in all_tensors(model)}
 
 
 def _external_count(model: onnx.ModelProto) -> int:
-    return sum(t.data_location == onnx.TensorProto.EXTERNAL for t in q._all_tensors(model))
+    return sum(t.data_location == onnx.TensorProto.EXTERNAL for t in all_tensors(model))
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def test_external_input_round_trips_lazily(
     src.mkdir()
     _save_external(model, src / "m.onnx")
     before = _digest(src)
-    largest = max(numpy_helper.to_array(t).nbytes for t in q._all_tensors(model))
+    largest = max(numpy_helper.to_array(t).nbytes for t in all_tensors(model))
 
     out = tmp_path / "out" / "q.onnx"
     out.parent.mkdir()
@@ -98,7 +99,7 @@ def test_external_input_round_trips_lazily(
     assert _external_count(returned) > 0
     assert all(
         e.value == "q.onnx.data"
-        for t in q._all_tensors(returned) for e in t.external_data if e.key == "location"
+        for t in all_tensors(returned) for e in t.external_data if e.key == "location"
     )  # fmt: skip
     written = _load(out)  # external data loaded from beside the output
     assert _external_count(onnx.load(str(out), load_external_data=False)) > 0

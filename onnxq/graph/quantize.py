@@ -54,7 +54,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxq
 from onnxq import _output
-from onnxq._files import external_ref, load_external, open_regular, read_array, read_range
+from onnxq._files import (
+    all_tensors,
+    external_ref,
+    load_external,
+    open_regular,
+    read_array,
+    read_range,
+)
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.graph import calibrate
@@ -450,32 +457,6 @@ def _aligned(position: int, size: int | None) -> int:
     return position + (-position % step)
 
 
-def _all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
-    """Every TensorProto that can hold a payload.
-
-    Initializers and tensor attributes, those of subgraphs and functions included.
-    """
-
-    def in_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[TensorProto]:
-        for node in nodes:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
-                yield from attr.tensors
-                if attr.HasField("g"):
-                    yield from in_graph(attr.g)
-                for sub in attr.graphs:
-                    yield from in_graph(sub)
-
-    def in_graph(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-        yield from graph.initializer
-        yield from in_nodes(graph.node)
-
-    yield from in_graph(model.graph)
-    for fn in model.functions:
-        yield from in_nodes(fn.node)
-
-
 def _is_external(tensor: TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL
 
@@ -504,7 +485,7 @@ def _resolve_external(model: onnx.ModelProto, base: Path, spill: _Spill) -> None
     Tensors are read later, one at a time; small ones are loaded now (shape inference may
     read them).
     """
-    for tensor in _all_tensors(model):
+    for tensor in all_tensors(model):
         if not _is_external(tensor):
             continue
         spill.had_external = True
@@ -547,7 +528,7 @@ def _array(tensor: TensorProto, spill: _Spill | None) -> np.ndarray:
 def _payload(model: onnx.ModelProto) -> int:
     """Bytes of tensor payload, held or external (decides external-data saving)."""
     total = 0
-    for t in _all_tensors(model):
+    for t in all_tensors(model):
         if _is_external(t):
             length = _external_info(t)[2]
             total += length if length is not None else 0
@@ -608,7 +589,7 @@ def _save(
         raise ValueError(f"output folder {str(folder)!r} does not exist")
     external = (spill is not None and spill.had_external) or _payload(model) >= _EXTERNAL_BYTES
     if not external:
-        for t in _all_tensors(model):  # bring parked payloads back: one self-contained file
+        for t in all_tensors(model):  # bring parked payloads back: one self-contained file
             if _is_external(t):
                 data = _external_bytes(t, spill).tobytes()
                 t.ClearField("external_data")
@@ -626,7 +607,7 @@ def _save(
                 out, data_tmp = stack.enter_context(_output.new_file(data_target))
                 out.write(_DATA_MAGIC)
                 refs: list[TensorProto] = []
-                for t in _all_tensors(model):
+                for t in all_tensors(model):
                     data = b"" if _is_external(t) else t.raw_data
                     if not _is_external(t) and len(data) < _EXTERNAL_MIN:
                         continue
@@ -693,7 +674,7 @@ def _referenced(model_path: Path) -> set[str]:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception:
         return set()
-    return {e.value for t in _all_tensors(model) if _is_external(t)
+    return {e.value for t in all_tensors(model) if _is_external(t)
             for e in t.external_data if e.key == "location"}  # fmt: skip
 
 
@@ -1046,7 +1027,7 @@ def _observable(
         del model.opset_import[:]
         model.opset_import.extend(o for o in opsets if o.domain != DOMAIN)
     try:
-        entries = [e for t in _all_tensors(model) if _is_external(t)
+        entries = [e for t in all_tensors(model) if _is_external(t)
                    for e in t.external_data if e.key == "location"]  # fmt: skip
         if any(e.value == _SPILL for e in entries):
             raise ValueError("calibration runs before any tensor is spilled")
