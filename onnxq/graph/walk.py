@@ -1,0 +1,32 @@
+"""Walking an ONNX graph: a node's attributes as values, and every subgraph inside a graph.
+
+The one place that knows how subgraphs hang off nodes (If, Loop, Scan bodies in GRAPH and
+GRAPHS attributes) and how attribute protos become Python values.
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import onnx
+
+
+def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    """The node's attributes by name as Python values; byte strings decoded as UTF-8."""
+    values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
+
+
+def node_subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs held directly by the node's attributes (not their nested subgraphs)."""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
+
+
+def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and every subgraph nested inside it, depth first, parents before children."""
+    yield graph
+    for node in graph.node:
+        for sub in node_subgraphs(node):
+            yield from walk_graphs(sub)
