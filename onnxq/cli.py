@@ -132,9 +132,7 @@ class ProgressBar:
     Called as ``bar(done, total, what)``, the signature `onnxq.quantize_model` reports with.
     """
 
-    def __init__(
-        self, stream: TextIO | None = None, width: int = 28, always: bool = False
-    ) -> None:
+    def __init__(self, stream: TextIO | None = None, width: int = 28, always: bool = False) -> None:
         """Draw on ``stream`` (default stderr) when it is a terminal.
 
         Args:

@@ -182,12 +182,40 @@ UNSCALED_SPECS: list[tuple[str, list[float], dict[str, list[float]], list[int]]]
         # 480, 1e9, Inf -> 448 (no Inf in fn); 2^-9 = smallest subnormal; 2^-10: tie 0|2^-9;
         # 3*2^-10: 1.5 steps, tie 2^-9|2^-8; -2^-10 -> -0 (fn keeps -0);
         # 17: e=4, step 2 -> 8.5, tie 16|18; 1.0625: step 1/8 -> 8.5, tie 1|1.125.
-        [448, 464, 480, 1e9, INF, -INF, NAN, p2(-9), p2(-10), 3 * p2(-10), -p2(-10), -0.0,
-         17, 1.0625],
+        [
+            448,
+            464,
+            480,
+            1e9,
+            INF,
+            -INF,
+            NAN,
+            p2(-9),
+            p2(-10),
+            3 * p2(-10),
+            -p2(-10),
+            -0.0,
+            17,
+            1.0625,
+        ],
         {
             "even": [448, 448, 448, 448, 448, -448, NAN, p2(-9), 0, p2(-8), -0.0, -0.0, 16, 1.0],
-            "away": [448, 448, 448, 448, 448, -448, NAN, p2(-9), p2(-9), p2(-8), -p2(-9), -0.0,
-                     18, 1.125],
+            "away": [
+                448,
+                448,
+                448,
+                448,
+                448,
+                -448,
+                NAN,
+                p2(-9),
+                p2(-9),
+                p2(-8),
+                -p2(-9),
+                -0.0,
+                18,
+                1.125,
+            ],
             "zero": [448, 448, 448, 448, 448, -448, NAN, p2(-9), 0, p2(-9), -0.0, -0.0, 16, 1.0],
         },
         # 448 -> 126; -448 -> 254; NaN -> 127; 2^-8 -> subnormal m=2 -> 2; -0 -> 128;
@@ -200,15 +228,71 @@ UNSCALED_SPECS: list[tuple[str, list[float], dict[str, list[float]], list[int]]]
         # 65536, 1e9 -> 57344 (finite overflow saturates); Inf stays Inf (unscaled, has Inf);
         # 2^-17: tie 0|2^-16; 3*2^-17: tie 2^-16|2^-15; 1.125: step .25 -> 4.5, tie 1|1.25;
         # 1.375: 5.5, tie 1.25|1.5; -2^-17 -> -0 / -2^-16.
-        [57344, 61440, 65536, 1e9, INF, -INF, NAN, p2(-16), p2(-17), 3 * p2(-17), -0.0,
-         1.125, 1.375, -p2(-17)],
+        [
+            57344,
+            61440,
+            65536,
+            1e9,
+            INF,
+            -INF,
+            NAN,
+            p2(-16),
+            p2(-17),
+            3 * p2(-17),
+            -0.0,
+            1.125,
+            1.375,
+            -p2(-17),
+        ],
         {
-            "even": [57344, 57344, 57344, 57344, INF, -INF, NAN, p2(-16), 0, p2(-15), -0.0,
-                     1.0, 1.5, -0.0],
-            "away": [57344, 57344, 57344, 57344, INF, -INF, NAN, p2(-16), p2(-16), p2(-15),
-                     -0.0, 1.25, 1.5, -p2(-16)],
-            "zero": [57344, 57344, 57344, 57344, INF, -INF, NAN, p2(-16), 0, p2(-16), -0.0,
-                     1.0, 1.25, -0.0],
+            "even": [
+                57344,
+                57344,
+                57344,
+                57344,
+                INF,
+                -INF,
+                NAN,
+                p2(-16),
+                0,
+                p2(-15),
+                -0.0,
+                1.0,
+                1.5,
+                -0.0,
+            ],
+            "away": [
+                57344,
+                57344,
+                57344,
+                57344,
+                INF,
+                -INF,
+                NAN,
+                p2(-16),
+                p2(-16),
+                p2(-15),
+                -0.0,
+                1.25,
+                1.5,
+                -p2(-16),
+            ],
+            "zero": [
+                57344,
+                57344,
+                57344,
+                57344,
+                INF,
+                -INF,
+                NAN,
+                p2(-16),
+                0,
+                p2(-16),
+                -0.0,
+                1.0,
+                1.25,
+                -0.0,
+            ],
         },
         # 57344 = 1.75*2^15 -> field 30, m 3 -> 123; Inf -> 31<<2 = 124; -Inf 252;
         # NaN -> 124|2 = 126; 1.0 -> field 15 -> 60; 1.5 -> 62; -0 -> 128.
@@ -264,32 +348,90 @@ UNSCALED_SPECS: list[tuple[str, list[float], dict[str, list[float]], list[int]]]
         # float32 max: e=127, step 2^120 -> 255.99998 -> 256 -> 2^128 clamps to bf16 max
         # (saturation, not Inf: decision 1); Inf stays Inf; 2^-133 = smallest subnormal;
         # 2^-134: tie 0|2^-133; -2^-134 -> -0 (even, zero).
-        [1 + p2(-8), 1 + 3 * p2(-8), -(1 + p2(-8)), BF16_MAX, F32_MAX, INF, -INF, NAN,
-         p2(-133), p2(-134), -0.0, -p2(-134)],
+        [
+            1 + p2(-8),
+            1 + 3 * p2(-8),
+            -(1 + p2(-8)),
+            BF16_MAX,
+            F32_MAX,
+            INF,
+            -INF,
+            NAN,
+            p2(-133),
+            p2(-134),
+            -0.0,
+            -p2(-134),
+        ],
         {
-            "even": [1, 1 + p2(-6), -1, BF16_MAX, BF16_MAX, INF, -INF, NAN, p2(-133), 0, -0.0,
-                     -0.0],
-            "away": [1 + p2(-7), 1 + p2(-6), -(1 + p2(-7)), BF16_MAX, BF16_MAX, INF, -INF, NAN,
-                     p2(-133), p2(-133), -0.0, -p2(-133)],
-            "zero": [1, 1 + p2(-7), -1, BF16_MAX, BF16_MAX, INF, -INF, NAN, p2(-133), 0, -0.0,
-                     -0.0],
+            "even": [
+                1,
+                1 + p2(-6),
+                -1,
+                BF16_MAX,
+                BF16_MAX,
+                INF,
+                -INF,
+                NAN,
+                p2(-133),
+                0,
+                -0.0,
+                -0.0,
+            ],
+            "away": [
+                1 + p2(-7),
+                1 + p2(-6),
+                -(1 + p2(-7)),
+                BF16_MAX,
+                BF16_MAX,
+                INF,
+                -INF,
+                NAN,
+                p2(-133),
+                p2(-133),
+                -0.0,
+                -p2(-133),
+            ],
+            "zero": [
+                1,
+                1 + p2(-7),
+                -1,
+                BF16_MAX,
+                BF16_MAX,
+                INF,
+                -INF,
+                NAN,
+                p2(-133),
+                0,
+                -0.0,
+                -0.0,
+            ],
         },
         # bfloat16 = top half of float32: 1.0 0x3F80, 1+2^-6 0x3F82, -1 0xBF80, max 0x7F7F,
         # Inf 0x7F80, -Inf 0xFF80, NaN (quiet) 0x7FC0, 2^-133 0x0001, -0 0x8000.
-        [0x3F80, 0x3F82, 0xBF80, 0x7F7F, 0x7F7F, 0x7F80, 0xFF80, 0x7FC0, 0x0001, 0, 0x8000,
-         0x8000],
+        [0x3F80, 0x3F82, 0xBF80, 0x7F7F, 0x7F7F, 0x7F80, 0xFF80, 0x7FC0, 0x0001, 0, 0x8000, 0x8000],
     ),
     (
         "float16",
         # 65520: e=15, step 32 -> 2047.5, tie 65504|65536 -> 65536 clamps to 65504; 1e6 ->
         # 65504; 2049: e=11, step 2 -> 1024.5, tie 2048|2050; 2051: 1025.5, tie 2050|2052;
         # 2^-24 = smallest subnormal; 2^-25: tie 0|2^-24; 3*2^-25: tie 2^-24|2^-23.
-        [65504, 65520, 1e6, 2049, 2051, p2(-24), p2(-25), 3 * p2(-25), -0.0, INF, NAN,
-         -p2(-25)],
+        [65504, 65520, 1e6, 2049, 2051, p2(-24), p2(-25), 3 * p2(-25), -0.0, INF, NAN, -p2(-25)],
         {
             "even": [65504, 65504, 65504, 2048, 2052, p2(-24), 0, p2(-23), -0.0, INF, NAN, -0.0],
-            "away": [65504, 65504, 65504, 2050, 2052, p2(-24), p2(-24), p2(-23), -0.0, INF, NAN,
-                     -p2(-24)],
+            "away": [
+                65504,
+                65504,
+                65504,
+                2050,
+                2052,
+                p2(-24),
+                p2(-24),
+                p2(-23),
+                -0.0,
+                INF,
+                NAN,
+                -p2(-24),
+            ],
             "zero": [65504, 65504, 65504, 2048, 2050, p2(-24), 0, p2(-24), -0.0, INF, NAN, -0.0],
         },
         # 65504 0x7BFF; 2048 = 2^11 -> field 26 -> 0x6800; 2052 -> m=2 -> 0x6802;
@@ -405,39 +547,63 @@ def _scale_mode_cases() -> list[Case]:
         for mode, code in per_mode.items():
             val, vcode = MXFP4_OUT[code][a]
             rest, rcodes = MXFP4_REST[code]
-            cases.append(Case(
-                name=f"mxfp4 absmax {a} {mode}", dtype="mxfp4",
-                x=tile([a, 2.5, -1.5, 0.75]), kwargs={"scale_mode": mode},
-                expected=tile([val, *rest]), scale=[code], data=ctile([vcode, *rcodes]),
-                packed_nbytes=16,  # 32 x 4 bits
-            ))
+            cases.append(
+                Case(
+                    name=f"mxfp4 absmax {a} {mode}",
+                    dtype="mxfp4",
+                    x=tile([a, 2.5, -1.5, 0.75]),
+                    kwargs={"scale_mode": mode},
+                    expected=tile([val, *rest]),
+                    scale=[code],
+                    data=ctile([vcode, *rcodes]),
+                    packed_nbytes=16,  # 32 x 4 bits
+                )
+            )
     for a, per_mode in MXFP8_SCALE.items():
         for mode, code in per_mode.items():
             val, vcode = MXFP8_OUT[code][a]
             rest, rcodes = MXFP8_REST[code]
-            cases.append(Case(
-                name=f"mxfp8e4 absmax {a} {mode}", dtype="mxfp8e4",
-                x=tile([a, 17.0, -9.5, 0.25]), kwargs={"scale_mode": mode},
-                expected=tile([val, *rest]), scale=[code], data=ctile([vcode, *rcodes]),
-            ))
+            cases.append(
+                Case(
+                    name=f"mxfp8e4 absmax {a} {mode}",
+                    dtype="mxfp8e4",
+                    x=tile([a, 17.0, -9.5, 0.25]),
+                    kwargs={"scale_mode": mode},
+                    expected=tile([val, *rest]),
+                    scale=[code],
+                    data=ctile([vcode, *rcodes]),
+                )
+            )
     for mode, code in MXFP6_SCALE.items():
         vals, codes = MXFP6_OUT[code]
-        cases.append(Case(
-            name=f"mxfp6e2 absmax 7.75 {mode}", dtype="mxfp6e2",
-            x=tile([7.75, 1.0625, -0.0625]), kwargs={"scale_mode": mode},
-            expected=tile(vals), scale=[code], data=ctile(codes),
-            packed_nbytes=24,  # 32 x 6 bits as one bit stream (architecture "Packing")
-        ))
+        cases.append(
+            Case(
+                name=f"mxfp6e2 absmax 7.75 {mode}",
+                dtype="mxfp6e2",
+                x=tile([7.75, 1.0625, -0.0625]),
+                kwargs={"scale_mode": mode},
+                expected=tile(vals),
+                scale=[code],
+                data=ctile(codes),
+                packed_nbytes=24,  # 32 x 6 bits as one bit stream (architecture "Packing")
+            )
+        )
     for mode in MODES:
         # mxint8: ints always floor (decision 3). absmax 1.5: floor(log2) = 0 -> E8M0 exponent 0
         # (code 127: int8 is fixed point 1.6, OCP MXINT8) whatever the mode; grid step 2^-6,
         # v = 64x: 96, -64, 32.5 -> even 32 -> 0.5.
         # codes: 96; -64 -> 192; 32.
-        cases.append(Case(
-            name=f"mxint8 ints floor {mode}", dtype="mxint8",
-            x=tile([1.5, -1.0, 0.5078125]), kwargs={"scale_mode": mode},
-            expected=tile([1.5, -1.0, 0.5]), scale=[127], data=ctile([96, 192, 32]),
-        ))
+        cases.append(
+            Case(
+                name=f"mxint8 ints floor {mode}",
+                dtype="mxint8",
+                x=tile([1.5, -1.0, 0.5078125]),
+                kwargs={"scale_mode": mode},
+                expected=tile([1.5, -1.0, 0.5]),
+                scale=[127],
+                data=ctile([96, 192, 32]),
+            )
+        )
     return cases
 
 
@@ -452,31 +618,84 @@ def test_scale_modes(case: Case) -> None:
 # -- family 3: integer elements, tensor / channel scales ------------------------------------
 INTS: list[Case] = [
     # v = 64x (sexp -6): 0.5078125 * 64 = 32.5 -> away 33 -> 0.515625; zero 32 -> 0.5.
-    Case("mxint8 away", "mxint8", tile([1.5, -1.0, 0.5078125]), tile([1.5, -1.0, 0.515625]),
-         {"round_mode": "away"}, scale=[127], data=ctile([96, 192, 33])),
-    Case("mxint8 zero", "mxint8", tile([1.5, -1.0, 0.5078125]), tile([1.5, -1.0, 0.5]),
-         {"round_mode": "zero"}, scale=[127], data=ctile([96, 192, 32])),
+    Case(
+        "mxint8 away",
+        "mxint8",
+        tile([1.5, -1.0, 0.5078125]),
+        tile([1.5, -1.0, 0.515625]),
+        {"round_mode": "away"},
+        scale=[127],
+        data=ctile([96, 192, 33]),
+    ),
+    Case(
+        "mxint8 zero",
+        "mxint8",
+        tile([1.5, -1.0, 0.5078125]),
+        tile([1.5, -1.0, 0.5]),
+        {"round_mode": "zero"},
+        scale=[127],
+        data=ctile([96, 192, 32]),
+    ),
     # absmax 2 - 2^-10: floor(log2) = 0 -> exponent 0 (code 127), step 2^-6;
     # v = 127.9375 -> 128 clamps to 127 -> 127/64 = 1.984375 (ints use floor even when the
     # top value clips).
-    Case("mxint8 clamp top", "mxint8", tile([1.9990234375, -1.0]), tile([1.984375, -1.0]),
-         scale=[127], data=ctile([127, 192])),
+    Case(
+        "mxint8 clamp top",
+        "mxint8",
+        tile([1.9990234375, -1.0]),
+        tile([1.984375, -1.0]),
+        scale=[127],
+        data=ctile([127, 192]),
+    ),
     # symmetric: -127.9375 -> -128 clamps to -127 (code 129) -> -1.984375; 1.0 -> 64.
-    Case("mxint8 symmetric", "mxint8", tile([-1.9990234375, 1.0]), tile([-1.984375, 1.0]),
-         scale=[127], data=ctile([129, 64])),
+    Case(
+        "mxint8 symmetric",
+        "mxint8",
+        tile([-1.9990234375, 1.0]),
+        tile([-1.984375, 1.0]),
+        scale=[127],
+        data=ctile([129, 64]),
+    ),
     # int_range=full (decision 6, Quark MXINT8): -128 allowed (code 128) -> -2.0.
-    Case("mxint8 full range", "mxint8", tile([-1.9990234375, 1.0]), tile([-2.0, 1.0]),
-         {"int_range": "full"}, scale=[127], data=ctile([128, 64])),
+    Case(
+        "mxint8 full range",
+        "mxint8",
+        tile([-1.9990234375, 1.0]),
+        tile([-2.0, 1.0]),
+        {"int_range": "full"},
+        scale=[127],
+        data=ctile([128, 64]),
+    ),
     # mxint4: fixed point 1.2; absmax 1.5 -> exponent 0 (code 127), step 2^-2; v = 4x:
     # 6, -4, 2.5 -> even 2 -> 0.5 / away 3 -> 0.75. int4 codes: 6; -4 -> 12; 2 / 3.
-    Case("mxint4 even", "mxint4", tile([1.5, -1.0, 0.625]), tile([1.5, -1.0, 0.5]),
-         scale=[127], data=ctile([6, 12, 2]), packed_nbytes=16),
-    Case("mxint4 away", "mxint4", tile([1.5, -1.0, 0.625]), tile([1.5, -1.0, 0.75]),
-         {"round_mode": "away"}, scale=[127], data=ctile([6, 12, 3])),
+    Case(
+        "mxint4 even",
+        "mxint4",
+        tile([1.5, -1.0, 0.625]),
+        tile([1.5, -1.0, 0.5]),
+        scale=[127],
+        data=ctile([6, 12, 2]),
+        packed_nbytes=16,
+    ),
+    Case(
+        "mxint4 away",
+        "mxint4",
+        tile([1.5, -1.0, 0.625]),
+        tile([1.5, -1.0, 0.75]),
+        {"round_mode": "away"},
+        scale=[127],
+        data=ctile([6, 12, 3]),
+    ),
     # int8_tensor: scale = 127/127 = 1.0 (float32 0x3F800000); -63.5 -> tie -> -64 (192);
     # 0.5 -> tie -> 0.
-    Case("int8_tensor", "int8_tensor", [127, -63.5, 0.5, 1.0], [127, -64, 0, 1],
-         scale=[0x3F800000], data=[127, 192, 0, 1]),
+    Case(
+        "int8_tensor",
+        "int8_tensor",
+        [127, -63.5, 0.5, 1.0],
+        [127, -64, 0, 1],
+        scale=[0x3F800000],
+        data=[127, 192, 0, 1],
+    ),
 ]
 
 # int8_channel = int8_float32_t0: one float32 scale per row (axis -1): absmax / 127.
@@ -487,26 +706,59 @@ INTS: list[Case] = [
 CHANNEL_X = [[127, -63.5, 0.5, 1.0], [254, -1, 3, 100]]
 CHANNEL_SCALE = [[0x3F800000], [0x40000000]]  # grid (2, 1)
 INTS += [
-    Case("int8_channel even", "int8_channel", CHANNEL_X,
-         [[127, -64, 0, 1], [254, 0, 4, 100]], shape=(2, 4), scale=CHANNEL_SCALE,
-         data=[[127, 192, 0, 1], [127, 0, 2, 50]]),
-    Case("int8_channel away", "int8_channel", CHANNEL_X,
-         [[127, -64, 1, 1], [254, -2, 4, 100]], {"round_mode": "away"}, shape=(2, 4),
-         scale=CHANNEL_SCALE, data=[[127, 192, 1, 1], [127, 255, 2, 50]]),
-    Case("int8_channel zero", "int8_channel", CHANNEL_X,
-         [[127, -63, 0, 1], [254, 0, 2, 100]], {"round_mode": "zero"}, shape=(2, 4),
-         scale=CHANNEL_SCALE, data=[[127, 193, 0, 1], [127, 0, 1, 50]]),
+    Case(
+        "int8_channel even",
+        "int8_channel",
+        CHANNEL_X,
+        [[127, -64, 0, 1], [254, 0, 4, 100]],
+        shape=(2, 4),
+        scale=CHANNEL_SCALE,
+        data=[[127, 192, 0, 1], [127, 0, 2, 50]],
+    ),
+    Case(
+        "int8_channel away",
+        "int8_channel",
+        CHANNEL_X,
+        [[127, -64, 1, 1], [254, -2, 4, 100]],
+        {"round_mode": "away"},
+        shape=(2, 4),
+        scale=CHANNEL_SCALE,
+        data=[[127, 192, 1, 1], [127, 255, 2, 50]],
+    ),
+    Case(
+        "int8_channel zero",
+        "int8_channel",
+        CHANNEL_X,
+        [[127, -63, 0, 1], [254, 0, 2, 100]],
+        {"round_mode": "zero"},
+        shape=(2, 4),
+        scale=CHANNEL_SCALE,
+        data=[[127, 193, 0, 1], [127, 0, 1, 50]],
+    ),
     # axis 0: one scale per column. Column 0 absmax 127 -> 1.0: -1.5 -> tie -> -2 (254);
     # column 1 absmax 254 -> 2.0: 3/2 = 1.5 -> 2 -> 4; -254/2 = -127 (129). Grid (1, 2).
-    Case("int8_channel axis 0", "int8_channel", [[127, 3], [-1.5, -254]],
-         [[127, 4], [-2, -254]], {"axis": 0}, shape=(2, 2),
-         scale=[[0x3F800000, 0x40000000]], data=[[127, 2], [254, 129]]),
+    Case(
+        "int8_channel axis 0",
+        "int8_channel",
+        [[127, 3], [-1.5, -254]],
+        [[127, 4], [-2, -254]],
+        {"axis": 0},
+        shape=(2, 2),
+        scale=[[0x3F800000, 0x40000000]],
+        data=[[127, 2], [254, 129]],
+    ),
     # fp8e4_channel = e4m3fn_float32_t0: absmax / 448. Row 0: 448 -> 1.0: 17 -> 16 (88);
     #   -2^-9 exact (1|128 = 129); 2^-10 -> tie -> 0. Row 1: 896 -> 2.0: 448 (126);
     #   17 -> 16 -> 32 (88); 1 -> 0.5 (f6 -> 48) -> 1; -2^-10 -> -2^-11 = 0.25 steps -> -0 (128).
-    Case("fp8e4_channel", "fp8e4_channel", [[448, 17, -p2(-9), p2(-10)], [896, 34, 1, -p2(-10)]],
-         [[448, 16, -p2(-9), 0], [896, 32, 1, -0.0]], shape=(2, 4),
-         scale=[[0x3F800000], [0x40000000]], data=[[126, 88, 129, 0], [126, 88, 48, 128]]),
+    Case(
+        "fp8e4_channel",
+        "fp8e4_channel",
+        [[448, 17, -p2(-9), p2(-10)], [896, 34, 1, -p2(-10)]],
+        [[448, 16, -p2(-9), 0], [896, 32, 1, -0.0]],
+        shape=(2, 4),
+        scale=[[0x3F800000], [0x40000000]],
+        data=[[126, 88, 129, 0], [126, 88, 48, 128]],
+    ),
 ]
 
 
@@ -528,24 +780,65 @@ ZP_X = [-10, 117.5, 0.25, -0.75, 1.0]
 #   min(x, 0) / max(x, 0)): 1.875/15 = 0.125 (0x3000); zero 0; v = 15, 0.5 (tie), 1.5 (tie), 8.
 UB_X = [*tile([-3, 4.5, 1.25, 0.75]), 1.875, 0.0625, 0.1875, 1.0, 0, 0, 0, 0]
 ZERO_POINTS: list[Case] = [
-    Case("uint8_tensor even", "uint8_tensor", ZP_X, [-10, 117.5, 0, -1, 1],
-         scale=[0x3F000000], zero=[20], data=[0, 255, 20, 18, 22]),
-    Case("uint8_tensor away", "uint8_tensor", ZP_X, [-10, 117.5, 0.5, -1, 1],
-         {"round_mode": "away"}, scale=[0x3F000000], zero=[20], data=[0, 255, 21, 18, 22]),
-    Case("uint8_tensor zero", "uint8_tensor", ZP_X, [-10, 117.5, 0, -0.5, 1],
-         {"round_mode": "zero"}, scale=[0x3F000000], zero=[20], data=[0, 255, 20, 19, 22]),
-    Case("uint4_block32 even", "uint4_block32", UB_X,
-         [*tile([-3, 4.5, 1.0, 1.0]), 1.875, 0, 0.25, 1.0, 0, 0, 0, 0],
-         scale=[0x3800, 0x3000], zero=[6, 0],
-         data=[*ctile([0, 15, 8, 8], fill=6), 15, 0, 2, 8, 0, 0, 0, 0], packed_nbytes=20),
-    Case("uint4_block32 away", "uint4_block32", UB_X,
-         [*tile([-3, 4.5, 1.5, 1.0]), 1.875, 0.125, 0.25, 1.0, 0, 0, 0, 0],
-         {"round_mode": "away"}, scale=[0x3800, 0x3000], zero=[6, 0],
-         data=[*ctile([0, 15, 9, 8], fill=6), 15, 1, 2, 8, 0, 0, 0, 0]),
-    Case("uint4_block32 zero", "uint4_block32", UB_X,
-         [*tile([-3, 4.5, 1.0, 0.5]), 1.875, 0, 0.125, 1.0, 0, 0, 0, 0],
-         {"round_mode": "zero"}, scale=[0x3800, 0x3000], zero=[6, 0],
-         data=[*ctile([0, 15, 8, 7], fill=6), 15, 0, 1, 8, 0, 0, 0, 0]),
+    Case(
+        "uint8_tensor even",
+        "uint8_tensor",
+        ZP_X,
+        [-10, 117.5, 0, -1, 1],
+        scale=[0x3F000000],
+        zero=[20],
+        data=[0, 255, 20, 18, 22],
+    ),
+    Case(
+        "uint8_tensor away",
+        "uint8_tensor",
+        ZP_X,
+        [-10, 117.5, 0.5, -1, 1],
+        {"round_mode": "away"},
+        scale=[0x3F000000],
+        zero=[20],
+        data=[0, 255, 21, 18, 22],
+    ),
+    Case(
+        "uint8_tensor zero",
+        "uint8_tensor",
+        ZP_X,
+        [-10, 117.5, 0, -0.5, 1],
+        {"round_mode": "zero"},
+        scale=[0x3F000000],
+        zero=[20],
+        data=[0, 255, 20, 19, 22],
+    ),
+    Case(
+        "uint4_block32 even",
+        "uint4_block32",
+        UB_X,
+        [*tile([-3, 4.5, 1.0, 1.0]), 1.875, 0, 0.25, 1.0, 0, 0, 0, 0],
+        scale=[0x3800, 0x3000],
+        zero=[6, 0],
+        data=[*ctile([0, 15, 8, 8], fill=6), 15, 0, 2, 8, 0, 0, 0, 0],
+        packed_nbytes=20,
+    ),
+    Case(
+        "uint4_block32 away",
+        "uint4_block32",
+        UB_X,
+        [*tile([-3, 4.5, 1.5, 1.0]), 1.875, 0.125, 0.25, 1.0, 0, 0, 0, 0],
+        {"round_mode": "away"},
+        scale=[0x3800, 0x3000],
+        zero=[6, 0],
+        data=[*ctile([0, 15, 9, 8], fill=6), 15, 1, 2, 8, 0, 0, 0, 0],
+    ),
+    Case(
+        "uint4_block32 zero",
+        "uint4_block32",
+        UB_X,
+        [*tile([-3, 4.5, 1.0, 0.5]), 1.875, 0, 0.125, 1.0, 0, 0, 0, 0],
+        {"round_mode": "zero"},
+        scale=[0x3800, 0x3000],
+        zero=[6, 0],
+        data=[*ctile([0, 15, 8, 7], fill=6), 15, 0, 1, 8, 0, 0, 0, 0],
+    ),
 ]
 
 
@@ -593,58 +886,147 @@ THREE_D_Y = C3[:, None, :] * np.array([4.0, 2.0, 0.0, 4.0])[None, :, None]
 THREE_D_D = np.broadcast_to(np.array([6, 4, 0, 6])[None, :, None], (2, 4, 3))
 
 GEOMETRY: list[Case] = [
-    Case("t4 axis 1 of (4, 8)", "e2m1fnuz_e8m0_t4", AXIS_X, AXIS1_Y, shape=(4, 8),
-         scale=[[128, 125], [125, 125], [125, 125], [125, 125]], data=AXIS1_D),
-    Case("t4 axis 0 of (4, 8)", "e2m1fnuz_e8m0_t4", AXIS_X, AXIS0_Y, {"axis": 0},
-         shape=(4, 8), scale=[[128, 125, 125, 125, 125, 125, 125, 125]], data=AXIS0_D),
+    Case(
+        "t4 axis 1 of (4, 8)",
+        "e2m1fnuz_e8m0_t4",
+        AXIS_X,
+        AXIS1_Y,
+        shape=(4, 8),
+        scale=[[128, 125], [125, 125], [125, 125], [125, 125]],
+        data=AXIS1_D,
+    ),
+    Case(
+        "t4 axis 0 of (4, 8)",
+        "e2m1fnuz_e8m0_t4",
+        AXIS_X,
+        AXIS0_Y,
+        {"axis": 0},
+        shape=(4, 8),
+        scale=[[128, 125, 125, 125, 125, 125, 125, 125]],
+        data=AXIS0_D,
+    ),
     # 40 values: tile 0 all 1.0 (floor 0 - 2 -> 125, v = 4, code 6); tail [3, -0.75, 1, 0,
     # 0, 0, 0, 0.125]: zero padding leaves absmax 3 -> sexp -1 (126); v = 2x: 6 (7),
     # -1.5 (11), 2 (4), 0.25 -> tie -> 0. 40 codes x 4 bits = 20 bytes (padding not stored).
-    Case("mxfp4 ragged 40", "mxfp4", [1.0] * 32 + [3, -0.75, 1, 0, 0, 0, 0, 0.125],
-         [1.0] * 32 + [3, -0.75, 1, 0, 0, 0, 0, 0], scale=[125, 126],
-         data=[6] * 32 + [7, 11, 4, 0, 0, 0, 0, 0], packed_nbytes=20),
-    Case("e4m3fn 2x2 tiles", "e4m3fn_e8m0_t2_t2", TWO_D_X, TWO_D_Y, shape=(4, 4),
-         scale=[[127, 0], [118, 128]], data=TWO_D_D),
-    Case("3-D middle axis", "e2m1fnuz_e8m0_t4", THREE_D_X, THREE_D_Y, {"axis": 1},
-         shape=(2, 4, 3), scale=[[[125, 126, 127]], [[128, 129, 130]]], data=THREE_D_D),
+    Case(
+        "mxfp4 ragged 40",
+        "mxfp4",
+        [1.0] * 32 + [3, -0.75, 1, 0, 0, 0, 0, 0.125],
+        [1.0] * 32 + [3, -0.75, 1, 0, 0, 0, 0, 0],
+        scale=[125, 126],
+        data=[6] * 32 + [7, 11, 4, 0, 0, 0, 0, 0],
+        packed_nbytes=20,
+    ),
+    Case(
+        "e4m3fn 2x2 tiles",
+        "e4m3fn_e8m0_t2_t2",
+        TWO_D_X,
+        TWO_D_Y,
+        shape=(4, 4),
+        scale=[[127, 0], [118, 128]],
+        data=TWO_D_D,
+    ),
+    Case(
+        "3-D middle axis",
+        "e2m1fnuz_e8m0_t4",
+        THREE_D_X,
+        THREE_D_Y,
+        {"axis": 1},
+        shape=(2, 4, 3),
+        scale=[[[125, 126, 127]], [[128, 129, 130]]],
+        data=THREE_D_D,
+    ),
     # All-zero tile (with a -0) -> scale code 0, values +0 (fnuz); tile 1 [3, 0.5]:
     # floor(log2 3) = 1 -> sexp -1 (126); v = 6 (7), 1 (2).
-    Case("mxfp4 zero tile", "mxfp4", tile([0.0, -0.0]) + tile([3.0, 0.5]),
-         [0.0] * 32 + tile([3.0, 0.5]), scale=[0, 126], data=[0] * 32 + ctile([7, 2])),
+    Case(
+        "mxfp4 zero tile",
+        "mxfp4",
+        tile([0.0, -0.0]) + tile([3.0, 0.5]),
+        [0.0] * 32 + tile([3.0, 0.5]),
+        scale=[0, 126],
+        data=[0] * 32 + ctile([7, 2]),
+    ),
     # All -0 in e4m3fn: code 0 scale, -0 kept (code 128).
-    Case("mxfp8e4 negative zero tile", "mxfp8e4", [-0.0] * 32, [-0.0] * 32, scale=[0],
-         data=[128] * 32),
+    Case(
+        "mxfp8e4 negative zero tile",
+        "mxfp8e4",
+        [-0.0] * 32,
+        [-0.0] * 32,
+        scale=[0],
+        data=[128] * 32,
+    ),
     Case("mxint8 zero tile", "mxint8", [0.0] * 32, [0.0] * 32, scale=[0], data=[0] * 32),
     # Just below 1: floor(log2 0.99999994) = -1 -> sexp -9 (118); v = 512 - 2^-15 ->
     # step 32 -> 16 -> 512 clamps to 448 (126) -> 448 * 2^-9 = 0.875.
-    Case("mxfp8e4 absmax 1-2^-24", "mxfp8e4", tile([1 - p2(-24)]), tile([0.875]),
-         scale=[118], data=ctile([126])),
+    Case(
+        "mxfp8e4 absmax 1-2^-24",
+        "mxfp8e4",
+        tile([1 - p2(-24)]),
+        tile([0.875]),
+        scale=[118],
+        data=ctile([126]),
+    ),
     # 256 - 2^-16: exponent bits give 7 (a float32 log2 rounds to 8.0: decision 1) ->
     # sexp -1 (126); v = 512 - 2^-15 -> 16 steps of 32 -> clamps to 448 -> 224.
-    Case("mxfp8e4 absmax 256-2^-16 floor", "mxfp8e4", tile([256 - p2(-16)]), tile([224.0]),
-         scale=[126], data=ctile([126])),
+    Case(
+        "mxfp8e4 absmax 256-2^-16 floor",
+        "mxfp8e4",
+        tile([256 - p2(-16)]),
+        tile([224.0]),
+        scale=[126],
+        data=ctile([126]),
+    ),
     # midmax: 1.99999 > 464/256 -> sexp 0 (127); v -> step 16 -> 16 -> 256 (f15 = 120).
-    Case("mxfp8e4 absmax 256-2^-16 midmax", "mxfp8e4", tile([256 - p2(-16)]), tile([256.0]),
-         {"scale_mode": "midmax"}, scale=[127], data=ctile([120])),
+    Case(
+        "mxfp8e4 absmax 256-2^-16 midmax",
+        "mxfp8e4",
+        tile([256 - p2(-16)]),
+        tile([256.0]),
+        {"scale_mode": "midmax"},
+        scale=[127],
+        data=ctile([120]),
+    ),
     # float32 subnormals: absmax 2^-130 -> sexp -138 clamps to -127 (code 0); v = 2^127 x:
     #   2^-3 (f4 -> 32) exact; -2^-6 (f1 = 8|128 = 136); 2^-9 (1); 2^-10 -> tie -> 0;
     #   2^-22 -> 0; 17*2^-8 = 1.0625*2^-4 -> step 2^-7 -> 8.5 -> 8 -> 2^-4 (f3 -> 24) -> 2^-131.
-    Case("mxfp8e4 float32 subnormals", "mxfp8e4",
-         tile([p2(-130), -p2(-133), p2(-136), p2(-137), p2(-149), 17 * p2(-135)]),
-         tile([p2(-130), -p2(-133), p2(-136), 0, 0, p2(-131)]),
-         scale=[0], data=ctile([32, 136, 1, 0, 0, 24])),
+    Case(
+        "mxfp8e4 float32 subnormals",
+        "mxfp8e4",
+        tile([p2(-130), -p2(-133), p2(-136), p2(-137), p2(-149), 17 * p2(-135)]),
+        tile([p2(-130), -p2(-133), p2(-136), 0, 0, p2(-131)]),
+        scale=[0],
+        data=ctile([32, 136, 1, 0, 0, 24]),
+    ),
     # mxfp4 of subnormals: sexp clamps to -127; 2^-140 * 2^127 = 2^-13 -> step .5 -> 0;
     # -2^-149 -> +0 (fnuz). Scale code 0 although the tile is not all zero.
-    Case("mxfp4 float32 subnormals", "mxfp4", tile([p2(-140), p2(-141), -p2(-149)]),
-         [0.0] * 32, scale=[0], data=[0] * 32),
+    Case(
+        "mxfp4 float32 subnormals",
+        "mxfp4",
+        tile([p2(-140), p2(-141), -p2(-149)]),
+        [0.0] * 32,
+        scale=[0],
+        data=[0] * 32,
+    ),
     # float32 max: floor(log2) = 127 -> sexp 125 (252); v = 8 - 2^-21 -> step 2 -> 4 -> 8
     # clamps to 6 (7) -> 6 * 2^125 = 1.5 * 2^127.
-    Case("mxfp4 float32 max", "mxfp4", tile([F32_MAX]), tile([1.5 * p2(127)]), scale=[252],
-         data=ctile([7])),
+    Case(
+        "mxfp4 float32 max",
+        "mxfp4",
+        tile([F32_MAX]),
+        tile([1.5 * p2(127)]),
+        scale=[252],
+        data=ctile([7]),
+    ),
     # bfp16 preset = int8_e8m0_t16 (the BFP document's example): absmax 3.5 -> floor 1 (code 128),
     # step 2^(1-6); v = 32x: 112, 38.4 -> 38, -89.6 -> -90 (166), 16.
-    Case("bfp16 preset", "bfp16", tile([3.5, 1.2, -2.8, 0.5], 16),
-         tile([3.5, 1.1875, -2.8125, 0.5], 16), scale=[128], data=ctile([112, 38, 166, 16], 16)),
+    Case(
+        "bfp16 preset",
+        "bfp16",
+        tile([3.5, 1.2, -2.8, 0.5], 16),
+        tile([3.5, 1.1875, -2.8125, 0.5], 16),
+        scale=[128],
+        data=ctile([112, 38, 166, 16], 16),
+    ),
 ]
 
 
@@ -657,40 +1039,92 @@ def test_geometry_and_edge_tiles(case: Case) -> None:
 NONFINITE: list[Case] = [
     # element: absmax over finite = 3 -> floor 1 - 8 = -7 (120); NaN stays (code 127);
     # +-Inf -> +-448 * 2^-7 = +-3.5 (126, 254); 3 -> 384 (f15 m4 = 124); 0.5 -> 64 (f13 -> 104).
-    Case("mxfp8e4 element", "mxfp8e4", tile([NAN, INF, -INF, 3.0, 0.5]),
-         tile([NAN, 3.5, -3.5, 3.0, 0.5]), scale=[120], data=ctile([127, 126, 254, 124, 104])),
+    Case(
+        "mxfp8e4 element",
+        "mxfp8e4",
+        tile([NAN, INF, -INF, 3.0, 0.5]),
+        tile([NAN, 3.5, -3.5, 3.0, 0.5]),
+        scale=[120],
+        data=ctile([127, 126, 254, 124, 104]),
+    ),
     # block: tile 0 holds Inf -> scale NaN (255), the whole tile NaN (codes 0); tile 1
     # [2, -0.375]: floor 1 -> 120; v = 256 (120), -48 (1.5*2^5: f12 m4 = 100|128 = 228).
-    Case("mxfp8e4 block", "mxfp8e4", tile([INF, 1.0]) + tile([2.0, -0.375]),
-         [NAN] * 32 + tile([2.0, -0.375]), {"nan_policy": "block"}, scale=[255, 120],
-         data=[0] * 32 + ctile([120, 228])),
+    Case(
+        "mxfp8e4 block",
+        "mxfp8e4",
+        tile([INF, 1.0]) + tile([2.0, -0.375]),
+        [NAN] * 32 + tile([2.0, -0.375]),
+        {"nan_policy": "block"},
+        scale=[255, 120],
+        data=[0] * 32 + ctile([120, 228]),
+    ),
     # element: absmax 3 -> floor 1 - 2 = -1 (126); NaN (fnuz code 8); Inf -> 6 * 0.5 = 3 (7);
     # -Inf -> -3 (15); 3 -> 6 (7); 0.75 -> 1.5 (3).
-    Case("mxfp4 element", "mxfp4", tile([NAN, INF, 3.0, -INF, 0.75]),
-         tile([NAN, 3.0, 3.0, -3.0, 0.75]), scale=[126], data=ctile([8, 7, 7, 15, 3])),
-    Case("mxfp4 block NaN", "mxfp4", tile([NAN, 1.0]), [NAN] * 32, {"nan_policy": "block"},
-         scale=[255], data=[0] * 32),
+    Case(
+        "mxfp4 element",
+        "mxfp4",
+        tile([NAN, INF, 3.0, -INF, 0.75]),
+        tile([NAN, 3.0, 3.0, -3.0, 0.75]),
+        scale=[126],
+        data=ctile([8, 7, 7, 15, 3]),
+    ),
+    Case(
+        "mxfp4 block NaN",
+        "mxfp4",
+        tile([NAN, 1.0]),
+        [NAN] * 32,
+        {"nan_policy": "block"},
+        scale=[255],
+        data=[0] * 32,
+    ),
     # Scaled e5m2: Inf saturates (only unscaled casts keep Inf). absmax 1 -> 0 - 15 = -15
     # (112); Inf -> 57344 * 2^-15 = 1.75 (123); 1 -> 2^15 (f30 -> 120).
-    Case("mxfp8e5 element Inf", "mxfp8e5", tile([INF, 1.0]), tile([1.75, 1.0]), scale=[112],
-         data=ctile([123, 120])),
+    Case(
+        "mxfp8e5 element Inf",
+        "mxfp8e5",
+        tile([INF, 1.0]),
+        tile([1.75, 1.0]),
+        scale=[112],
+        data=ctile([123, 120]),
+    ),
     # mxint8 has no NaN code: a NaN makes its tile NaN (scale 255, codes 0); tile 1 with Inf
     # saturates: absmax 1 -> exponent 0 (127), step 2^-6; Inf -> 127/64 = 1.984375; 1 -> 64;
     # -0.5 -> -32 (224).
-    Case("mxint8 element NaN", "mxint8", tile([NAN, 1.0]) + tile([INF, 1.0, -0.5]),
-         [NAN] * 32 + tile([1.984375, 1.0, -0.5]), scale=[255, 127],
-         data=[0] * 32 + ctile([127, 64, 224])),
-    Case("mxint8 block Inf", "mxint8", tile([INF, 1.0]), [NAN] * 32, {"nan_policy": "block"},
-         scale=[255], data=[0] * 32),
+    Case(
+        "mxint8 element NaN",
+        "mxint8",
+        tile([NAN, 1.0]) + tile([INF, 1.0, -0.5]),
+        [NAN] * 32 + tile([1.984375, 1.0, -0.5]),
+        scale=[255, 127],
+        data=[0] * 32 + ctile([127, 64, 224]),
+    ),
+    Case(
+        "mxint8 block Inf",
+        "mxint8",
+        tile([INF, 1.0]),
+        [NAN] * 32,
+        {"nan_policy": "block"},
+        scale=[255],
+        data=[0] * 32,
+    ),
     # uint8_tensor (zero point, no NaN code): the one tile holding NaN is NaN.
     Case("uint8_tensor NaN", "uint8_tensor", [NAN, 1.0, -2.0], [NAN, NAN, NAN]),
     # Codebook (no NaN code): tile 0 NaN (scale 255); tile 1 as "cb41fi f and i tiles" tile A.
-    Case("cb41fi NaN tile", "cb41fi_e2m2fnuz_e8m0_t8", tile([NAN, 1.0], 8)
-         + tile([6, 0.375, -1.375, 4], 8), [NAN] * 8 + tile([6, 0.5, -1.5, 4], 8),
-         scale=[255, 127]),
+    Case(
+        "cb41fi NaN tile",
+        "cb41fi_e2m2fnuz_e8m0_t8",
+        tile([NAN, 1.0], 8) + tile([6, 0.375, -1.375, 4], 8),
+        [NAN] * 8 + tile([6, 0.5, -1.5, 4], 8),
+        scale=[255, 127],
+    ),
     # int8_channel (float scale, no NaN code): the NaN row is NaN; row 1: 127 -> scale 1.
-    Case("int8_channel NaN row", "int8_channel", [[NAN, 1.0], [127, -1.0]],
-         [[NAN, NAN], [127, -1.0]], shape=(2, 2)),
+    Case(
+        "int8_channel NaN row",
+        "int8_channel",
+        [[NAN, 1.0], [127, -1.0]],
+        [[NAN, NAN], [127, -1.0]],
+        shape=(2, 2),
+    ),
 ]
 
 
@@ -735,36 +1169,79 @@ MX6_TAIL_Y, MX6_TAIL_D = [0.5, -0.25] * 4, [4, 30] * 4
 #   p3..p7 [0.5, 0.25]  shifted: 2, 1.
 MX4_X = [1.5, -0.75, 0.875, 0.3125, 1.25, 0.125] + [0.5, 0.25] * 5
 MX: list[Case] = [
-    Case("mx9 even", "mx9", MX9_X,
-         [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.0, 0.0, -p2(-6)] + [0.5, 0.25] * 4,
-         scale=[128], meta=MX9_META,
-         data=[127, 192, 65, 208, 65, 32, 0, 255] + [32, 16] * 4, packed_nbytes=16),
-    Case("mx9 away", "mx9", MX9_X,
-         [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.03125, p2(-6), -p2(-6)] + [0.5, 0.25] * 4,
-         {"round_mode": "away"}, scale=[128], meta=MX9_META,
-         data=[127, 192, 65, 208, 65, 33, 1, 255] + [32, 16] * 4),
-    Case("mx6 even", "mx6", MX6_X,
-         [3.75, -1.0, 1.5, 0.75, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
-         scale=[128], meta=MX6_META, data=[15, 28, 12, 6, 15, 17, 8, 0, *MX6_TAIL_D],
-         packed_nbytes=10),  # 16 x 5 bits
-    Case("mx6 away", "mx6", MX6_X,
-         [3.75, -1.25, 1.625, 0.75, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
-         {"round_mode": "away"}, scale=[128], meta=MX6_META,
-         data=[15, 27, 13, 6, 15, 17, 8, 0, *MX6_TAIL_D]),
-    Case("mx6 zero", "mx6", MX6_X,
-         [3.75, -1.0, 1.5, 0.625, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
-         {"round_mode": "zero"}, scale=[128], meta=MX6_META,
-         data=[15, 28, 12, 5, 15, 17, 8, 0, *MX6_TAIL_D]),
+    Case(
+        "mx9 even",
+        "mx9",
+        MX9_X,
+        [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.0, 0.0, -p2(-6)] + [0.5, 0.25] * 4,
+        scale=[128],
+        meta=MX9_META,
+        data=[127, 192, 65, 208, 65, 32, 0, 255] + [32, 16] * 4,
+        packed_nbytes=16,
+    ),
+    Case(
+        "mx9 away",
+        "mx9",
+        MX9_X,
+        [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.03125, p2(-6), -p2(-6)] + [0.5, 0.25] * 4,
+        {"round_mode": "away"},
+        scale=[128],
+        meta=MX9_META,
+        data=[127, 192, 65, 208, 65, 33, 1, 255] + [32, 16] * 4,
+    ),
+    Case(
+        "mx6 even",
+        "mx6",
+        MX6_X,
+        [3.75, -1.0, 1.5, 0.75, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
+        scale=[128],
+        meta=MX6_META,
+        data=[15, 28, 12, 6, 15, 17, 8, 0, *MX6_TAIL_D],
+        packed_nbytes=10,
+    ),  # 16 x 5 bits
+    Case(
+        "mx6 away",
+        "mx6",
+        MX6_X,
+        [3.75, -1.25, 1.625, 0.75, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
+        {"round_mode": "away"},
+        scale=[128],
+        meta=MX6_META,
+        data=[15, 27, 13, 6, 15, 17, 8, 0, *MX6_TAIL_D],
+    ),
+    Case(
+        "mx6 zero",
+        "mx6",
+        MX6_X,
+        [3.75, -1.0, 1.5, 0.625, 1.875, -1.875, 2.0, 0.0, *MX6_TAIL_Y],
+        {"round_mode": "zero"},
+        scale=[128],
+        meta=MX6_META,
+        data=[15, 28, 12, 5, 15, 17, 8, 0, *MX6_TAIL_D],
+    ),
     # 18 values: block 1 is [1, 0.5] + 14 zeros of padding: e_bmax 0 (code 127) -> s_b 2^-6;
     # the pair holds exponent 0 = e_bmax -> unshifted (meta 0): 64, 32 exact. The meta grid
     # keeps only the 9 pairs that hold data (padding is never stored: decision 7).
-    Case("mx9 ragged 18", "mx9", [*MX9_X, 1.0, 0.5],
-         [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.0, 0.0, -p2(-6)] + [0.5, 0.25] * 4
-         + [1.0, 0.5], scale=[128, 127], meta=[*MX9_META, 0],
-         data=[127, 192, 65, 208, 65, 32, 0, 255] + [32, 16] * 4 + [64, 32], packed_nbytes=18),
-    Case("mx4 even", "mx4", MX4_X, [1.5, -1.0, 0.75, 0.25, 1.0, 0.0] + [0.5, 0.25] * 5,
-         scale=[127], meta=[0, 1, 0, 1, 1, 1, 1, 1], data=[3, 6, 3, 1, 2, 0] + [2, 1] * 5,
-         packed_nbytes=6),  # 16 x 3 bits
+    Case(
+        "mx9 ragged 18",
+        "mx9",
+        [*MX9_X, 1.0, 0.5],
+        [3.96875, -2.0, 1.015625, -0.75, 2.03125, 1.0, 0.0, -p2(-6)] + [0.5, 0.25] * 4 + [1.0, 0.5],
+        scale=[128, 127],
+        meta=[*MX9_META, 0],
+        data=[127, 192, 65, 208, 65, 32, 0, 255] + [32, 16] * 4 + [64, 32],
+        packed_nbytes=18,
+    ),
+    Case(
+        "mx4 even",
+        "mx4",
+        MX4_X,
+        [1.5, -1.0, 0.75, 0.25, 1.0, 0.0] + [0.5, 0.25] * 5,
+        scale=[127],
+        meta=[0, 1, 0, 1, 1, 1, 1, 1],
+        data=[3, 6, 3, 1, 2, 0] + [2, 1] * 5,
+        packed_nbytes=6,
+    ),  # 16 x 3 bits
 ]
 
 
@@ -784,7 +1261,8 @@ def test_mx_shared_microexponents(case: Case) -> None:
 #   block 1 [10, 5]: 10/6 = 1.6667 -> e4m3 step 1/8: 13.33 -> 13 -> 1.625 (f7 m5 = 61);
 #   10/1.625 = 6.15 -> step 2: 3.08 -> 3 -> 6 -> 9.75; 5/1.625 = 3.08 -> step 1 -> 3 -> 4.875.
 NVFP4_X1 = tile([168, 84, 70, -14, 6.25], 16) + tile(
-    [0.5625, 0.28125, 0.234375, -0.046875, 0.0234375], 16)
+    [0.5625, 0.28125, 0.234375, -0.046875, 0.0234375], 16
+)
 NVFP4_Y1 = tile([168, 84, 56, -14, 0], 16) + tile([0.5625, 0.28125, 0.1875, -0.046875, 0], 16)
 # Codebook cb41fi_e2m2fnuz_e8m0_t8 (codebook document): compute e2m2fnuz (bias 1, max 7, emax 2).
 #   f mapping: fp4 = e2m1 values 0.5 1 1.5 2 3 4 6 (the spec's (-2, 2) row times 4), e2m2
@@ -799,16 +1277,35 @@ NVFP4_Y1 = tile([168, 84, 56, -14, 0], 16) + tile([0.5625, 0.28125, 0.1875, -0.0
 #   i exact (L2 0); f: 7 -> 6 (1), 5 -> 4 or 6 (1 either way), -3, 1 exact: L2 2 -> i (meta 1).
 #   Index codes: 7, 5, 8|3 = 11, 1.
 OTHER: list[Case] = [
-    Case("nvfp4 ts 2^-4", "nvfp4", NVFP4_X1, NVFP4_Y1, scale=[126, 60], tenscale=[0x3D800000],
-         data=ctile([7, 5, 4, 9], 16) + ctile([7, 5, 4, 9], 16), packed_nbytes=16),
-    Case("nvfp4 inexact block scale", "nvfp4", tile([2688, -1344], 16) + tile([10, 5], 16),
-         tile([2688, -1344], 16) + tile([9.75, 4.875], 16), scale=[126, 61],
-         tenscale=[0x3F800000], data=ctile([7, 13], 16) + ctile([7, 5], 16)),
-    Case("cb41fi f and i tiles", "cb41fi_e2m2fnuz_e8m0_t8",
-         tile([6, 0.375, -1.375, 4], 8) + tile([14, 10, -6, 2], 8),
-         tile([6, 0.5, -1.5, 4], 8) + tile([14, 10, -6, 2], 8),
-         scale=[127, 128], meta=[0, 1], data=ctile([7, 1, 11, 6], 8) + ctile([7, 5, 11, 1], 8),
-         packed_nbytes=8),
+    Case(
+        "nvfp4 ts 2^-4",
+        "nvfp4",
+        NVFP4_X1,
+        NVFP4_Y1,
+        scale=[126, 60],
+        tenscale=[0x3D800000],
+        data=ctile([7, 5, 4, 9], 16) + ctile([7, 5, 4, 9], 16),
+        packed_nbytes=16,
+    ),
+    Case(
+        "nvfp4 inexact block scale",
+        "nvfp4",
+        tile([2688, -1344], 16) + tile([10, 5], 16),
+        tile([2688, -1344], 16) + tile([9.75, 4.875], 16),
+        scale=[126, 61],
+        tenscale=[0x3F800000],
+        data=ctile([7, 13], 16) + ctile([7, 5], 16),
+    ),
+    Case(
+        "cb41fi f and i tiles",
+        "cb41fi_e2m2fnuz_e8m0_t8",
+        tile([6, 0.375, -1.375, 4], 8) + tile([14, 10, -6, 2], 8),
+        tile([6, 0.5, -1.5, 4], 8) + tile([14, 10, -6, 2], 8),
+        scale=[127, 128],
+        meta=[0, 1],
+        data=ctile([7, 1, 11, 6], 8) + ctile([7, 5, 11, 1], 8),
+        packed_nbytes=8,
+    ),
 ]
 
 
@@ -847,8 +1344,15 @@ BFP_CASES = [
     BfpCase("two blocks", BFP_X, 4, 8, BFP_MANT, [2, -1], BFP_Y),
     # m = 4: shared 2 -> x * 2^(3-2) = 2x: 3.75 -> 7.5 -> 8 clamps to 7 -> 3.5; 2.4 -> 2 -> 1;
     # -5.6 -> -6 -> -3; 1 -> 0.5.
-    BfpCase("bfp8 clamp", tile([3.75, 1.2, -2.8, 0.5]), 32, 4, ctile([7, 2, -6, 1]), [2],
-            tile([3.5, 1.0, -3.0, 0.5])),
+    BfpCase(
+        "bfp8 clamp",
+        tile([3.75, 1.2, -2.8, 0.5]),
+        32,
+        4,
+        ctile([7, 2, -6, 1]),
+        [2],
+        tile([3.5, 1.0, -3.0, 0.5]),
+    ),
     # An all-zero block: E8M0 code 0 (decision 2): block exponent -127 = shared - 1 -> -126.
     BfpCase("zero block", [0.0] * 4, 4, 8, [0] * 4, [-126], [0.0] * 4),
 ]
@@ -857,14 +1361,20 @@ BFP_CASES = [
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in BFP_CASES])
 def test_bfp_golden(case: BfpCase) -> None:
     x = np.array(case.x, dtype=np.float32)
-    mant, exps, meta = bfp.fp32_to_bfp(x, block_size=case.block_size,
-                                       mantissa_bits=case.mantissa_bits)
+    mant, exps, meta = bfp.fp32_to_bfp(
+        x, block_size=case.block_size, mantissa_bits=case.mantissa_bits
+    )
     errors = _codes_mismatch("mantissas", mant, np.array(case.mantissas))
     errors += _codes_mismatch("shared_exps", exps, np.array(case.exps))
     if mant.dtype != np.int8 or exps.dtype != np.int8:
         errors.append(f"dtypes {mant.dtype}, {exps.dtype}: want int8")
-    restored = bfp.bfp_to_fp32(mant, exps, block_size=case.block_size,
-                               mantissa_bits=case.mantissa_bits, original_shape=x.shape)
+    restored = bfp.bfp_to_fp32(
+        mant,
+        exps,
+        block_size=case.block_size,
+        mantissa_bits=case.mantissa_bits,
+        original_shape=x.shape,
+    )
     errors += _bits_mismatch("restored", restored, case.restored)
     assert meta["block_size"] == case.block_size
     assert not errors, "\n".join(f"{case.name}: {e}" for e in errors)

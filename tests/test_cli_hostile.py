@@ -186,8 +186,9 @@ def ins(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "custom_bad.yaml": b"weights: mxfp4\ncustom_ops_only: maybe\n",
         # YAML aliases: exclude holds lists of lists (nesting them deeper grows str() of them
         # exponentially), not node names
-        "laughs.yaml": b"weights: mxfp4\nop_types: [MatMul]\nexclude: &e9 [" + b",".join(
-            [b"&e8 [" + b",".join([b'"x"'] * 10) + b"]"] + [b"*e8"] * 9) + b"]\n",
+        "laughs.yaml": b"weights: mxfp4\nop_types: [MatMul]\nexclude: &e9 ["
+        + b",".join([b"&e8 [" + b",".join([b'"x"'] * 10) + b"]"] + [b"*e8"] * 9)
+        + b"]\n",
         "huge.yaml": b"weights: mxfp4\n" + b"# padding\n" * 120_000,
     }
     for name, text in recipes.items():

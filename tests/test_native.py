@@ -248,6 +248,6 @@ def test_native_every_float16_input_and_rounding_to_float16(name: str) -> None:
     ref, nat = _both(every, dt, out=np.float16, axis=1)
     _assert_same(ref, nat, FIELDS, f"{name} every float16")
     rng = np.random.default_rng(8)
-    wide = (rng.standard_normal((64, 128)) * np.exp2(rng.integers(-40, 20, (64, 128))))
+    wide = rng.standard_normal((64, 128)) * np.exp2(rng.integers(-40, 20, (64, 128)))
     ref, nat = _both(wide.astype(np.float32), dt, out=np.float16, axis=1)
     _assert_same(ref, nat, FIELDS, f"{name} float32 -> float16 values")

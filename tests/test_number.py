@@ -47,42 +47,161 @@ CASES = (
     # OCP E4M3 written bare is e4m3fn (no Inf; NaN = S.1111.111).
     # bias 2^(4-1)-1 = 7; field 15, mantissa 110 -> 2^(15-7) * 1.75 = 448 (111 is NaN)
     # emin 1-7 = -6; subnormal 2^(-6-3) = 2^-9; eps 2^-3; midmax 448 + 2^(8-3-1) = 464
-    Case("e4m3", "e4m3fn", Kind.FLOAT, 8, 4, 3, 7, 8, -6, 448.0, 464.0,
-         2**-6, 2**-9, 2**-3, InfNaN.FN),
-    Case("e4m3fn", "e4m3fn", Kind.FLOAT, 8, 4, 3, 7, 8, -6, 448.0, 464.0,
-         2**-6, 2**-9, 2**-3, InfNaN.FN),
+    Case(
+        "e4m3",
+        "e4m3fn",
+        Kind.FLOAT,
+        8,
+        4,
+        3,
+        7,
+        8,
+        -6,
+        448.0,
+        464.0,
+        2**-6,
+        2**-9,
+        2**-3,
+        InfNaN.FN,
+    ),
+    Case(
+        "e4m3fn",
+        "e4m3fn",
+        Kind.FLOAT,
+        8,
+        4,
+        3,
+        7,
+        8,
+        -6,
+        448.0,
+        464.0,
+        2**-6,
+        2**-9,
+        2**-3,
+        InfNaN.FN,
+    ),
     # Architecture decision 9: bare e4m3fnuz has the default bias 7. Every code but 0x80 is finite:
     # field 15, mantissa 111 -> 2^(15-7) * 1.875 = 480; midmax 480 + 2^(8-3-1) = 496
-    Case("e4m3fnuz", "e4m3fnuz", Kind.FLOAT, 8, 4, 3, 7, 8, -6, 480.0, 496.0,
-         2**-6, 2**-9, 2**-3, InfNaN.FNUZ),
+    Case(
+        "e4m3fnuz",
+        "e4m3fnuz",
+        Kind.FLOAT,
+        8,
+        4,
+        3,
+        7,
+        8,
+        -6,
+        480.0,
+        496.0,
+        2**-6,
+        2**-9,
+        2**-3,
+        InfNaN.FNUZ,
+    ),
     # torch's float8_e4m3fnuz has bias 8: field 15, mantissa 111 -> 2^(15-8) * 1.875 = 240
     # emin 1-8 = -7; subnormal 2^(-7-3) = 2^-10; midmax 240 + 2^(7-3-1) = 248
-    Case("float8_e4m3fnuz", "e4m3b8fnuz", Kind.FLOAT, 8, 4, 3, 8, 7, -7, 240.0, 248.0,
-         2**-7, 2**-10, 2**-3, InfNaN.FNUZ),
+    Case(
+        "float8_e4m3fnuz",
+        "e4m3b8fnuz",
+        Kind.FLOAT,
+        8,
+        4,
+        3,
+        8,
+        7,
+        -7,
+        240.0,
+        248.0,
+        2**-7,
+        2**-10,
+        2**-3,
+        InfNaN.FNUZ,
+    ),
     # torch's float8_e5m2fnuz has bias 16: field 31, mantissa 11 -> 2^(31-16) * 1.75 = 57344
     # emin 1-16 = -15; subnormal 2^(-15-2) = 2^-17; midmax 57344 + 2^(15-2-1) = 61440
-    Case("float8_e5m2fnuz", "e5m2b16fnuz", Kind.FLOAT, 8, 5, 2, 16, 15, -15, 57344.0, 61440.0,
-         2**-15, 2**-17, 2**-2, InfNaN.FNUZ),
+    Case(
+        "float8_e5m2fnuz",
+        "e5m2b16fnuz",
+        Kind.FLOAT,
+        8,
+        5,
+        2,
+        16,
+        15,
+        -15,
+        57344.0,
+        61440.0,
+        2**-15,
+        2**-17,
+        2**-2,
+        InfNaN.FNUZ,
+    ),
     # OCP E5M2 is IEEE-like (field 31 = Inf/NaN): field 30, mantissa 11 -> 2^(30-15)*1.75 = 57344
     # emin 1-15 = -14; subnormal 2^(-14-2) = 2^-16; midmax 57344 + 2^(15-2-1) = 61440
-    Case("e5m2", "e5m2", Kind.FLOAT, 8, 5, 2, 15, 15, -14, 57344.0, 61440.0,
-         2**-14, 2**-16, 2**-2, InfNaN.IEEE),
+    Case(
+        "e5m2",
+        "e5m2",
+        Kind.FLOAT,
+        8,
+        5,
+        2,
+        15,
+        15,
+        -14,
+        57344.0,
+        61440.0,
+        2**-14,
+        2**-16,
+        2**-2,
+        InfNaN.IEEE,
+    ),
     # OCP FP4 E2M1 (no NaN/Inf; the value set of e2m1fnuz): bias 1; field 3, mantissa 1 ->
     # 2^(3-1) * 1.5 = 6; emin 0; subnormal 2^(0-1) = 0.5; midmax 6 + 2^(2-1-1) = 7
-    Case("e2m1", "e2m1fnuz", Kind.FLOAT, 4, 2, 1, 1, 2, 0, 6.0, 7.0,
-         1.0, 0.5, 0.5, InfNaN.FNUZ),
+    Case("e2m1", "e2m1fnuz", Kind.FLOAT, 4, 2, 1, 1, 2, 0, 6.0, 7.0, 1.0, 0.5, 0.5, InfNaN.FNUZ),
     # OCP FP6 E2M3: bias 1; field 3, mantissa 111 -> 2^2 * 1.875 = 7.5; subnormal 2^-3;
     # midmax 7.5 + 2^(2-3-1) = 7.75
-    Case("e2m3", "e2m3fnuz", Kind.FLOAT, 6, 2, 3, 1, 2, 0, 7.5, 7.75,
-         1.0, 2**-3, 2**-3, InfNaN.FNUZ),
+    Case(
+        "e2m3", "e2m3fnuz", Kind.FLOAT, 6, 2, 3, 1, 2, 0, 7.5, 7.75, 1.0, 2**-3, 2**-3, InfNaN.FNUZ
+    ),
     # OCP FP6 E3M2: bias 3; field 7, mantissa 11 -> 2^(7-3) * 1.75 = 28; emin -2;
     # subnormal 2^(-2-2) = 2^-4; midmax 28 + 2^(4-2-1) = 30
-    Case("e3m2", "e3m2fnuz", Kind.FLOAT, 6, 3, 2, 3, 4, -2, 28.0, 30.0,
-         2**-2, 2**-4, 2**-2, InfNaN.FNUZ),
+    Case(
+        "e3m2",
+        "e3m2fnuz",
+        Kind.FLOAT,
+        6,
+        3,
+        2,
+        3,
+        4,
+        -2,
+        28.0,
+        30.0,
+        2**-2,
+        2**-4,
+        2**-2,
+        InfNaN.FNUZ,
+    ),
     # OCP E8M0: value 2^(code - 127), 255 = NaN. Largest: code 254 -> 2^127; smallest:
     # code 0 -> 2^-127 (no subnormals); the value after 1 is 2, so eps = 1
-    Case("e8m0", "e8m0", Kind.EXPONENT, 8, 8, 0, 127, 127, -127, 2.0**127, None,
-         2.0**-127, 2.0**-127, 1.0),
+    Case(
+        "e8m0",
+        "e8m0",
+        Kind.EXPONENT,
+        8,
+        8,
+        0,
+        127,
+        127,
+        -127,
+        2.0**127,
+        None,
+        2.0**-127,
+        2.0**-127,
+        1.0,
+    ),
     # int8 is symmetric (architecture decision 6): +-127; emax floor(log2 127) = 6 = N - 2;
     # the step is always 1 (emin 0, smallest 1, eps 1); midmax 127 + 1/2
     Case("int8", "int8", Kind.INT, 8, 0, 7, 0, 6, 0, 127.0, 127.5, 1.0, 1.0, 1.0),
@@ -90,33 +209,138 @@ CASES = (
     Case("uint4", "uint4", Kind.UINT, 4, 0, 4, 0, 3, 0, 15.0, 15.5, 1.0, 1.0, 1.0),
     # IEEE binary16: field 30, mantissa all ones -> 2^15 * (2 - 2^-10) = 65504; emin -14;
     # subnormal 2^(-14-10) = 2^-24; midmax 65504 + 2^(15-10-1) = 65520
-    Case("float16", "float16", Kind.FLOAT, 16, 5, 10, 15, 15, -14, 65504.0, 65520.0,
-         2**-14, 2**-24, 2**-10, InfNaN.IEEE),
+    Case(
+        "float16",
+        "float16",
+        Kind.FLOAT,
+        16,
+        5,
+        10,
+        15,
+        15,
+        -14,
+        65504.0,
+        65520.0,
+        2**-14,
+        2**-24,
+        2**-10,
+        InfNaN.IEEE,
+    ),
     # bfloat16: 2^127 * (2 - 2^-7); emin -126; subnormal 2^(-126-7) = 2^-133;
     # midmax = max + 2^(127-7-1) = 2^128 - 2^120 + 2^119 = 2^128 - 2^119
-    Case("bfloat16", "bfloat16", Kind.FLOAT, 16, 8, 7, 127, 127, -126,
-         2.0**127 * (2 - 2**-7), 2.0**128 - 2.0**119, 2.0**-126, 2.0**-133, 2**-7, InfNaN.IEEE),
+    Case(
+        "bfloat16",
+        "bfloat16",
+        Kind.FLOAT,
+        16,
+        8,
+        7,
+        127,
+        127,
+        -126,
+        2.0**127 * (2 - 2**-7),
+        2.0**128 - 2.0**119,
+        2.0**-126,
+        2.0**-133,
+        2**-7,
+        InfNaN.IEEE,
+    ),
     # IEEE binary32: 2^127 * (2 - 2^-23); subnormal 2^(-126-23) = 2^-149;
     # midmax = 2^128 - 2^104 + 2^103 = 2^128 - 2^103
-    Case("float32", "float32", Kind.FLOAT, 32, 8, 23, 127, 127, -126,
-         2.0**127 * (2 - 2**-23), 2.0**128 - 2.0**103, 2.0**-126, 2.0**-149, 2**-23, InfNaN.IEEE),
+    Case(
+        "float32",
+        "float32",
+        Kind.FLOAT,
+        32,
+        8,
+        23,
+        127,
+        127,
+        -126,
+        2.0**127 * (2 - 2**-23),
+        2.0**128 - 2.0**103,
+        2.0**-126,
+        2.0**-149,
+        2**-23,
+        InfNaN.IEEE,
+    ),
     # IEEE binary64: 2^1023 * (2 - 2^-52); subnormal 2^(-1022-52) = 2^-1074;
     # midmax = 2^1024 - 2^971 + 2^970 = 2^1024 - 2^970 overflows a float, so it is not checked
-    Case("float64", "float64", Kind.FLOAT, 64, 11, 52, 1023, 1023, -1022,
-         2.0**1023 * (2 - 2**-52), None, 2.0**-1022, 2.0**-1074, 2**-52, InfNaN.IEEE),
+    Case(
+        "float64",
+        "float64",
+        Kind.FLOAT,
+        64,
+        11,
+        52,
+        1023,
+        1023,
+        -1022,
+        2.0**1023 * (2 - 2**-52),
+        None,
+        2.0**-1022,
+        2.0**-1074,
+        2**-52,
+        InfNaN.IEEE,
+    ),
     # P3109 binary8p3: e(8-3)m(3-1) = e5m2, bias 2^(7-3) = 16, +-Inf at 0x7f/0xff, NaN at 0x80.
     # Largest finite 0x7e: field 31, mantissa 10 -> 2^(31-16) * 1.5 = 49152; emin -15;
     # subnormal 2^(-15-2) = 2^-17; midmax 49152 + 2^(15-2-1) = 53248
-    Case("binary8p3", "e5m2b16inuz", Kind.FLOAT, 8, 5, 2, 16, 15, -15, 49152.0, 53248.0,
-         2**-15, 2**-17, 2**-2, InfNaN.INUZ),
+    Case(
+        "binary8p3",
+        "e5m2b16inuz",
+        Kind.FLOAT,
+        8,
+        5,
+        2,
+        16,
+        15,
+        -15,
+        49152.0,
+        53248.0,
+        2**-15,
+        2**-17,
+        2**-2,
+        InfNaN.INUZ,
+    ),
     # binary8p4: e4m3, bias 2^(7-4) = 8; 0x7e: field 15, mantissa 110 -> 2^7 * 1.75 = 224;
     # emin -7; subnormal 2^-10; midmax 224 + 2^(7-3-1) = 232
-    Case("binary8p4", "e4m3b8inuz", Kind.FLOAT, 8, 4, 3, 8, 7, -7, 224.0, 232.0,
-         2**-7, 2**-10, 2**-3, InfNaN.INUZ),
+    Case(
+        "binary8p4",
+        "e4m3b8inuz",
+        Kind.FLOAT,
+        8,
+        4,
+        3,
+        8,
+        7,
+        -7,
+        224.0,
+        232.0,
+        2**-7,
+        2**-10,
+        2**-3,
+        InfNaN.INUZ,
+    ),
     # Graphcore e4m3b11fnuz: field 15, mantissa 111 -> 2^(15-11) * 1.875 = 30; emin -10;
     # subnormal 2^(-10-3) = 2^-13; midmax 30 + 2^(4-3-1) = 31
-    Case("e4m3b11fnuz", "e4m3b11fnuz", Kind.FLOAT, 8, 4, 3, 11, 4, -10, 30.0, 31.0,
-         2**-10, 2**-13, 2**-3, InfNaN.FNUZ),
+    Case(
+        "e4m3b11fnuz",
+        "e4m3b11fnuz",
+        Kind.FLOAT,
+        8,
+        4,
+        3,
+        11,
+        4,
+        -10,
+        30.0,
+        31.0,
+        2**-10,
+        2**-13,
+        2**-3,
+        InfNaN.FNUZ,
+    ),
 )
 
 
@@ -131,7 +355,11 @@ def test_each_code_form_parses_to_the_hand_worked_fields(case: Case) -> None:
     assert str(spec) == case.name
     assert spec.kind is case.kind
     assert (spec.bits, spec.ebits, spec.mbits, spec.bias) == (
-        case.bits, case.ebits, case.mbits, case.bias)
+        case.bits,
+        case.ebits,
+        case.mbits,
+        case.bias,
+    )
     assert spec.infnan is case.infnan
 
 
@@ -226,13 +454,17 @@ def test_a_bias_or_suffix_makes_a_different_spec() -> None:
 
 
 # -- round trip ----------------------------------------------------------------------------
-_SWEEP = tuple(
-    f"e{e}m{m}{b}{s}"
-    for e in range(1, 9)
-    for m in range(1, 8)
-    for b in ("", "b3")
-    for s in ("", "fn", "fnuz", "inuz", "ieee")
-) + tuple(f"{u}int{n}" for u in ("", "u") for n in range(2, 33)) + ("uint1", "e5m0", "e8m0b100")
+_SWEEP = (
+    tuple(
+        f"e{e}m{m}{b}{s}"
+        for e in range(1, 9)
+        for m in range(1, 8)
+        for b in ("", "b3")
+        for s in ("", "fn", "fnuz", "inuz", "ieee")
+    )
+    + tuple(f"{u}int{n}" for u in ("", "u") for n in range(2, 33))
+    + ("uint1", "e5m0", "e8m0b100")
+)
 
 _P3109 = tuple(f"binary8p{p}" for p in range(1, 8))
 
@@ -246,10 +478,7 @@ def test_the_canonical_name_parses_back_to_the_same_spec(code: str) -> None:
 
 @pytest.mark.parametrize(
     "code",
-    [
-        c
-        for c in _P3109
-    ],
+    [c for c in _P3109],
 )
 def test_every_p3109_binary8_format_round_trips(code: str) -> None:
     spec = number(code)

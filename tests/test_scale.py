@@ -48,20 +48,35 @@ ROWS = (
     Row("e8m0_t32", "e3m2fnuz", E8M0, None, None, (TileSpec(size=32),)),
     # "float16_int8_t16n2m4 | asymmetric (uint) data, fp16 scale, int8 zero point, 2:4 sparsity
     # and 1x16 tile"; second table: data uint ("sparse uint4 tile 16"), dim -1 "t16 2:4"
-    Row("float16_int8_t16n2m4", "uint4", FP16, INT8, None,
-        (TileSpec(size=16, sparse_n=2, sparse_m=4),), sparsity=(2, 4, 0)),
+    Row(
+        "float16_int8_t16n2m4",
+        "uint4",
+        FP16,
+        INT8,
+        None,
+        (TileSpec(size=16, sparse_n=2, sparse_m=4),),
+        sparsity=(2, 4, 0),
+    ),
     # "e8m0_t16s4_t16s4 (typo'd e8m0_t16m4_t16s4 in the first table, architecture decision 8) |
     # implicit codebook, exponent scale on 16x16 tile, codebook selection on 4x4 subtile";
     # second table: data icb, scale e8m0, dim -2 "t16 s4", dim -1 "t16 s4"
-    Row("e8m0_t16s4_t16s4", None, E8M0, None, None,
-        (TileSpec(size=16, subtile=4), TileSpec(size=16, subtile=4)), subtile=(4, 4)),
+    Row(
+        "e8m0_t16s4_t16s4",
+        None,
+        E8M0,
+        None,
+        None,
+        (TileSpec(size=16, subtile=4), TileSpec(size=16, subtile=4)),
+        subtile=(4, 4),
+    ),
     # "bfloat16_bfloat16_t0_t32 | asymmetric (uint) data, bf16 scale and zero point, channelx32
     # tile"; second table: dim -2 channel, dim -1 t32
     Row("bfloat16_bfloat16_t0_t32", "uint4", BF16, BF16, None, (CHANNEL, TileSpec(size=32))),
     # "e4m3_float32_t16_t16 | with e4m3fn data ... fp32 tensor scale on fp7 16x16 tile";
     # second table: data e4m3fn, scale e4m3fn, tenscale fp32, dim -2 t16, dim -1 t16
-    Row("e4m3_float32_t16_t16", "e4m3fn", E4M3FN, None, FP32,
-        (TileSpec(size=16), TileSpec(size=16))),
+    Row(
+        "e4m3_float32_t16_t16", "e4m3fn", E4M3FN, None, FP32, (TileSpec(size=16), TileSpec(size=16))
+    ),
 )
 
 

@@ -1442,9 +1442,7 @@ def _nothing_selected(model: onnx.ModelProto, recipe: Recipe, label: str, skippe
             "recipe, or pass --allow-empty (allow_empty=True) to write it unchanged")  # fmt: skip
 
 
-def _no_fallback(
-    the_plan: QuantPlan, target: str, calibrated: set[str]
-) -> list[dict[str, str]]:
+def _no_fallback(the_plan: QuantPlan, target: str, calibrated: set[str]) -> list[dict[str, str]]:
     """Planned tensors whose onnxq node would have no standard-ONNX function fallback.
 
     Asks the builders (`onnxq.graph.functions.build_function`) with the attributes the
@@ -1492,7 +1490,8 @@ def _no_fallback(
         while kinds and not kinds[-1]:
             kinds.pop()
         why = refusal("QuantizeMX", {**attrs, "num_outputs": len(kinds)}, dims) or refusal(
-            "DequantizeMX", {"dtype": a.dtype.code, "axis": a.axis, "output_type": a.elem_type},
+            "DequantizeMX",
+            {"dtype": a.dtype.code, "axis": a.axis, "output_type": a.elem_type},
             dims,
         )
         if why:
