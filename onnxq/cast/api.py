@@ -25,7 +25,7 @@ import numpy as np
 
 from onnxq.cast import native, reference
 from onnxq.cast.packing import pack_bits, unpack_bits
-from onnxq.formats.codebook import Codebook
+from onnxq.cast.qtensor import QTensor
 from onnxq.formats.datatype import DataType, datatype
 from onnxq.formats.modes import Backend, CastMode, NanPolicy, RoundMode, ScaleMode, current_defaults
 
@@ -36,32 +36,6 @@ _FLOAT_DTYPES = {
     np.dtype(np.float16): "float16",
     np.dtype(ml_dtypes.bfloat16): "bfloat16",
 }
-
-
-@dataclasses.dataclass
-class QTensor:
-    """A quantized tensor: codes plus what is needed to upcast them (see module doc)."""
-
-    data: np.ndarray
-    dtype: DataType
-    shape: tuple[int, ...]
-    axis: int
-    mode: CastMode
-    scale: np.ndarray | None = None
-    zero: np.ndarray | None = None
-    tenscale: np.ndarray | None = None
-    meta: np.ndarray | None = None
-    mask: np.ndarray | None = None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of every stored field (what the quantized tensor costs)."""
-        fields = (self.data, self.scale, self.zero, self.tenscale, self.meta, self.mask)
-        return sum(f.nbytes for f in fields if f is not None)
-
-
-def _meta_bits(dt: DataType) -> int:
-    return dt.nspec.meta_bits if isinstance(dt.nspec, Codebook) else 1
 
 
 def _as_datatype(dtype: DataType | str) -> DataType:
@@ -254,7 +228,7 @@ def _compress(q: QTensor) -> QTensor:
     return dataclasses.replace(
         q,
         data=pack_bits(codes, q.dtype.nspec.bits),
-        meta=None if q.meta is None else pack_bits(q.meta, _meta_bits(q.dtype)),
+        meta=None if q.meta is None else pack_bits(q.meta, q.dtype.meta_bits),
         mask=None if q.mask is None else pack_bits(q.mask.astype(np.uint8), 1),
     )
 
@@ -283,7 +257,7 @@ def _expand(q: QTensor) -> tuple[np.ndarray, np.ndarray | None]:
         else:
             meta_count = tiling.B * tiling.nR * tiling.nC
             grid = tiling.tile_grid(np.zeros((tiling.B, tiling.nR, tiling.nC), np.uint8))
-        meta = unpack_bits(q.meta, _meta_bits(q.dtype), meta_count).reshape(grid.shape)
+        meta = unpack_bits(q.meta, q.dtype.meta_bits, meta_count).reshape(grid.shape)
     return codes, meta
 
 

@@ -295,7 +295,6 @@ def upcast_triton(q: Any, out: torch.dtype = torch.float32) -> torch.Tensor:
 
     from onnxq.cast import triton as tk
     from onnxq.cast import triton_codebook as tcb
-    from onnxq.cast.api import _meta_bits
 
     if not isinstance(q.dtype.nspec, Codebook):
         return tk.upcast(q, out)
@@ -304,5 +303,5 @@ def upcast_triton(q: Any, out: torch.dtype = torch.float32) -> torch.Tensor:
         codes = tk.unpack_bits(codes, q.dtype.nspec.bits, math.prod(q.shape)).reshape(q.shape)
         if meta is not None:
             grid = tcb.meta_shape(q.dtype, q.shape, q.axis)
-            meta = tk.unpack_bits(meta, _meta_bits(q.dtype), math.prod(grid))
+            meta = tk.unpack_bits(meta, q.dtype.meta_bits, math.prod(grid))
     return tcb.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out)

@@ -1517,12 +1517,12 @@ def to_qtensor(
     Compress mode packs the codes of kept (N:M) positions only, the meta bits and the mask,
     unless ``packed`` says the kernel wrote them packed already (`triton_fast.quantize`).
     """
-    from onnxq.cast.api import QTensor, _meta_bits
+    from onnxq.cast.qtensor import QTensor
 
     codes, meta, mask = res["codes"], res.get("meta"), res.get("mask")
     if mode is CastMode.COMPRESS and not packed:
         codes = pack_bits(codes if mask is None else _signed(codes)[mask], dt.nspec.bits)
-        meta = None if meta is None else pack_bits(meta, _meta_bits(dt))
+        meta = None if meta is None else pack_bits(meta, dt.meta_bits)
         mask = None if mask is None else pack_bits(mask.to(torch.uint8), 1)
     return QTensor(
         data=codes,
@@ -1544,8 +1544,6 @@ def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     Raises:
         NotImplementedError: the format is not implemented in Triton (see `plan`).
     """
-    from onnxq.cast.api import _meta_bits
-
     codes, meta, mask = q.data, q.meta, q.mask
     count = math.prod(q.shape)
     if q.mode is CastMode.COMPRESS:
@@ -1559,7 +1557,7 @@ def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
             codes = unpack_bits(codes, bits, count).reshape(q.shape)
         if meta is not None:
             p = plan(q.shape, q.dtype, q.axis)
-            meta = unpack_bits(meta, _meta_bits(q.dtype), math.prod(p.meta_shape))
+            meta = unpack_bits(meta, q.dtype.meta_bits, math.prod(p.meta_shape))
     return dequantize(
         q.dtype,
         q.shape,

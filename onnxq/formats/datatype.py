@@ -91,6 +91,11 @@ class DataType:
 
     # -- size -----------------------------------------------------------------------------
     @property
+    def meta_bits(self) -> int:
+        """Bits of one meta code: a codebook's selector width, else 1 (an MX microexponent)."""
+        return self.nspec.meta_bits if self.nspec.is_codebook else 1
+
+    @property
     def bits_per_value(self) -> float:
         """Storage bits per element with scales, zero points, meta and masks amortised.
 
