@@ -35,7 +35,7 @@ import onnx
 import onnxq
 from onnxq import _output
 from onnxq._files import check_external, load_model
-from onnxq.export import graphs, stored_tensors
+from onnxq.graph.walk import stored_tensors, walk_graphs
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
@@ -205,7 +205,7 @@ def _load_model(path: str) -> tuple[Path, onnx.ModelProto]:
 
 def _data_files(path: Path, model: onnx.ModelProto) -> list[tuple[str, str]]:
     """("external data file", path) of each file the model's tensors refer to."""
-    names = {e.value for g in graphs(model.graph) for t in g.initializer
+    names = {e.value for g in walk_graphs(model.graph) for t in g.initializer
              for e in t.external_data if e.key == "location"}  # fmt: skip
     return [("model's external data file", str(path.parent / n)) for n in sorted(names)]
 
@@ -214,7 +214,7 @@ def _file_bytes(path: Path, model: onnx.ModelProto) -> int:
     """Size of the model file plus the external data files it references."""
     total = path.stat().st_size
     seen: set[str] = set()
-    for graph in graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         for tensor in graph.initializer:
             for entry in tensor.external_data:
                 if entry.key == "location" and entry.value not in seen:
@@ -830,7 +830,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     packed: set[str] = set()
     rows = []
     float_bytes = 0
-    for graph in graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         for node in graph.node:
             row = _quantized_row(node, stored)
             if row is None:

@@ -50,6 +50,7 @@ from onnxq.cast.api import QTensor
 from onnxq.cast.packing import code_dtype, pack_bits, unpack_bits
 from onnxq.formats.datatype import DataType, datatype, datatypes
 from onnxq.formats.modes import CastMode
+from onnxq.graph.walk import stored_tensors, walk_graphs
 
 __all__ = [
     "DATA_FILE",
@@ -87,32 +88,6 @@ class LoadError(ValueError):
 
 
 # -- finding the quantized weights -----------------------------------------------------------
-def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """The graph and every subgraph inside it (If, Loop, Scan bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from graphs(sub)
-
-
-def stored_tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    """Every initializer and Constant value in the model (subgraphs included), by name."""
-    found: dict[str, onnx.TensorProto] = {}
-    for graph in graphs(model.graph):
-        for tensor in graph.initializer:
-            found[tensor.name] = tensor
-        for node in graph.node:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                for attr in node.attribute:
-                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                        found[node.output[0]] = attr.t
-    return found
-
-
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
@@ -123,7 +98,7 @@ def _find(model: onnx.ModelProto) -> tuple[dict[str, QTensor], list[tuple[str, s
     stored = stored_tensors(model)
     found: dict[str, QTensor] = {}
     others: list[tuple[str, str]] = []
-    for graph in graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         for node in graph.node:
             if node.domain != "onnxq" or not node.input or node.input[0] not in stored:
                 continue
@@ -398,7 +373,7 @@ def _no_weights_message(model: onnx.ModelProto) -> str:
         n.op_type in ("DequantizeLinear", "Gather") and n.domain in ("", "ai.onnx")
         and n.input and n.input[0] in stored
         and stored[n.input[0]].data_type != onnx.TensorProto.FLOAT
-        for g in graphs(model.graph) for n in g.node
+        for g in walk_graphs(model.graph) for n in g.node
     )  # fmt: skip
     if meta.get("onnxq_target") == "standard" or ("onnxq_version" in meta and lowered):
         return (

@@ -20,7 +20,7 @@ from tests.triton_support import DEV, GPU, compare, torch
 # isort: split
 from onnxq.cast import triton as tk
 from onnxq.cast import triton_codebook as tcb
-from onnxq.cast.api import QTensor, _meta_bits, cast
+from onnxq.cast.api import QTensor, cast
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType, datatype
 from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
@@ -99,7 +99,7 @@ def triton_upcast(q: QTensor, out: torch.dtype) -> torch.Tensor:
     if q.mode is CastMode.COMPRESS:
         codes = tk.unpack_bits(codes, q.dtype.nspec.bits, math.prod(q.shape)).reshape(q.shape)
         count = math.prod(tcb.meta_shape(q.dtype, q.shape, q.axis))
-        meta = tk.unpack_bits(meta, _meta_bits(q.dtype), count)
+        meta = tk.unpack_bits(meta, q.dtype.meta_bits, count)
     return tcb.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out)
 
 

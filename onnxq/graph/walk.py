@@ -30,3 +30,17 @@ def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     for node in graph.node:
         for sub in node_subgraphs(node):
             yield from walk_graphs(sub)
+
+
+def stored_tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Every initializer and Constant value in the model (subgraphs included), by name."""
+    found: dict[str, onnx.TensorProto] = {}
+    for graph in walk_graphs(model.graph):
+        for tensor in graph.initializer:
+            found[tensor.name] = tensor
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                        found[node.output[0]] = attr.t
+    return found
