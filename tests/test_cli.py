@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxq
 from onnxq import cli
+from onnxq.progress import ProgressBar
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,7 +255,7 @@ def test_progress_bar_draws_on_a_terminal_only() -> None:
 
     tty, pipe = Tty(), io.StringIO()
     for stream in (tty, pipe):
-        bar = cli.ProgressBar(stream)
+        bar = ProgressBar(stream)
         for k in range(1, 4):
             bar(k, 3, f"w{k}")
         bar.close()

@@ -126,11 +126,6 @@ def _scale_exponent(amax: np.ndarray, spec: NumberSpec, mode: ScaleMode) -> np.n
     return maxexp - spec.emax
 
 
-def _int_frac_bits(spec: NumberSpec) -> int:
-    """Fraction bits of an int element read as fixed point with one integer bit (int8: 6)."""
-    return spec.bits - 2 if spec.is_int else 0
-
-
 def _codebook_select(
     v: np.ndarray,
     book: Codebook,
@@ -356,7 +351,7 @@ def _exponent_scaled(
     elem = book.compute if book is not None else n
     # The stored exponent treats ints as fixed point with one integer bit (OCP MXINT8, spec
     # 003); `sexp` is the exponent of the element grid step, `frac` lower.
-    frac = _int_frac_bits(elem)
+    frac = elem.int_fraction_bits
     low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
     stored = _scale_exponent(amax, elem, scale_mode) + frac
     sexp = np.where(amax > 0, np.clip(stored, low, high), low) - frac
@@ -550,7 +545,7 @@ def dequantize(
     ct = tiling.to_tiles(codes.reshape(shape))
     sc_codes = tiling.tile_ungrid(np.asarray(scale))
     if s.scale.is_exponent:
-        sexp = sc_codes.astype(np.int64) - s.scale.bias - _int_frac_bits(n)
+        sexp = sc_codes.astype(np.int64) - s.scale.bias - n.int_fraction_bits
         nan_tiles = sc_codes.astype(np.int64) == (1 << s.scale.ebits) - 1
         shift = 0
         if isinstance(n, Codebook) or tiling.Sc:

@@ -53,7 +53,6 @@ import torch
 import triton
 import triton.language as tl
 
-from onnxq.cast import reference
 from onnxq.cast.elements import _table, nan_code
 from onnxq.cast.layout import Tiling
 from onnxq.formats.codebook import Codebook
@@ -263,16 +262,6 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
         dt, tiling, outer, inner, C, TC, nC, outer * nC * inner, skind, single, nsub, sub,
         sub_cols, _elem_fmt(n), sfmt, tfmt, zfmt,
     )  # fmt: skip
-
-
-def _int_frac_bits(spec: NumberSpec) -> int:
-    """Fraction bits of int elements in the stored E8M0 exponent, as the reference has them.
-
-    The kernels' ``sexp`` is the exponent of the element grid step; the stored scale code is
-    ``sexp + frac + bias`` (fixed point with one integer bit), clamped on the stored value.
-    """
-    fn = getattr(reference, "_int_frac_bits", None)
-    return int(fn(spec)) if fn is not None else 0
 
 
 def _hash_key(seed: int) -> int:
@@ -1341,7 +1330,7 @@ def quantize(
             ts_code = torch.zeros(1, dtype=torch.int32, device=dev)
         if s.scale.is_exponent:
             # clamp(sexp + frac, low, high) - frac == clamp(sexp, low - frac, high - frac)
-            frac = _int_frac_bits(n)
+            frac = n.int_fraction_bits
             nums.update(
                 bump_t=_bump_threshold(e, scale_mode), s_low=-s.scale.bias - frac,
                 s_high=(1 << s.scale.ebits) - 2 - s.scale.bias - frac,
@@ -1470,7 +1459,7 @@ def dequantize(
     if s is not None:
         if s.scale.is_exponent:
             nums.update(
-                s_bias=s.scale.bias + _int_frac_bits(n), s_nan=(1 << s.scale.ebits) - 1,
+                s_bias=s.scale.bias + n.int_fraction_bits, s_nan=(1 << s.scale.ebits) - 1,
                 s_mask=(1 << s.scale.bits) - 1,
             )  # fmt: skip
         else:

@@ -47,7 +47,6 @@ from onnxq.cast.triton import (
     _IN_KIND,
     _SMODE,
     _elem_fmt,
-    _int_frac_bits,
     _int_view,
     _load_bits,
     _scale_exp,
@@ -121,7 +120,7 @@ def why_not_fast(
     if tc <= 0 or tc & (tc - 1) or tc > 1024 or shape[-1] % tc:
         return "tile length not a power of two dividing the last axis"
     if s.scale.is_exponent:
-        frac = _int_frac_bits(n)
+        frac = n.int_fraction_bits
         low = -s.scale.bias - frac
         high = (1 << s.scale.ebits) - 2 - s.scale.bias - frac
         # 2^sexp (and 2^(sexp - 1) for MX shifts) must be float32 numbers
@@ -577,7 +576,7 @@ def _launch(
         T_EMIN=0, T_MAXF=1.0, SPLIT=False,
     )  # fmt: skip
     if s.scale.is_exponent:
-        frac = _int_frac_bits(n)
+        frac = n.int_fraction_bits
         low, high = -s.scale.bias - frac, (1 << s.scale.ebits) - 2 - s.scale.bias - frac
         mid_t = top_t = 0
         if e.is_float:

@@ -229,6 +229,15 @@ class NumberSpec:
         return self.kind is Kind.INT
 
     @property
+    def int_fraction_bits(self) -> int:
+        """Fraction bits of an int element read as fixed point with one integer bit (int8: 6).
+
+        0 for every other kind. The scale of an int tile counts from this point: the stored
+        exponent is the grid step's exponent plus these bits.
+        """
+        return self.bits - 2 if self.is_int else 0
+
+    @property
     def is_uint(self) -> bool:
         """True for unsigned integers."""
         return self.kind is Kind.UINT

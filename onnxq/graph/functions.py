@@ -371,11 +371,6 @@ def _float_specials(
     return None
 
 
-def _int_frac_bits(spec: NumberSpec) -> int:
-    """Fraction bits of an int element read as fixed point with one integer bit (int8: 6)."""
-    return spec.bits - 2 if spec.is_int else 0
-
-
 def _exponent_table(scale: NumberSpec, offset: int, shifts: int, what: str) -> np.ndarray:
     """Entry ``code * shifts + s`` = 2^(code - bias - offset - s); the top code is NaN."""
     top = (1 << scale.ebits) - 1
@@ -579,7 +574,7 @@ def _dequantize_exponent(
         factor_table = _exponent_table(s.scale, 0, 1, dt.name)
         factor = _expand(body, body.gather(factor_table, scale), dims, tiles)
         return body.op("Mul", q, factor)
-    frac = _int_frac_bits(n)
+    frac = n.int_fraction_bits
     q = _decode(body, codes, n, f"{dt.name} element")
     if tiling.Sc:  # MX9/6/4: the shift bit joins the scale code in one table index
         shift = _meta_per_element(body, dt, tiling, dims, 1, "Meta")
@@ -820,7 +815,7 @@ def quantize_mx_function(
     if n.is_float and smode is ScaleMode.CEIL:
         bump = body.cast(body.op("Greater", amax, top_power), TensorProto.INT64)
         maxexp = body.op("Add", maxexp, bump)
-    frac = _int_frac_bits(n)
+    frac = n.int_fraction_bits
     low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
     stored = body.op("Add", maxexp, body.const(frac - n.emax, np.int64))
     stored = body.op("Clip", stored, body.const(low, np.int64), body.const(high, np.int64))

@@ -50,7 +50,6 @@ from onnxq.graph.functions import (
     _expand,
     _exponent_table,
     _grid_shape,
-    _int_frac_bits,
     _tiled_dims,
     _value_table,
 )
@@ -157,7 +156,7 @@ def _scale_factors(dt: DataType, q: QTensor, gshape: tuple[int, ...]) -> np.ndar
     assert s is not None and q.scale is not None
     codes = np.asarray(q.scale).astype(np.int64).reshape(gshape)
     if s.scale.is_exponent:
-        frac = 0 if isinstance(n, Codebook) else _int_frac_bits(n)
+        frac = 0 if isinstance(n, Codebook) else n.int_fraction_bits
         return _exponent_table(s.scale, frac, 1, dt.name)[codes]
     sc = decode_codes(codes, s.scale).astype(np.float32)
     if s.tenscale is not None:

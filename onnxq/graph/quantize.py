@@ -1394,11 +1394,11 @@ def _invalid(err: Exception) -> str:
 
 
 def _progress(progress: Any) -> Callable[[int, int, str], None] | None:
-    """The progress callback: True draws a bar on stderr (`onnxq.cli.ProgressBar`)."""
+    """The progress callback: True draws a bar on stderr (`onnxq.progress.ProgressBar`)."""
     if progress is None or progress is False:
         return None
     if progress is True:
-        from onnxq.cli import ProgressBar
+        from onnxq.progress import ProgressBar
 
         return ProgressBar(always=True)
     if not callable(progress):
