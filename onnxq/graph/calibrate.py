@@ -313,9 +313,9 @@ def observe(
         )
     try:
         if custom_ops:
-            import onnxq.runtime
+            from onnxq.graph.ort_session import session
 
-            sess = onnxq.runtime.session(session_model, sess_options=options)
+            sess = session(session_model, sess_options=options)
         else:
             sess = ort.InferenceSession(session_model, options, providers=["CPUExecutionProvider"])
     except Exception as err:
