@@ -13,8 +13,8 @@ through any Transpose. Everything else a target node reads is an activation.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 import onnx
 from onnx import TensorProto
@@ -22,9 +22,6 @@ from onnx import TensorProto
 from onnxq.formats.datatype import DataType
 from onnxq.graph.schemas import infer_shapes
 from onnxq.graph.walk import node_attrs, node_subgraphs
-
-if TYPE_CHECKING:
-    from onnxq.graph.recipe import Override, Recipe
 
 __all__ = [
     "ROLES",
@@ -49,6 +46,33 @@ AxisFn = Callable[[int], int]
 # (input index, weight only, reduction axis as a function of the input's rank)
 Role = tuple[int, bool, AxisFn]
 TensorTypes = Mapping[str, tuple[int, list[int | None] | None]]
+
+
+class NodeChoice(Protocol):
+    """What the choices say for one node (`onnxq.graph.recipe.Override`, fully resolved)."""
+
+    @property
+    def weights(self) -> DataType | str | None: ...
+    @property
+    def activations(self) -> DataType | str | None: ...
+    @property
+    def round_mode(self) -> str | None: ...
+    @property
+    def scale_mode(self) -> str | None: ...
+    @property
+    def weight_axis(self) -> int | None: ...
+    @property
+    def activation_axis(self) -> int | None: ...
+
+
+class Choices(Protocol):
+    """What `plan` asks of the choices (`onnxq.graph.recipe.Recipe`, which imports this module)."""
+
+    def check_nodes(self, names: Iterable[str]) -> None:
+        """Refuse patterns that match no node."""
+
+    def resolve(self, op_type: str, node_name: str) -> NodeChoice | None:
+        """The choices for one node, or None when it is not a target."""
 
 
 def _last(rank: int) -> int:
@@ -293,7 +317,7 @@ class _Collector:
     def weight(
         self,
         traced: tuple[Source, list[list[int] | None]],
-        choice: Override,
+        choice: NodeChoice,
         role: Role,
         node: onnx.NodeProto,
     ) -> None:
@@ -327,7 +351,7 @@ class _Collector:
             )
 
     def activation(
-        self, scope: Scope, name: str, choice: Override, role: Role, node: onnx.NodeProto
+        self, scope: Scope, name: str, choice: NodeChoice, role: Role, node: onnx.NodeProto
     ) -> None:
         index, _, axis_of = role
         elem, shape = self.types.get(name, (TensorProto.FLOAT, None))
@@ -355,7 +379,7 @@ class _Collector:
         }
 
 
-def plan(model: onnx.ModelProto, recipe: Recipe, types: TensorTypes | None = None) -> QuantPlan:
+def plan(model: onnx.ModelProto, recipe: Choices, types: TensorTypes | None = None) -> QuantPlan:
     """What `quantize_model` would quantize in ``model`` (not modified), and why.
 
     Args:
