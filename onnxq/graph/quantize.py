@@ -332,7 +332,6 @@ class _Rewrite:
     def finish(self) -> None:
         """Make the structural changes: deepest graphs first (rebuilding copies subgraphs)."""
         m = self.model
-        m.graph.initializer.extend(self.static_inits)
         removals, inserts = self.removals, self.inserts
         changed = {id(s): s for s, _ in removals.values()} | {id(s): s for s, _ in inserts.values()}
         for key, scope in sorted(changed.items(), key=lambda item: -item[1].depth):
@@ -364,6 +363,7 @@ def _rewrite(
         done += 1
         if report is not None:
             report(done, total, act.tensor)
+    rewrite.model.graph.initializer.extend(rewrite.static_inits)  # before the packed weights
     for entry in the_plan.weights:  # one at a time: each float payload is freed when done
         assert isinstance(entry, WeightPlan)
         rewrite.weight(entry)
