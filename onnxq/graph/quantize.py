@@ -450,13 +450,19 @@ def _set_metadata(model: onnx.ModelProto, values: Mapping[str, str]) -> None:
 def _record(
     model: onnx.ModelProto,
     meta: dict[str, str],
-    missing: list[dict[str, str]],
-    custom_ops_only: bool,
-    target: str,
+    the_plan: QuantPlan,
     skipped: list[dict[str, str]],
+    missing: list[dict[str, str]],
     calibration_meta: dict[str, Any] | None,
+    custom_ops_only: bool,
 ) -> None:
-    """Write the metadata (with the nodes that lack a fallback) and the minimal IR version."""
+    """Write the metadata (counts, nodes that lack a fallback...) and the minimal IR version."""
+    quantized = {
+        "weights": len(the_plan.weights),
+        "activations": len(the_plan.activations) - len(skipped),
+    }
+    meta["onnxq_quantized"] = json.dumps(quantized)
+    target = meta["onnxq_target"]
     if missing and target != "standard":
         if not custom_ops_only:  # the early check (no_fallback) should have caught it
             raise NotImplementedError(pass_checks.no_fallback_message(missing, target))
@@ -591,18 +597,13 @@ def quantize_model(
     rewrite = _Rewrite(m, weight_storage, target, spill)
     _rewrite(rewrite, the_plan, statics, report)
     m, missing = _with_fallbacks(m, types, target)
-    quantized = {
-        "weights": len(the_plan.weights),
-        "activations": len(the_plan.activations) - len(rewrite.skipped),
-    }
     meta = {
         "onnxq_version": __version__,
         "onnxq_recipe": chosen.to_json(),
         "onnxq_weight_storage": weight_storage,
         "onnxq_target": target,
-        "onnxq_quantized": json.dumps(quantized),
     }
-    _record(m, meta, missing, custom_ops_only, target, rewrite.skipped, calibration_meta)
+    _record(m, meta, the_plan, rewrite.skipped, missing, calibration_meta, custom_ops_only)
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     model_io.finish(m, out_path, spill, source)
     if report is not None and hasattr(report, "close"):
