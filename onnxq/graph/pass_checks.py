@@ -247,7 +247,7 @@ def no_fallback_message(gaps: list[dict[str, str]], target: str) -> str:
     if "tensor" in g:
         modes = f", {g['modes']}" if g["modes"] else ""
         what = f"{g['kind']} {g['tensor']!r} ({g['format']}{modes})"
-    else:  # an entry of embed_fallbacks: the node
+    else:  # an entry of onnxq.graph.quantize._embed: the node
         what = f"node {g['node']!r}"
     more = f" (and {len(gaps) - 1} more tensor(s))" if len(gaps) > 1 else ""
     calibrate_it = ""
