@@ -23,6 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from onnxq.graph.walk import node_subgraphs
+
 __all__ = [
     "ExternalRef",
     "all_tensors",
@@ -160,10 +162,8 @@ def all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
                 for sparse in attr.sparse_tensors:
                     yield sparse.values
                     yield sparse.indices
-                if attr.HasField("g"):
-                    yield from in_graph(attr.g)
-                for sub in attr.graphs:
-                    yield from in_graph(sub)
+            for sub in node_subgraphs(node):
+                yield from in_graph(sub)
 
     def in_graph(graph: onnx.GraphProto) -> Iterator[TensorProto]:
         yield from graph.initializer

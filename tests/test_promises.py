@@ -136,7 +136,8 @@ def test_a_killed_writer_leaves_only_a_hidden_file_that_the_next_run_removes(
 _KILLED_RUN = """
 import os, signal, sys
 from onnxq import _output
-from onnxq.graph import quantize as qz
+from onnxq.graph import model_io as qz
+from onnxq.graph.quantize import quantize_model
 where = sys.argv[3]
 if where == "before the model":
     real = _output.replace
@@ -147,7 +148,7 @@ if where == "before the model":
     _output.replace = replace
 else:
     qz._remove_stale_data = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
-qz.quantize_model(sys.argv[1], sys.argv[2], weights="mxint8")
+quantize_model(sys.argv[1], sys.argv[2], weights="mxint8")
 """
 
 

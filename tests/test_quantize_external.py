@@ -1,7 +1,7 @@
 """`quantize_model` and external data (issue 4): inputs read one tensor at a time, outputs
 written tensor by tensor with external data, inputs untouched, nothing left behind on failure.
 
-The size thresholds of onnxq.graph.quantize are lowered with monkeypatch so small models take
+The size thresholds of onnxq.graph.model_io are lowered with monkeypatch so small models take
 the paths that large ones take (``benchmarks/memory.py`` measures the real thing: a 3 GiB model).
 """
 
@@ -17,7 +17,7 @@ from onnx import external_data_helper, numpy_helper
 
 from models import builders
 from onnxq._files import all_tensors
-from onnxq.graph import quantize as q
+from onnxq.graph import model_io as q
 from onnxq.graph.quantize import quantize_model
 
 _LOAD_DATA = external_data_helper.load_external_data_for_model  # before the fixture refuses it
@@ -61,7 +61,7 @@ def lazy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     reads: list[int] = []
     original = q._external_bytes
 
-    def spy(tensor: onnx.TensorProto, spill: q._Spill | None) -> np.ndarray:
+    def spy(tensor: onnx.TensorProto, spill: q.Spill | None) -> np.ndarray:
         out = original(tensor, spill)
         reads.append(out.nbytes)
         return out
@@ -168,15 +168,15 @@ def test_failure_leaves_no_file(
 
     if where == "quantizing":  # after the first weight was parked in the spill
         calls = {"n": 0}
-        original = q._Spill.put
+        original = q.Spill.put
 
-        def put_then_fail(self: q._Spill, tensor: onnx.TensorProto, data: object) -> None:
+        def put_then_fail(self: q.Spill, tensor: onnx.TensorProto, data: object) -> None:
             calls["n"] += 1
             if calls["n"] > 2:
                 raise RuntimeError("boom")
             original(self, tensor, data)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(q._Spill, "put", put_then_fail)
+        monkeypatch.setattr(q.Spill, "put", put_then_fail)
     else:  # after the data file was written, before anything is renamed into place
         monkeypatch.setattr(onnx.checker, "check_model", boom)
     with pytest.raises(RuntimeError, match="boom"):

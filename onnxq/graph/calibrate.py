@@ -164,8 +164,9 @@ def calibration_inputs(
                     with np.load(path, allow_pickle=False) as data:
                         sample = {k: data[k] for k in data.files}
                 except Exception as err:
-                    raise ValueError(f"calibration file {str(path)!r} is not a readable "
-                                     f".npz file: {err}") from None  # fmt: skip
+                    raise ValueError(
+                        f"calibration file {str(path)!r} is not a readable .npz file: {err}"
+                    ) from None
                 yield f"calibration file {str(path)!r}", sample
 
         samples: Iterator[tuple[str, Any]] = from_files()
@@ -184,16 +185,21 @@ def calibration_inputs(
     count = 0
     for where, sample in samples:
         if not isinstance(sample, Mapping):
-            raise ValueError(f"{where}: expected a dict of input arrays, got "
-                             f"{type(sample).__name__}")  # fmt: skip
+            raise ValueError(
+                f"{where}: expected a dict of input arrays, got {type(sample).__name__}"
+            )
         missing = [k for k in inputs if k not in sample]
         unknown = sorted(str(k) for k in sample if k not in inputs)
         if unknown:
-            raise ValueError(f"{where}: {unknown[0]!r} is not an input of the model; its "
-                             f"inputs are {', '.join(inputs)}")  # fmt: skip
+            raise ValueError(
+                f"{where}: {unknown[0]!r} is not an input of the model; its "
+                f"inputs are {', '.join(inputs)}"
+            )
         if missing:
-            raise ValueError(f"{where}: input {missing[0]!r} is missing; the model's inputs "
-                             f"are {', '.join(inputs)}")  # fmt: skip
+            raise ValueError(
+                f"{where}: input {missing[0]!r} is missing; the model's inputs "
+                f"are {', '.join(inputs)}"
+            )
         feed = {}
         for name, elem in inputs.items():
             try:
@@ -313,9 +319,9 @@ def observe(
         )
     try:
         if custom_ops:
-            import onnxq.runtime
+            from onnxq.graph.ort_session import session
 
-            sess = onnxq.runtime.session(session_model, sess_options=options)
+            sess = session(session_model, sess_options=options)
         else:
             sess = ort.InferenceSession(session_model, options, providers=["CPUExecutionProvider"])
     except Exception as err:
@@ -436,15 +442,23 @@ def qdq_nodes(
     src = node("Cast", [x], "f32", to=TensorProto.FLOAT) if wide else x
     last = None if wide else y
     if not params.scale > 0:  # the reference's zero scale: every finite value becomes +0
-        out = node("Mul", [node("Abs", [src], "abs"), const(np.array(0, np.float32), "zero")],
-                   "dqx", last)  # fmt: skip
+        out = node(
+            "Mul", [node("Abs", [src], "abs"), const(np.array(0, np.float32), "zero")], "dqx", last
+        )
     else:
         scale = const(np.array(params.scale, dtype=np.float32), "scale")
         zero = const(np.array(params.zero).astype(params.zero_dtype), "zero_point")
         if params.clip is not None:  # symmetric ints: QuantizeLinear would reach -qmax - 1
             limit = np.float32(np.float32(params.clip) * params.scale)
-            src = node("Clip", [src, const(np.array(-limit, np.float32), "lo"),
-                                const(np.array(limit, np.float32), "hi")], "clip")  # fmt: skip
+            src = node(
+                "Clip",
+                [
+                    src,
+                    const(np.array(-limit, np.float32), "lo"),
+                    const(np.array(limit, np.float32), "hi"),
+                ],
+                "clip",
+            )
         q = node("QuantizeLinear", [src, scale, zero], "qx")
         out = node("DequantizeLinear", [q, scale, zero], "dqx", last)
     if wide:

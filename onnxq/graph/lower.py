@@ -38,8 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-import onnxq
-from onnxq.cast.api import QTensor
+from onnxq.cast.api import QTensor, cast
 from onnxq.cast.elements import decode_codes
 from onnxq.cast.layout import Tiling
 from onnxq.formats.codebook import Codebook
@@ -209,8 +208,8 @@ def _wide_type(spec: NumberSpec) -> tuple[bool, np.dtype] | None:
         width = spec.bits if typ.kind in "iu" and spec.bits <= bits else bits
         if spec.bits <= 16 and not _same_values(spec, typ, signed, width):
             continue
-        if spec.bits > 16 and (spec.bits != bits or spec.infnan is not InfNaN.IEEE
-                               or spec.ebits != 8 or typ.kind != "f"):  # fmt: skip
+        ieee_wide = spec.infnan is InfNaN.IEEE and spec.ebits == 8 and typ.kind == "f"
+        if spec.bits > 16 and (spec.bits != bits or not ieee_wide):
             continue
         return signed, typ
     return None
@@ -268,8 +267,7 @@ def lower_weight(
             used.add(out)
             return out
 
-    q = onnxq.cast(array, dt, axis=axis, mode="actual", round_mode=round_mode,
-                   scale_mode=scale_mode)  # fmt: skip
+    q = cast(array, dt, axis=axis, mode="actual", round_mode=round_mode, scale_mode=scale_mode)
     assert isinstance(q, QTensor)
     body = _Writer(fresh, name)
     inits: list[TensorProto] = []
@@ -328,8 +326,7 @@ def _gather_path(
             )
         signed, typ = wide
         stored = _values_of(np.asarray(q.data), typ, signed, n.bits)
-        values = body.cast(init(stored, "q"),
-                           TensorProto.FLOAT)  # fmt: skip
+        values = body.cast(init(stored, "q"), TensorProto.FLOAT)
     y = values
     if s is not None:
         assert tiling is not None

@@ -5,7 +5,7 @@ op types to quantize, per-op-type and per-node-name overrides, excluded nodes an
 loads from YAML, JSON, a mapping or another recipe, and validates every key and format when
 loaded; patterns are checked against a model by `Recipe.check_nodes`. The graph pass
 (`onnxq.graph.quantize`) first turns a recipe and a model into a `QuantPlan` (tensor ->
-data type, axis, reason) and then materialises it.
+data type, axis, reason; `onnxq.graph.plan`, re-exported here) and then materialises it.
 
 Recipe schema (YAML; JSON is the same structure)::
 
@@ -39,6 +39,13 @@ from typing import Any
 
 from onnxq.formats.datatype import DataType, datatype
 from onnxq.formats.modes import RoundMode, ScaleMode
+from onnxq.graph.plan import (
+    SUPPORTED_OP_TYPES,
+    ActivationEntry,
+    PlanEntry,
+    QuantPlan,
+    WeightEntry,
+)
 
 __all__ = [
     "DEFAULT_OP_TYPES",
@@ -55,19 +62,32 @@ __all__ = [
     "load_recipe",
 ]
 
-# Op types the quantizer knows the reduction axes of (onnxq.graph.quantize._ROLES).
-SUPPORTED_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN", "Gather")
+# The op types a recipe may name are those of the op-role table (onnxq.graph.plan.ROLES).
 DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "Gather")
 # An override's format value that keeps the tensor in float (YAML/JSON null).
 KEEP_FLOAT = "float"
 
 _TOP_KEYS = (
-    "weights", "activations", "round_mode", "scale_mode", "op_types", "add_op_types",
-    "remove_op_types", "exclude", "op_type_overrides", "node_overrides", "custom_ops_only",
-)  # fmt: skip
+    "weights",
+    "activations",
+    "round_mode",
+    "scale_mode",
+    "op_types",
+    "add_op_types",
+    "remove_op_types",
+    "exclude",
+    "op_type_overrides",
+    "node_overrides",
+    "custom_ops_only",
+)
 _OVERRIDE_KEYS = (
-    "weights", "activations", "round_mode", "scale_mode", "weight_axis", "activation_axis",
-)  # fmt: skip
+    "weights",
+    "activations",
+    "round_mode",
+    "scale_mode",
+    "weight_axis",
+    "activation_axis",
+)
 
 
 def _format(value: Any, where: str) -> DataType | None:
@@ -477,46 +497,3 @@ def deployment_recipe(name: str, block_size: int | None = None) -> Recipe:
         op_type_overrides=resized(recipe.op_type_overrides),
         node_overrides=resized(recipe.node_overrides),
     )
-
-
-# -- the plan ---------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PlanEntry:
-    """One tensor the graph pass quantizes.
-
-    Attributes:
-        tensor: the tensor name (initializer, Constant output or activation).
-        dtype: its data type.
-        axis: the axis tiles run along (the consumers' reduction axis, mapped back through
-            Transpose for weights).
-        round_mode: element rounding.
-        scale_mode: scale selection.
-        consumers: names (or op types) of the target nodes that read it.
-        reason: why this format and axis (for reports and metadata).
-    """
-
-    tensor: str
-    dtype: DataType
-    axis: int
-    round_mode: str
-    scale_mode: str
-    consumers: tuple[str, ...]
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WeightEntry(PlanEntry):
-    """A weight quantized once, however many nodes use it."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ActivationEntry(PlanEntry):
-    """An activation tensor that gets one QuantizeMX -> DequantizeMX pair for all consumers."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class QuantPlan:
-    """Everything the graph pass will change: weights first, then activations."""
-
-    weights: tuple[WeightEntry, ...] = ()
-    activations: tuple[ActivationEntry, ...] = ()

@@ -1,0 +1,126 @@
+"""onnxruntime sessions with the onnxq custom ops (QuantizeMX, DequantizeMX, CodebookLookup).
+
+The implementation behind `onnxq.runtime`, in the graph layer so that calibration
+(`onnxq.graph.calibrate`) can run models with onnxq nodes without importing upwards.
+`library_path` gives the custom-op library for any onnxruntime host
+(``SessionOptions.register_custom_ops_library``); `session` builds a ready
+``onnxruntime.InferenceSession``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxq._files import check_external, load_model
+from onnxq.cast import native
+from onnxq.graph.schemas import infer_shapes
+
+__all__ = ["has_custom_ops", "library_path", "session"]
+
+_BUILD_HINT = (
+    "build it with `python -m pip install -e .` (needs cmake, a C++17 compiler and the "
+    "onnxruntime C API headers: ONNXRUNTIME_INCLUDE_DIR, a system install, or Debian's "
+    "libonnxruntime-dev fetched by ops/fetch_ort_headers.sh)"
+)
+
+
+def library_path() -> str:
+    """Return the path of libonnxq_ops, the library that holds the custom ops.
+
+    Returns:
+        The library's path, for ``SessionOptions.register_custom_ops_library``.
+
+    Raises:
+        FileNotFoundError: the library is not built, or was built without the custom ops
+            (no onnxruntime headers were found at build time).
+    """
+    path = native.library_path()
+    if path is None:
+        raise FileNotFoundError(
+            f"the onnxq library {native.LIBRARY_NAME} is not built; {_BUILD_HINT}"
+        )
+    if not _exports_custom_ops(str(path)):
+        raise FileNotFoundError(
+            f"{path} was built without the onnxruntime custom ops (no onnxruntime headers were "
+            f"found at build time); re-{_BUILD_HINT[0].lower()}{_BUILD_HINT[1:]}"
+        )
+    return str(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _exports_custom_ops(path: str) -> bool:
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return False
+    return hasattr(lib, "RegisterCustomOps")
+
+
+def has_custom_ops() -> bool:
+    """True when the library is built with the onnxruntime custom ops."""
+    try:
+        library_path()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _as_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    # External data must be regular files inside the model's folder; a ModelProto or bytes
+    # has none, so onnxruntime reads its external data relative to the working directory.
+    if isinstance(path_or_model, (onnx.ModelProto, bytes)):
+        model = (
+            path_or_model
+            if isinstance(path_or_model, onnx.ModelProto)
+            else onnx.load_from_string(path_or_model)
+        )
+        check_external(model, Path.cwd())
+        return model
+    if isinstance(path_or_model, (str, os.PathLike)):
+        return load_model(path_or_model)
+    raise TypeError(
+        f"session expects a model path, serialized bytes or an onnx.ModelProto, got "
+        f"{type(path_or_model).__name__}"
+    )
+
+
+def session(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto, **kwargs: Any) -> Any:
+    """Create an ``onnxruntime.InferenceSession`` with the onnxq custom ops registered.
+
+    onnxruntime cannot infer the output types of custom ops that depend on attributes (the
+    Scale type from ``dtype``, Y's from ``output_type``), so the model first goes through ONNX
+    shape inference with the onnxq schemas (`onnxq.graph.schemas`), which records them.
+
+    Args:
+        path_or_model: a model file path, serialized model bytes or an ``onnx.ModelProto``
+            (not modified).
+        **kwargs: passed to ``InferenceSession``; ``sess_options`` (registered with the library
+            here; pass a fresh one) and ``providers`` (default ``["CPUExecutionProvider"]``).
+
+    Returns:
+        The session.
+
+    Raises:
+        FileNotFoundError: the custom-op library is not built (see `library_path`).
+        ValueError: an onnxq node has a bad ``dtype``, ``axis``, ``shape`` or ``output_type``
+            (the message starts with the op name in brackets), or external data that is not
+            a regular file inside the model's folder (the working directory for a ModelProto
+            or bytes) or does not fit it.
+        TypeError: ``path_or_model`` has an unsupported type.
+    """
+    import onnxruntime as ort
+
+    lib = library_path()
+    model = infer_shapes(_as_model(path_or_model))
+    options = kwargs.pop("sess_options", None) or ort.SessionOptions()
+    options.register_custom_ops_library(lib)
+    if os.environ.get("ONNXQ_ORT_ARENA") == "0":  # no arena: a sanitizer sees every overrun
+        options.enable_cpu_mem_arena = False
+    kwargs.setdefault("providers", ["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), sess_options=options, **kwargs)
