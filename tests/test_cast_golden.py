@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from onnxq import bfp
+from onnxq.deploy import bfp
 from onnxq.cast.api import QTensor, cast, upcast
 
 NAN = float("nan")

@@ -13,7 +13,7 @@ import pytest
 import onnxq
 from models import builders
 from onnxq import cli
-from onnxq import export as ex
+from onnxq.deploy import export as ex
 from onnxq.cast.api import QTensor
 from onnxq.formats.modes import CastMode
 

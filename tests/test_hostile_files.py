@@ -22,7 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxq import export as ex
+from onnxq.deploy import export as ex
 from onnxq import runtime
 from onnxq.graph.quantize import quantize_model
 
