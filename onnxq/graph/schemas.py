@@ -13,8 +13,10 @@ process hangs or crashes in onnx's static destructors). Older onnx releases cann
 there the schemas are registered without it and `infer_shapes` writes the onnxq outputs'
 types itself.
 
-`OPS` is the table of the ops, inputs and outputs; tests/test_custom_ops.py runs each op
-through the C++ library to check that the library registers the same ops.
+`OPS` is the table of the ops, inputs and outputs, the one statement of the op contract in
+Python: `input_names`, `output_names`, `input_index` and `output_index` read names and
+positions from it for the function fallbacks and the exporter. tests/test_custom_ops.py runs
+each op through the C++ library to check that the library registers the same ops.
 """
 
 from __future__ import annotations
