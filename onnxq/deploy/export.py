@@ -226,11 +226,14 @@ def _no_weights_message(model: onnx.ModelProto) -> str:
     again = "quantize the float model again with the defaults (--storage packed --target onnxq)"
     stored = stored_tensors(model)
     lowered = any(
-        n.op_type in ("DequantizeLinear", "Gather") and n.domain in ("", "ai.onnx")
-        and n.input and n.input[0] in stored
+        n.op_type in ("DequantizeLinear", "Gather")
+        and n.domain in ("", "ai.onnx")
+        and n.input
+        and n.input[0] in stored
         and stored[n.input[0]].data_type != onnx.TensorProto.FLOAT
-        for g in walk_graphs(model.graph) for n in g.node
-    )  # fmt: skip
+        for g in walk_graphs(model.graph)
+        for n in g.node
+    )
     if meta.get("onnxq_target") == "standard" or ("onnxq_version" in meta and lowered):
         return (
             "the model was quantized with --target standard: its weights are plain "
@@ -309,8 +312,10 @@ def export(
         # Locked temporaries renamed into place (onnxq._output). The data file is renamed
         # first; a kill before the manifest follows pairs an old manifest with new data,
         # which `load` detects (each blob's sha256 is in the manifest).
-        with _output.new_file(out / DATA_FILE) as (f, data_tmp), \
-                _output.new_file(out / MANIFEST) as (mf, manifest_tmp):  # fmt: skip
+        with (
+            _output.new_file(out / DATA_FILE) as (f, data_tmp),
+            _output.new_file(out / MANIFEST) as (mf, manifest_tmp),
+        ):
             for entry, blobs in parts:
                 entry["blobs"] = {}
                 for key, blob in blobs.items():

@@ -234,8 +234,13 @@ def _decode_mx(entry: dict[str, Any], records: np.ndarray) -> dict[str, np.ndarr
 
 
 def _ocp_float(codes: np.ndarray, fmt: str) -> np.ndarray:
-    ebits, mbits = {"fp8_e4m3": (4, 3), "fp8_e5m2": (5, 2), "fp6_e2m3": (2, 3),
-                    "fp6_e3m2": (3, 2), "fp4_e2m1": (2, 1)}[fmt]  # fmt: skip
+    ebits, mbits = {
+        "fp8_e4m3": (4, 3),
+        "fp8_e5m2": (5, 2),
+        "fp6_e2m3": (2, 3),
+        "fp6_e3m2": (3, 2),
+        "fp4_e2m1": (2, 1),
+    }[fmt]
     bias = (1 << (ebits - 1)) - 1
     c = codes.astype(np.int64)
     sign = np.where((c >> (ebits + mbits)) & 1, -1.0, 1.0)

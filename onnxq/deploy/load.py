@@ -198,8 +198,13 @@ def _checked_entry(entry: object, index: int, where: str) -> dict[str, Any]:
     block, bits = dt.sspec.tiles[0].size, dt.nspec.bits
     length = shape[axis]
     rows = math.prod(shape) // length
-    expected = {"rows": rows, "row_length": length, "block_size": block,
-                "blocks_per_row": -(-length // block), "element_bits": bits}  # fmt: skip
+    expected = {
+        "rows": rows,
+        "row_length": length,
+        "block_size": block,
+        "blocks_per_row": -(-length // block),
+        "element_bits": bits,
+    }
     if layout == "bfp-int8":
         expected["mantissa_bits"] = bits
     for field, value in expected.items():
@@ -240,8 +245,10 @@ def _blob_sizes(
         elif layout == "mx-record":
             sizes = {"records": ("uint8", rows * blocks * ((16 + 16 * bits) // 8))}
         else:
-            sizes = {"elements": ("uint8", (rows * blocks * block * bits + 7) // 8),
-                     "scales": ("uint8", rows * blocks)}  # fmt: skip
+            sizes = {
+                "elements": ("uint8", (rows * blocks * block * bits + 7) // 8),
+                "scales": ("uint8", rows * blocks),
+            }
         yield entry, sizes
 
 

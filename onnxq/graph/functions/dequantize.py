@@ -59,8 +59,9 @@ def _element_codes(
     nkept = _kept_count(dt, dims, axis)
     stored = _unpack(body, "Q", bits, nkept)
     kept = body.cast(_unpack(body, "Mask", 1, count), TensorProto.BOOL)
-    order = body.op("CumSum", body.cast(kept, TensorProto.INT64), body.const(0, np.int64),
-                    exclusive=1)  # fmt: skip
+    order = body.op(
+        "CumSum", body.cast(kept, TensorProto.INT64), body.const(0, np.int64), exclusive=1
+    )
     order = body.op("Min", order, body.const(max(nkept - 1, 0), np.int64))
     codes = body.where(kept, body.op("Gather", stored, order, axis=0), body.const(0, np.int64))
     return body.reshape(codes, dims), body.reshape(kept, dims)
@@ -166,15 +167,19 @@ def _dequantize_float_scale(
     tiles = _tiled_dims(tiling, tiling.Tr, tiling.Tc)
     gshape = _grid_shape(dims, tiles)
     sc = _decode(
-        body, body.cast(body.reshape("Scale", gshape), TensorProto.INT64), s.scale,
+        body,
+        body.cast(body.reshape("Scale", gshape), TensorProto.INT64),
+        s.scale,
         f"{dt.name} scale",
-    )  # fmt: skip
+    )
     q = _decode(body, codes, n, f"{dt.name} element")
     if s.zero is not None:
         zp = _decode(
-            body, body.cast(body.reshape("Zero", gshape), TensorProto.INT64), s.zero,
+            body,
+            body.cast(body.reshape("Zero", gshape), TensorProto.INT64),
+            s.zero,
             f"{dt.name} zero point",
-        )  # fmt: skip
+        )
         sc_el = _expand(body, sc, dims, tiles)
         zp_el = _expand(body, zp, dims, tiles)
         if s.zero.is_float:
@@ -185,9 +190,11 @@ def _dequantize_float_scale(
         eff = sc
         if s.tenscale is not None:
             ts = _decode(
-                body, body.cast(body.reshape("TenScale", [1]), TensorProto.INT64), s.tenscale,
+                body,
+                body.cast(body.reshape("TenScale", [1]), TensorProto.INT64),
+                s.tenscale,
                 f"{dt.name} tensor scale",
-            )  # fmt: skip
+            )
             eff = body.op("Mul", sc, ts)
         sc_el = _expand(body, sc, dims, tiles)
         y = body.op("Mul", q, _expand(body, eff, dims, tiles))

@@ -158,10 +158,15 @@ def quantize_mx_function(
     n, s = dt.nspec, dt.sspec
     assert s is not None
     attrs = {
-        "dtype": dt.code, "axis": ax, "round_mode": rmode.value, "scale_mode": smode.value,
-        "nan_policy": policy.value, "seed": seed, "int_range": int_range,
+        "dtype": dt.code,
+        "axis": ax,
+        "round_mode": rmode.value,
+        "scale_mode": smode.value,
+        "nan_policy": policy.value,
+        "seed": seed,
+        "int_range": int_range,
         "num_outputs": num_outputs,
-    }  # fmt: skip
+    }
     body = _Body("q")
     tiling = Tiling.build(dims, ax, s)
     tiles = _tiled_dims(tiling, tiling.Tr, tiling.Tc)
@@ -206,12 +211,17 @@ def quantize_mx_function(
     if policy is NanPolicy.BLOCK or not n.is_float:
         flagged = _reduce_tiles(body, body.cast(bad, TensorProto.FLOAT), dims, tiles, "ReduceMax")
         nan_tile = body.op("Greater", flagged, body.const(np.float32(0.0)))
-        scale_code = body.where(nan_tile, body.const((1 << s.scale.ebits) - 1, np.int64),
-                                scale_code)  # fmt: skip
+        scale_code = body.where(
+            nan_tile, body.const((1 << s.scale.ebits) - 1, np.int64), scale_code
+        )
         codes = body.where(_expand(body, nan_tile, dims, tiles), body.const(0, np.int64), codes)
     _pack(body, body.reshape(codes, [-1]), n.bits, math.prod(dims), "Q")
-    body.op("Cast", body.reshape(scale_code, _grid_shape(dims, tiles)), out="Scale",
-            to=TensorProto.UINT8)  # fmt: skip
+    body.op(
+        "Cast",
+        body.reshape(scale_code, _grid_shape(dims, tiles)),
+        out="Scale",
+        to=TensorProto.UINT8,
+    )
     empty = np.zeros(0, dtype=np.uint8)
     for name in output_names("QuantizeMX")[2:num_outputs]:
         if name == "Meta" and meta_out is not None:
@@ -229,8 +239,9 @@ def _scale_exponent(
     # (docs/architecture.md, decision 1).
     powers = np.array([_pow2_f32(k) for k in range(_F32_MIN_EXP, _F32_MAX_EXP + 1)])
     count = _count_below(body, amax, powers, strict=False)  # = maxexp + 150 for amax > 0
-    top_index = body.op("Max", body.op("Sub", count, body.const(1, np.int64)),
-                        body.const(0, np.int64))  # fmt: skip
+    top_index = body.op(
+        "Max", body.op("Sub", count, body.const(1, np.int64)), body.const(0, np.int64)
+    )
     top_power = body.gather(powers, top_index)  # 2^maxexp (amax > 0)
     maxexp = body.op("Sub", count, body.const(1 - _F32_MIN_EXP, np.int64))
     if n.is_float and smode is ScaleMode.CEIL:
@@ -288,8 +299,7 @@ def _nearest(body: _Body, v: str, mags: np.ndarray, rmode: RoundMode) -> str:
     """Index in ``mags`` of the magnitude nearest ``|v|``, ties by the round mode."""
     a = body.op("Abs", v)
     below_count = _count_below(body, a, mags, strict=True)
-    hi = body.op("Clip", below_count, body.const(1, np.int64),
-                 body.const(len(mags) - 1, np.int64))  # fmt: skip
+    hi = body.op("Clip", below_count, body.const(1, np.int64), body.const(len(mags) - 1, np.int64))
     lo = body.op("Sub", hi, body.const(1, np.int64))
     d_lo = body.op("Sub", a, body.gather(mags, lo))
     d_hi = body.op("Sub", body.gather(mags, hi), a)
@@ -316,7 +326,8 @@ def _signed_codes(body: _Body, n: NumberSpec, v: str, idx: str, full: bool) -> s
     negative = _signbit(body, v)
     if not n.has_negative_zero:
         negative = body.op("And", negative, body.op("Greater", idx, body.const(0, np.int64)))
-    sign = body.op("Mul", body.cast(negative, TensorProto.INT64),
-                   body.const(1 << (n.bits - 1), np.int64))  # fmt: skip
+    sign = body.op(
+        "Mul", body.cast(negative, TensorProto.INT64), body.const(1 << (n.bits - 1), np.int64)
+    )
     codes = body.op("Add", idx, sign)
     return body.where(body.op("IsNaN", v), body.const(nan_code(n), np.int64), codes)
