@@ -15,6 +15,15 @@ from onnxq.cast.packing import code_dtype, pack_bits, unpack_bits
 from onnxq.deploy import bfp_codec
 from onnxq.formats.datatype import DataType, datatype, datatypes
 
+__all__ = [
+    "DATA_FILE",
+    "MANIFEST",
+    "MANIFEST_VERSION",
+    "ExportError",
+    "decode_mx_records",
+    "layout_of",
+]
+
 MANIFEST = "manifest.json"
 DATA_FILE = "weights.bin"
 MANIFEST_VERSION = 1
@@ -28,6 +37,7 @@ _OCP_FLOATS = {  # onnxq code -> OCP element name
 _MX_BITS = (8, 5, 3)  # MX9, MX6, MX4 element widths (m + 1)
 
 
+# -- which layout a format has ---------------------------------------------------------------
 class ExportError(ValueError):
     """The model cannot be exported (no quantized weights, no hardware layout, folder in use)."""
 
