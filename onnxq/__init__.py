@@ -27,8 +27,8 @@ except ImportError:  # pragma: no cover - exercised by a subprocess test
     _HAVE_NUMPY = False
 else:
     _HAVE_NUMPY = True
-    from onnxq import bfp
     from onnxq.cast import QTensor, cast, upcast
+    from onnxq.deploy import bfp
 
 
 def __getattr__(name: str) -> Any:

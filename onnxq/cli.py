@@ -877,7 +877,7 @@ def _quantized_row(
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from onnxq import export as exporter
+    from onnxq.deploy import export as exporter
 
     src, _ = _load_model(args.model)
     out = Path(args.output)

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from onnxq import bfp
 from onnxq.cast.api import QTensor, cast, upcast
+from onnxq.deploy import bfp
 
 NAN = float("nan")
 INF = float("inf")

@@ -12,7 +12,7 @@ import pytest
 import onnxq
 from models import builders
 from onnxq import cli
-from onnxq.export import quantized_weights
+from onnxq.deploy.export import quantized_weights
 from onnxq.graph.recipe import Recipe, deployment_presets, deployment_recipe, load_recipe
 
 PRESETS = {

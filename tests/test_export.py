@@ -13,8 +13,8 @@ import pytest
 import onnxq
 from models import builders
 from onnxq import cli
-from onnxq import export as ex
 from onnxq.cast.api import QTensor
+from onnxq.deploy import export as ex
 from onnxq.formats.modes import CastMode
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,8 +22,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxq import export as ex
 from onnxq import runtime
+from onnxq.deploy import export as ex
 from onnxq.graph.quantize import quantize_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -236,7 +236,7 @@ def test_inspect_shows_a_custom_op_only_model(
 
 
 def test_export_sweeps_what_a_killed_export_left(tmp_path: Path) -> None:
-    from onnxq import export
+    from onnxq.deploy import export
 
     model, _ = builders.mlp()
     q = quantize_model(model, weights="mxfp8e4")

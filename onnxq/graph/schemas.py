@@ -13,8 +13,10 @@ process hangs or crashes in onnx's static destructors). Older onnx releases cann
 there the schemas are registered without it and `infer_shapes` writes the onnxq outputs'
 types itself.
 
-`OPS` is the table of the ops, inputs and outputs; tests/test_custom_ops.py runs each op
-through the C++ library to check that the library registers the same ops.
+`OPS` is the table of the ops, inputs and outputs, the one statement of the op contract in
+Python: `input_names`, `output_names`, `input_index` and `output_index` read names and
+positions from it for the function fallbacks and the exporter. tests/test_custom_ops.py runs
+each op through the C++ library to check that the library registers the same ops.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from onnx.defs import OpSchema
 from onnxq.cast.layout import Tiling
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType, datatype
+from onnxq.graph.walk import walk_graphs
 
 __all__ = [
     "DOMAIN",
@@ -38,6 +41,10 @@ __all__ = [
     "VERSION",
     "OpSpec",
     "infer_shapes",
+    "input_index",
+    "input_names",
+    "output_index",
+    "output_names",
     "output_types",
     "register_schemas",
 ]
@@ -79,6 +86,27 @@ OPS: dict[str, OpSpec] = {
         ("dtype", "axis", "shape", "output_type"),
     ),
 }
+
+
+def input_names(op_type: str) -> tuple[str, ...]:
+    """The op's input names in position order, without the ``?`` of optional ones."""
+    return tuple(n.rstrip("?") for n in OPS[op_type].inputs)
+
+
+def output_names(op_type: str) -> tuple[str, ...]:
+    """The op's output names in position order, without the ``?`` of optional ones."""
+    return tuple(n.rstrip("?") for n in OPS[op_type].outputs)
+
+
+def input_index(op_type: str, name: str) -> int:
+    """The position of input ``name`` (``?`` not included) in the op's inputs."""
+    return input_names(op_type).index(name)
+
+
+def output_index(op_type: str, name: str) -> int:
+    """The position of output ``name`` (``?`` not included) in the op's outputs."""
+    return output_names(op_type).index(name)
+
 
 _TYPES: dict[str, tuple[str, tuple[str, ...]]] = {  # type constraint of each input / output name
     "X": ("T", _FLOATS),
@@ -347,21 +375,10 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     register_schemas()
     if _inferred_by_onnx or not any(
-        n.domain == DOMAIN for g in _graphs(model.graph) for n in g.node
+        n.domain == DOMAIN for g in walk_graphs(model.graph) for n in g.node
     ):
         return onnx.shape_inference.infer_shapes(model)
     return _propagate(model)
-
-
-def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    found = [graph]
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                found.extend(_graphs(attr.g))
-            for sub in attr.graphs:
-                found.extend(_graphs(sub))
-    return found
 
 
 def _static_shape(t: onnx.TypeProto | None) -> tuple[int, ...] | None:
@@ -377,13 +394,13 @@ def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
     """`infer_shapes` for onnx releases whose schemas cannot carry `_infer`."""
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    nodes = [(g, n) for g in _graphs(work.graph) for n in g.node if n.domain == DOMAIN]
+    nodes = [(g, n) for g in walk_graphs(work.graph) for n in g.node if n.domain == DOMAIN]
     typed: set[str] = set()
     last_pass = False  # QuantizeMX nodes whose X stays unknown get types without shapes
     while True:
         inferred = onnx.shape_inference.infer_shapes(work)
         known: dict[str, onnx.TypeProto | None] = {}
-        for g in _graphs(inferred.graph):
+        for g in walk_graphs(inferred.graph):
             for v in (*g.input, *g.value_info, *g.output):
                 if v.type.tensor_type.elem_type:
                     known[v.name] = v.type

@@ -5,7 +5,8 @@ keeps ``round(x * 2^(m - 1 - shared_exp))`` clamped to +-(2^(m-1) - 1). That is 
 int``m`` fixed-point element (one integer bit) with an E8M0 scale of ``2^(shared_exp - 1)``,
 so this module is a thin
 layer over `onnxq.cast` (the presets ``bfp16`` = int8 / block 16, ``bfp8`` = int4 / block
-32) that converts to the document's packed layout ``[exponents..., mantissas...]`` (int8).
+32) that converts to the document's packed layout ``[exponents..., mantissas...]`` (int8,
+written by `onnxq.deploy.bfp_codec`, which the exporter's ``bfp-int8`` layout shares).
 Blocks run over the flattened (C order) data. An all-zero block stores the exponent of the
 smallest scale, -127 + 1 = -126.
 """
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from onnxq.cast.api import QTensor, cast
+from onnxq.deploy import bfp_codec
 from onnxq.formats.datatype import DataType, datatype
 
 __all__ = ["bfp_to_fp32", "dequantize", "fp32_to_bfp", "quantize"]
@@ -53,17 +55,12 @@ def fp32_to_bfp(
     assert isinstance(q, QTensor) and q.scale is not None
     # E8M0 code c = floor(log2 max) + 127 (ints are fixed point, OCP MXINT8), so
     # shared_exp = floor(log2 max) + 1 = c - 126.
-    shared = q.scale.astype(np.int32) - 126
-    if shared.max() > 127:
+    if int(q.scale.max()) > bfp_codec.MAX_SCALE_CODE:
         raise ValueError(
             "a block maximum of 2^127 or more needs a shared exponent above int8's 127"
         )
-    mantissas = q.data.astype(np.uint8).view(np.int8)
-    if mantissa_bits < 8:  # sign-extend the m-bit two's complement codes
-        mantissas = (
-            (q.data.astype(np.int16) << (16 - mantissa_bits)).astype(np.int16)
-            >> (16 - mantissa_bits)
-        ).astype(np.int8)
+    shared = bfp_codec.shared_exponents(q.scale)
+    mantissas = bfp_codec.mantissas(q.data, mantissa_bits)
     meta = {
         "format": "bfp",
         "block_size": block_size,
@@ -71,7 +68,7 @@ def fp32_to_bfp(
         "num_blocks": int(shared.size),
         "shape": list(x.shape),
     }
-    return mantissas, shared.astype(np.int8), meta
+    return mantissas, shared, meta
 
 
 def bfp_to_fp32(
@@ -87,14 +84,13 @@ def bfp_to_fp32(
         ValueError: the exponent count does not match the mantissas.
     """
     m = np.asarray(mantissas, dtype=np.int8).reshape(-1)
-    e = np.asarray(shared_exps, dtype=np.int8).reshape(-1).astype(np.int64)
+    e = np.asarray(shared_exps, dtype=np.int8).reshape(-1)
     blocks = -(-m.size // block_size)
     if e.size != blocks:
         raise ValueError(
             f"{m.size} mantissas in blocks of {block_size} need {blocks} exponents, got {e.size}"
         )
-    exps = np.repeat(e, block_size)[: m.size] - (mantissa_bits - 1)
-    out = np.ldexp(m.astype(np.float64), exps).astype(np.float32)
+    out = bfp_codec.values(m, np.repeat(e, block_size)[: m.size], mantissa_bits)
     return out.reshape(original_shape) if original_shape is not None else out
 
 
@@ -112,7 +108,7 @@ def quantize(
     default_block, mantissa_bits = _FORMATS[key]
     mantissas, exps, meta = fp32_to_bfp(data, block_size or default_block, mantissa_bits)
     meta["name"] = key
-    return np.concatenate([exps, mantissas]), meta
+    return bfp_codec.pack(exps, mantissas), meta
 
 
 def dequantize(packed: Any, meta: dict[str, Any]) -> np.ndarray:
@@ -128,9 +124,10 @@ def dequantize(packed: Any, meta: dict[str, Any]) -> np.ndarray:
         raise ValueError(
             f"packed BFP has {p.size} bytes; meta says {blocks} exponents + {count} mantissas"
         )
+    exps, mantissas = bfp_codec.unpack(p, blocks)
     return bfp_to_fp32(
-        p[blocks:],
-        p[:blocks],
+        mantissas,
+        exps,
         int(meta["block_size"]),
         int(meta["mantissa_bits"]),
         tuple(meta["shape"]),
