@@ -21,7 +21,7 @@ import numpy as np
 
 from onnxq.cast.layout import Tiling
 from onnxq.cast.packing import code_dtype
-from onnxq.cast.reference import Encoded
+from onnxq.cast.request import Encoded
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
