@@ -41,6 +41,7 @@ from onnxq.formats.number import NumberSpec
 
 __all__ = ["Encoded", "Metric", "dequantize", "quantize"]
 
+
 def l2_metric(v: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Sum of squared errors over the last axis (the default codebook metric).
 
@@ -249,7 +250,7 @@ def quantize(
         nan_tiles = None
 
     out = Encoded(values=np.empty(0, np.float32))
-    if s.scale.is_exponent:
+    if s.family == "exponent":
         y, codes_t = _exponent_scaled(
             xt,
             absx,
@@ -266,7 +267,7 @@ def quantize(
             want_codes,
             max_finite,
         )
-    elif s.zero is not None:
+    elif s.family == "zero":
         y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     else:
         y, codes_t = _float_scaled(
@@ -330,7 +331,7 @@ def _exponent_scaled(
 ):
     s = dt.sspec
     book = n if n.is_codebook else None
-    elem = book.compute if book is not None else n
+    elem = n.compute_spec
     # The stored exponent treats ints as fixed point with one integer bit (OCP MXINT8, spec
     # 003); `sexp` is the exponent of the element grid step, `frac` lower.
     frac = elem.int_fraction_bits
@@ -526,7 +527,7 @@ def dequantize(
     tiling = Tiling.build(shape, axis, s)
     ct = tiling.to_tiles(codes.reshape(shape))
     sc_codes = tiling.tile_ungrid(np.asarray(scale))
-    if s.scale.is_exponent:
+    if s.family == "exponent":
         sexp = sc_codes.astype(np.int64) - s.scale.bias - n.int_fraction_bits
         nan_tiles = sc_codes.astype(np.int64) == (1 << s.scale.ebits) - 1
         shift = 0
