@@ -309,10 +309,12 @@ def test_generic_codebook_populated_in_two_calls() -> None:
     assert not cb.is_implicit and not cb.is_populated
     with pytest.raises(ValueError, match=r"has 0 of 4 mappings"):
         cb.magnitudes()
-    cb.add_mappings([M0, M1_FULL])
+    empty = cb
+    cb = cb.add_mappings([M0, M1_FULL])
+    assert not empty.is_populated and empty.mappings == ()  # codebooks are values
     with pytest.raises(ValueError, match=r"has 2 of 4 mappings"):
         cb.table()
-    cb.add_mappings([list(M0), [0, 1, 2, 3, 4, 6, 8, 16]])  # ints are fine
+    cb = cb.add_mappings([list(M0), [0, 1, 2, 3, 4, 6, 8, 16]])  # ints are fine
     assert cb.is_populated
     assert cb.magnitudes() == (M0, M1, M0, (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0))
     assert cb.magnitude_codes()[:2] == (
@@ -323,8 +325,9 @@ def test_generic_codebook_populated_in_two_calls() -> None:
     row = cb.table()[0]
     assert row[:8] == M0 and row[9:] == tuple(-m for m in M0[1:])
     assert row[8] == 0.0 and math.copysign(1.0, row[8]) == -1.0
-    # Mappings take no part in identity.
-    assert cb == Codebook.parse("cb42_e4m3fn_mine")
+    # Mappings are part of identity: a filled codebook is not the empty one.
+    assert cb != Codebook.parse("cb42_e4m3fn_mine")
+    assert cb == Codebook.parse("cb42_e4m3fn_mine").add_mappings(cb.mappings)
     with pytest.raises(ValueError, match=r"'cb42_e4m3fn_mine' mapping 4: one too many"):
         cb.add_mappings([M0])
 
@@ -358,11 +361,11 @@ def test_add_mappings_validation(mapping: tuple[float, ...], message: str) -> No
 
 def test_add_mappings_names_the_mapping_and_is_atomic() -> None:
     cb = Codebook.parse("cb42_e4m3fn_mine")
-    cb.add_mappings([M0])
+    cb = cb.add_mappings([M0])
     with pytest.raises(ValueError, match=r"'cb42_e4m3fn_mine' mapping 2: 1.0625 is not"):
         cb.add_mappings([M0, (0, 1, 1.0625, 2, 3, 4, 6, 8)])
     # Nothing of the failed call was kept.
-    cb.add_mappings([M1, M0, M1])
+    cb = cb.add_mappings([M1, M0, M1])
     assert cb.magnitudes() == (M0, M1, M0, M1)
 
 

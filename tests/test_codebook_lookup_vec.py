@@ -179,7 +179,7 @@ def _generic(ib: int, mb: int, seed: int, label: str = "r") -> DataType:
     book = Codebook.parse(f"cb{ib}{mb}_e5m3_{label}{seed}")
     pool = np.array([k * 2.0**j for k in range(8, 16) for j in range(-10, 11)])
     half = 1 << (ib - 1)
-    book.add_mappings(
+    book = book.add_mappings(
         [[0.0, *np.sort(rng.choice(pool, half - 1, replace=False))] for _ in range(1 << mb)]
     )
     return DataType(nspec=book, sspec=scale_spec("e8m0_t16"))

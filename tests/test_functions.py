@@ -193,7 +193,7 @@ def test_codebook_lookup_implicit(dtype: str, shape: tuple[int, ...], axis: int)
 
 def test_codebook_lookup_generic_table() -> None:
     book = Codebook.parse("cb31_e2m3fnuz")
-    book.add_mappings([(0.0, 1.0, 2.0, 4.0), (0.0, 0.5, 3.0, 7.5)])
+    book = book.add_mappings([(0.0, 1.0, 2.0, 4.0), (0.0, 0.5, 3.0, 7.5)])
     dt = DataType(nspec=book, sspec=scale_spec("e8m0_t16"))
     x = _data((3, 37), seed=9)
     q = onnxq.cast(x, dt, mode="compress", backend="reference")

@@ -43,7 +43,7 @@ CODES = [
 def _generic() -> DataType:
     """A generic codebook filled by hand: uneven gaps, a tiny entry, two mappings."""
     book = Codebook.parse("cb41_e4m3_mine")
-    book.add_mappings([
+    book = book.add_mappings([
         (0.0, 0.015625, 0.25, 0.5, 1.0, 3.0, 3.5, 448.0),
         (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),
     ])  # fmt: skip

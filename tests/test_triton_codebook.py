@@ -32,7 +32,7 @@ PRESET = "cb41fi_e2m2fnuz_e8m0_t32"
 def generic_book() -> DataType:
     """A generic codebook (4 mappings, e4m3fn: has -0 and subnormals) with subtiles of 8."""
     book = Codebook.parse("cb42_e4m3fn_mine")
-    book.add_mappings(
+    book = book.add_mappings(
         [
             (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
             (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),

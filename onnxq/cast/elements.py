@@ -11,7 +11,7 @@ import functools
 import numpy as np
 
 from onnxq.formats.modes import RoundMode
-from onnxq.formats.number import InfNaN, Kind, NumberSpec
+from onnxq.formats.number import InfNaN, NumberSpec
 
 __all__ = [
     "MAX_FINITE",
@@ -101,7 +101,7 @@ def finite_bound(t: np.ndarray, spec: NumberSpec, top: float) -> np.ndarray:
     type's range (design of the clamp: docs/ops.md, "Saturation").
     """
     t = np.asarray(t, dtype=np.float64)
-    if spec.kind is Kind.FLOAT:
+    if spec.is_float:
         e = np.maximum(floor_log2(t), spec.emin) - spec.mbits
         grid = np.floor(t * pow2(-e)) * pow2(e)
     else:
@@ -151,7 +151,7 @@ def quantize_values(
     top values overflow the float type.
     """
     a = np.abs(v)
-    if spec.kind is Kind.FLOAT:
+    if spec.is_float:
         with np.errstate(invalid="ignore", over="ignore"):
             # Non-finite a gets a harmless exponent here; it is restored by the clamp below.
             low = max(spec.emin, spec.mbits - 1022)  # keeps pow2 in range for any format
@@ -196,11 +196,11 @@ def nan_code(spec: NumberSpec) -> int:
 
 def encode_values(q: np.ndarray, spec: NumberSpec) -> np.ndarray:
     """Codes (uint64) of values already on the grid of ``spec`` (the output of quantize)."""
-    if spec.kind is Kind.INT:
+    if spec.is_int:
         return q.astype(np.int64).astype(np.uint64) & np.uint64((1 << spec.bits) - 1)
-    if spec.kind is Kind.UINT:
+    if spec.is_uint:
         return q.astype(np.uint64)
-    if spec.kind is Kind.EXPONENT:
+    if spec.is_exponent:
         with np.errstate(invalid="ignore"):
             codes = floor_log2(np.where(q > 0, q, 1.0)) + spec.bias
         return np.where(np.isnan(q), (1 << spec.ebits) - 1, codes).astype(np.uint64)
@@ -241,9 +241,9 @@ def decode_codes(codes: np.ndarray, spec: NumberSpec) -> np.ndarray:
         return _table(spec)[codes.astype(np.intp)]
     if spec.bits == 32 and spec.ebits == 8 and spec.infnan is InfNaN.IEEE:
         return codes.astype(np.uint32).view(np.float32).astype(np.float64)
-    if spec.kind is Kind.INT:
+    if spec.is_int:
         c = codes.astype(np.int64)
         return np.where(c >> (spec.bits - 1), c - (1 << spec.bits), c).astype(np.float64)
-    if spec.kind is Kind.UINT:
+    if spec.is_uint:
         return codes.astype(np.float64)
     raise NotImplementedError(f"decoding {spec} codes (over 16 bits) is not supported")

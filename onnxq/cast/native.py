@@ -21,8 +21,7 @@ import numpy as np
 
 from onnxq.cast.layout import Tiling
 from onnxq.cast.packing import code_dtype
-from onnxq.cast.reference import Encoded
-from onnxq.formats.codebook import Codebook
+from onnxq.cast.request import Encoded
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 from onnxq.formats.number import InfNaN, Kind, NumberSpec
@@ -201,8 +200,7 @@ def _lib() -> ctypes.CDLL:
 
 
 def _number(spec: NumberSpec) -> _Number:
-    if isinstance(spec, Codebook):
-        spec = spec.compute
+    spec = spec.compute_spec
     return _Number(_KINDS[spec.kind], spec.ebits, spec.mbits, spec.bias, _INFNAN[spec.infnan])
 
 
@@ -226,9 +224,9 @@ class _Packed:
                 f.tile[i] = tile.size
             f.sub[0], f.sub[1] = s.subtile
             f.sparse_n, f.sparse_m, f.sparse_dim = s.sparsity
-        if isinstance(n, Codebook) and not tables:
+        if n.is_codebook and not tables:
             f.cb_index_bits, f.cb_meta_bits = n.index_bits, n.meta_bits
-        elif isinstance(n, Codebook):
+        elif n.is_codebook:
             mags = np.ascontiguousarray(n.magnitudes(), dtype=np.float64)
             even = np.ascontiguousarray(np.asarray(n.magnitude_codes()) % 2 == 0, dtype=np.uint8)
             table = np.ascontiguousarray(n.table(), dtype=np.float64)
@@ -245,8 +243,8 @@ def unsupported(dt: DataType, *, metric: object = None) -> str:
     if metric is not None:
         return "a custom codebook metric (the native kernels use the L2 default)"
     n = dt.nspec
-    spec = n.compute if isinstance(n, Codebook) else n
-    if spec.kind is Kind.FLOAT and spec.ebits > 11:
+    spec = n.compute_spec
+    if spec.is_float and spec.ebits > 11:
         return f"element format {spec} (more than 11 exponent bits)"
     return ""
 
@@ -265,7 +263,7 @@ def _grids(tiling: Tiling, dt: DataType) -> tuple[tuple[int, ...], tuple[int, ..
     """Shapes of the tile grid and the meta grid (None when the format has no meta)."""
     tile_shape = tiling.tile_grid(np.empty((tiling.B, tiling.nR, tiling.nC), np.uint8)).shape
     n = dt.nspec
-    if not (isinstance(n, Codebook) or tiling.Sc):
+    if not (n.is_codebook or tiling.Sc):
         return tile_shape, None
     if tiling.Sc:
         per_sub = np.empty((tiling.B, tiling.nR, tiling.nC, tiling.n_sub), np.uint8)
@@ -318,7 +316,7 @@ def quantize(
     if x.dtype not in _FLOAT_CODES:
         x = x.astype(np.float32)
     out_dtype = np.dtype(values_dtype) if values_dtype is not None else np.dtype(np.float32)
-    if round_mode is RoundMode.STOCHASTIC and isinstance(dt.nspec, Codebook):
+    if round_mode is RoundMode.STOCHASTIC and dt.nspec.is_codebook:
         raise NotImplementedError(
             "codebooks round to the nearest table entry; stochastic is not supported"
         )

@@ -15,9 +15,7 @@ codes back into float32. The order of operations mirrors docs/architecture.md:
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
 
 import numpy as np
 
@@ -35,15 +33,13 @@ from onnxq.cast.elements import (
     stochastic_bits,
 )
 from onnxq.cast.layout import Tiling
+from onnxq.cast.request import Encoded, Metric
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 from onnxq.formats.number import NumberSpec
 
 __all__ = ["Encoded", "Metric", "dequantize", "quantize"]
-
-# A codebook error metric: (scaled values, their quantized values), both (..., unit) -> (...).
-Metric = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def l2_metric(v: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -59,19 +55,6 @@ def l2_metric(v: np.ndarray, q: np.ndarray) -> np.ndarray:
     for i in range(1, sq.shape[-1]):
         err += sq[..., i]
     return err
-
-
-@dataclasses.dataclass
-class Encoded:
-    """The result of `quantize`: unpacked codes in the layouts of layout.py."""
-
-    values: np.ndarray  # float32, input shape: the virtual (fake-quantized) result
-    codes: np.ndarray | None = None  # element codes, input shape (uint)
-    scale: np.ndarray | None = None  # scale codes, tile grid
-    zero: np.ndarray | None = None  # zero point codes, tile grid
-    tenscale: np.ndarray | None = None  # tensor scale code, shape (1,)
-    meta: np.ndarray | None = None  # mapping index / shift bit, subtile (or tile) grid
-    mask: np.ndarray | None = None  # bool, input shape: kept by N:M sparsity
 
 
 # -- step 1: sparsity --------------------------------------------------------------------------
@@ -267,7 +250,7 @@ def quantize(
         nan_tiles = None
 
     out = Encoded(values=np.empty(0, np.float32))
-    if s.scale.is_exponent:
+    if s.family == "exponent":
         y, codes_t = _exponent_scaled(
             xt,
             absx,
@@ -284,7 +267,7 @@ def quantize(
             want_codes,
             max_finite,
         )
-    elif s.zero is not None:
+    elif s.family == "zero":
         y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     else:
         y, codes_t = _float_scaled(
@@ -347,8 +330,8 @@ def _exponent_scaled(
     max_finite,
 ):
     s = dt.sspec
-    book = n if isinstance(n, Codebook) else None
-    elem = book.compute if book is not None else n
+    book = n if n.is_codebook else None
+    elem = n.compute_spec
     # The stored exponent treats ints as fixed point with one integer bit (OCP MXINT8, spec
     # 003); `sexp` is the exponent of the element grid step, `frac` lower.
     frac = elem.int_fraction_bits
@@ -544,11 +527,11 @@ def dequantize(
     tiling = Tiling.build(shape, axis, s)
     ct = tiling.to_tiles(codes.reshape(shape))
     sc_codes = tiling.tile_ungrid(np.asarray(scale))
-    if s.scale.is_exponent:
+    if s.family == "exponent":
         sexp = sc_codes.astype(np.int64) - s.scale.bias - n.int_fraction_bits
         nan_tiles = sc_codes.astype(np.int64) == (1 << s.scale.ebits) - 1
         shift = 0
-        if isinstance(n, Codebook) or tiling.Sc:
+        if n.is_codebook or tiling.Sc:
             if meta is None:
                 raise ValueError(f"{dt.name}: dequantizing needs the meta tensor")
             units = (
@@ -557,7 +540,7 @@ def dequantize(
                 else tiling.tile_ungrid(np.asarray(meta))
             )
             per_el = _expand_units(units.astype(np.int64), tiling)
-        if isinstance(n, Codebook):
+        if n.is_codebook:
             table = np.asarray(n.table(), dtype=np.float64)
             q = table[per_el, ct.astype(np.int64)]
         else:
@@ -565,7 +548,7 @@ def dequantize(
             if tiling.Sc:
                 shift = per_el
         y = q * pow2(np.where(nan_tiles, 0, sexp))[..., None]
-        if tiling.Sc and not isinstance(n, Codebook):
+        if tiling.Sc and not n.is_codebook:
             y = y * pow2(-shift)
         y = np.where(nan_tiles[..., None], np.nan, y).astype(np.float32)
     else:

@@ -6,7 +6,7 @@ metadata. Codes (case-insensitive)::
 
     cb<index_bits><meta_bits>[<desc>]_<compute>[_<label>]
 
-``desc`` empty gives a *generic* codebook, populated afterwards with `Codebook.add_mappings`.
+``desc`` empty gives a *generic* codebook; `Codebook.add_mappings` returns it filled.
 Otherwise ``desc`` is a sequence of clauses that generate the mappings (an *implicit* codebook):
 
 - ``f[<offsets>][e[<eoffsets>]]``: the positive values of fp<index_bits> (e2m0/e2m1/e2m2, bias 1);
@@ -130,7 +130,8 @@ class Codebook(NumberSpec):
     Build one with `Codebook.parse` (or ``onnxq.number("cb...")``). The NumberSpec fields
     (ebits, mbits, bias, infnan) are those of ``compute``; ``kind`` is `Kind.CODEBOOK`.
     Implicit codebooks (``desc`` not empty) generate their mappings on construction; generic
-    ones are filled by `add_mappings`, and the mappings take no part in comparison.
+    ones start empty and `add_mappings` returns a filled copy. A Codebook is an immutable value:
+    equality and hash cover the mappings, so caches keyed on it tell generic ones apart.
     """
 
     kind: Kind = dataclasses.field(default=Kind.CODEBOOK, init=False)
@@ -143,10 +144,9 @@ class Codebook(NumberSpec):
     compute: NumberSpec
     desc: str = ""
     label: str | None = None
-    # Magnitudes of each mapping (0.0 first, ascending); mutable so generic codebooks can fill it.
-    _mappings: list[tuple[float, ...]] = dataclasses.field(
-        default_factory=list, init=False, compare=False, repr=False
-    )
+    # Magnitudes of each mapping (0.0 first, ascending): generated for implicit codebooks,
+    # given (and checked) for generic ones.
+    mappings: tuple[tuple[float, ...], ...] = dataclasses.field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not 2 <= self.index_bits <= 8:
@@ -175,7 +175,12 @@ class Codebook(NumberSpec):
             object.__setattr__(self, name, getattr(self.compute, name))
         super().__post_init__()
         if self.desc:
-            self._mappings.extend(self._generate(_parse_desc(self.desc, self._code)))
+            generated = tuple(self._generate(_parse_desc(self.desc, self._code)))
+            if self.mappings and tuple(map(tuple, self.mappings)) != generated:
+                raise ValueError(f"{self._code}: an implicit codebook takes no added mappings")
+            object.__setattr__(self, "mappings", generated)
+        else:
+            object.__setattr__(self, "mappings", self._checked(self.mappings, 0))
 
     @property
     def _code(self) -> str:
@@ -336,34 +341,43 @@ class Codebook(NumberSpec):
         return out
 
     # -- generic mappings -----------------------------------------------------------------
-    def add_mappings(self, maplists: Iterable[Sequence[float]]) -> None:
-        """Append mappings to a generic codebook, up to 2^meta_bits in all.
+    def add_mappings(self, maplists: Iterable[Sequence[float]]) -> Codebook:
+        """A copy of this generic codebook with mappings appended, up to 2^meta_bits in all.
 
         Args:
             maplists: each mapping is either the 2^(index_bits-1) magnitudes (0.0 first,
                 strictly ascending) or the full 2^index_bits values, symmetric: two zeros (any
                 sign) and each positive value with its negative, in any order.
 
+        Returns:
+            A new Codebook (this one is unchanged: codebooks are immutable values).
+
         Raises:
             ValueError: the codebook is implicit, there would be more than 2^meta_bits
                 mappings, or a mapping is malformed or holds a value that is not exactly
                 representable in the compute type (the message names the codebook, the
                 mapping number, counted from 0 over the whole codebook, and the value).
-                Nothing is appended when it raises.
 
         """
         if self.desc:
             raise ValueError(f"{self._code}: an implicit codebook takes no added mappings")
-        new = []
+        new = self._checked(maplists, len(self.mappings))
+        return dataclasses.replace(self, mappings=(*self.mappings, *new))
+
+    def _checked(
+        self, maplists: Iterable[Sequence[float]], first: int
+    ) -> tuple[tuple[float, ...], ...]:
+        """Validated magnitudes of mappings numbered from ``first`` (see `add_mappings`)."""
+        new: list[tuple[float, ...]] = []
         for values in maplists:
-            number = len(self._mappings) + len(new)
+            number = first + len(new)
             if number >= self.num_mappings:
                 raise ValueError(
                     f"{self._code} mapping {number}: one too many; meta_bits "
                     f"{self.meta_bits} allows {self.num_mappings} mapping(s)"
                 )
             new.append(self._check_mapping(number, [float(v) for v in values]))
-        self._mappings.extend(new)
+        return tuple(new)
 
     def _check_mapping(self, number: int, values: list[float]) -> tuple[float, ...]:
         """Validate one mapping given to add_mappings and return its magnitudes."""
@@ -418,7 +432,7 @@ class Codebook(NumberSpec):
     @property
     def is_populated(self) -> bool:
         """True when all 2^meta_bits mappings are present."""
-        return len(self._mappings) == self.num_mappings
+        return len(self.mappings) == self.num_mappings
 
     def magnitudes(self) -> tuple[tuple[float, ...], ...]:
         """Per mapping, the 2^(index_bits-1) non-negative magnitudes ascending (0.0 first).
@@ -429,10 +443,10 @@ class Codebook(NumberSpec):
         """
         if not self.is_populated:
             raise ValueError(
-                f"{self._code}: has {len(self._mappings)} of {self.num_mappings} mappings; "
-                "call add_mappings first"
+                f"{self._code}: has {len(self.mappings)} of {self.num_mappings} mappings; "
+                "fill it with book = book.add_mappings(...)"
             )
-        return tuple(self._mappings)
+        return self.mappings
 
     def magnitude_codes(self) -> tuple[tuple[int, ...], ...]:
         """Per mapping, the compute-type code of each magnitude (breaks rounding ties: even).
@@ -480,6 +494,11 @@ class Codebook(NumberSpec):
     def is_codebook(self) -> bool:
         """True."""
         return True
+
+    @property
+    def compute_spec(self) -> NumberSpec:
+        """The compute type: the format the scale and the element grid are computed in."""
+        return self.compute
 
     @property
     def signed(self) -> bool:

@@ -117,10 +117,9 @@ class DataType:
                 bits += s.zero.bits / tile
         sub_rows, sub_cols = s.subtile
         if sub_cols:
-            meta_bits = n.meta_bits if isinstance(n, Codebook) else 1
-            bits += meta_bits / (sub_rows * sub_cols)
-        elif isinstance(n, Codebook) and tile:
-            bits += n.meta_bits / tile
+            bits += self.meta_bits / (sub_rows * sub_cols)
+        elif n.is_codebook and tile:
+            bits += self.meta_bits / tile
         return bits
 
     @classmethod

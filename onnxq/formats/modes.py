@@ -7,6 +7,7 @@ Each member's comment gives its rule; every backend derives its behaviour from t
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Iterator
 from enum import Enum
@@ -144,12 +145,16 @@ _PARSERS = {
     "backend": Backend.parse,
     "seed": int,
 }
-_current = Defaults()
+# A context variable: each thread and each asyncio task sees the defaults of its own blocks.
+_INITIAL = Defaults()  # frozen: safe to share as the context variable's default
+_current: contextvars.ContextVar[Defaults] = contextvars.ContextVar(
+    "onnxq_defaults", default=_INITIAL
+)
 
 
 def current_defaults() -> Defaults:
     """Return the defaults in force (changed only inside a `defaults` block)."""
-    return _current
+    return _current.get()
 
 
 @contextlib.contextmanager
@@ -167,14 +172,12 @@ def defaults(**overrides: Any) -> Iterator[Defaults]:
     Raises:
         ValueError: an unknown key or value.
     """
-    global _current
     unknown = sorted(set(overrides) - set(_PARSERS))
     if unknown:
         raise ValueError(f"unknown default {unknown[0]!r}: expected one of {sorted(_PARSERS)}")
     parsed = {k: _PARSERS[k](v) for k, v in overrides.items()}
-    previous = _current
-    _current = dataclasses.replace(previous, **parsed)
+    token = _current.set(dataclasses.replace(_current.get(), **parsed))
     try:
-        yield _current
+        yield _current.get()
     finally:
-        _current = previous
+        _current.reset(token)

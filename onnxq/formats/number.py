@@ -253,6 +253,11 @@ class NumberSpec:
         return False
 
     @property
+    def compute_spec(self) -> NumberSpec:
+        """The format element arithmetic runs in: itself (a codebook's compute type)."""
+        return self
+
+    @property
     def has_inf(self) -> bool:
         """True when some code decodes to infinity."""
         return self.infnan in (InfNaN.IEEE, InfNaN.INUZ)

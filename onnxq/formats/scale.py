@@ -170,6 +170,17 @@ class ScaleSpec:
         return self.name
 
     @property
+    def family(self) -> str:
+        """How tile scales are found: ``exponent``, ``zero`` or ``float``.
+
+        ``exponent``: a power of two; ``zero``: a float scale and a zero point; ``float``:
+        absmax / maxfloat, optionally over a tensor scale.
+        """
+        if self.scale.is_exponent:
+            return "exponent"
+        return "zero" if self.zero is not None else "float"
+
+    @property
     def is_tensor(self) -> bool:
         """One scale for the whole tensor."""
         return not self.tiles
