@@ -1,4 +1,4 @@
-"""The `onnxq` command (onnxq/cli.py): every subcommand on a tiny model, every bad input.
+"""The `onnxq` command (onnxq/cli/): every subcommand on a tiny model, every bad input.
 
 Every command runs as a real subprocess (``python -m onnxq``) so that each test checks the exit
 status the shell sees: a crash in onnx's static destructors at exit (status 139) or a hang
