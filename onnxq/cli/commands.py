@@ -14,7 +14,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,8 @@ def _quantize_options(
             )
         calibration = args.calibration
     options = {"weights": weights, "activations": activations, "recipe": recipe}
-    return out, {**options, "calibration": calibration}
+    options["calibration"] = calibration
+    return out, options
 
 
 def _quantize(
@@ -326,7 +327,13 @@ def _output_row(name: str, a: np.ndarray, b: np.ndarray, producer: str | None) -
     return [name, _shape(a), f"{m['cos']:.6f}", sqnr, f"{m['max_abs']:.4g}", top1]
 
 
-def _layer_table(layers: list[str], f_vals: dict, q_vals: dict, producers: dict) -> str:
+def _layer_table(
+    layers: Sequence[str],
+    f_vals: Mapping[str, np.ndarray],
+    q_vals: Mapping[str, np.ndarray],
+    producers: Mapping[str, str],
+) -> str:
+    """The per-layer table of ``compare --layers``: tensors of equal shape in both models."""
     rows = []
     for name in layers:
         a, b = np.asarray(f_vals[name]), np.asarray(q_vals[name])
