@@ -1,4 +1,4 @@
-"""The `onnxq` command (onnxq/cli.py): every subcommand on a tiny model, every bad input.
+"""The `onnxq` command (onnxq/cli/): every subcommand on a tiny model, every bad input.
 
 Every command runs as a real subprocess (``python -m onnxq``) so that each test checks the exit
 status the shell sees: a crash in onnx's static destructors at exit (status 139) or a hang
@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxq
 from onnxq import cli
+from onnxq.compare import error_metrics
 from onnxq.progress import ProgressBar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -325,10 +326,10 @@ def test_compare_layers_reports_intermediate_tensors(
 def test_metrics_edge_cases() -> None:
     zero = np.zeros(4, np.float32)
     ones = np.ones(4, np.float32)
-    assert cli._metrics(zero, zero) == {"cos": 1.0, "sqnr": float("inf"), "max_abs": 0.0}
-    assert cli._metrics(zero, ones)["sqnr"] == float("-inf")
-    assert cli._metrics(ones, 2 * ones)["sqnr"] == pytest.approx(0.0)
-    assert cli._metrics(ones, -ones)["cos"] == pytest.approx(-1.0)
+    assert error_metrics(zero, zero) == {"cos": 1.0, "sqnr": float("inf"), "max_abs": 0.0}
+    assert error_metrics(zero, ones)["sqnr"] == float("-inf")
+    assert error_metrics(ones, 2 * ones)["sqnr"] == pytest.approx(0.0)
+    assert error_metrics(ones, -ones)["cos"] == pytest.approx(-1.0)
 
 
 # -- inspect -----------------------------------------------------------------------------------

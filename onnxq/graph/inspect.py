@@ -1,0 +1,265 @@
+"""Reading a quantized model back: its quantized tensors, their formats and sizes.
+
+`inspect_model` lists every tensor a model stores quantized (a weight decoded by a DequantizeMX,
+CodebookLookup or DequantizeLinear node from stored inputs) or quantizes at run time (an
+activation decoded by an onnxq op from a computed input), and the weights' bytes as float and
+as stored. Nothing here reads external data: sizes come from each tensor's dims and type.
+``onnxq inspect`` prints what it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxq.formats.datatype import datatype, datatypes
+from onnxq.graph.schemas import DOMAIN, OPS
+from onnxq.graph.walk import node_attrs, stored_tensors, walk_graphs
+
+__all__ = [
+    "DECODE_OPS",
+    "MalformedNodeError",
+    "ModelSummary",
+    "QuantizedTensor",
+    "data_files",
+    "file_bytes",
+    "format_name",
+    "inspect_model",
+    "quantized_tensor",
+    "tensor_bytes",
+]
+
+# The onnxq ops that decode a quantized tensor: packed codes Q in, values Y out.
+DECODE_OPS = tuple(n for n, s in OPS.items() if "Q" in s.inputs and s.outputs == ("Y",))
+_STANDARD = ("", "ai.onnx")
+# Sub-byte element types that numpy's itemsize would overstate.
+_ELEM_BITS = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}
+if hasattr(onnx.TensorProto, "FLOAT4E2M1"):
+    _ELEM_BITS[onnx.TensorProto.FLOAT4E2M1] = 4
+
+
+class MalformedNodeError(ValueError):
+    """A decoding node whose attributes no onnxq op would accept (no or a bad ``dtype``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedTensor:
+    """One quantized tensor of a model: a stored weight or a run-time activation.
+
+    ``name`` is the decoding node's first output; ``format`` a preset name or data type code
+    (``"int8 block 32"``, ``"int8 axis 1"`` or ``"int8 tensor"`` for DequantizeLinear);
+    ``output_bits`` the bits per value of the decoded float output; ``stored`` the names of
+    the node's stored inputs (empty for activations). ``nbytes`` is the stored bytes of a
+    weight (None for activations); ``bits_per_value`` is ``8 * nbytes / numel`` for a weight
+    and the format's bits per value for an activation (None when unknown or ``numel`` is 0).
+    """
+
+    name: str
+    kind: str  # "weight" or "activation"
+    format: str
+    shape: tuple[int, ...]
+    numel: int
+    output_bits: int
+    stored: tuple[str, ...]
+    nbytes: int | None
+    bits_per_value: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSummary:
+    """What `inspect_model` finds: counts, onnxq metadata, quantized tensors and weight bytes.
+
+    ``float_bytes`` is the bytes every stored tensor would take with the quantized weights
+    decoded to their output type; ``stored_bytes`` the bytes stored tensors take as they are.
+    """
+
+    nodes: int  # nodes of the main graph
+    stored_tensors: int  # initializers and Constant values, subgraphs included
+    metadata: dict[str, str]  # the metadata_props whose keys start with "onnxq"
+    tensors: list[QuantizedTensor]
+    float_bytes: int
+    stored_bytes: int
+
+
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """Bytes a tensor's data takes, from its dims and type (no data is read)."""
+    if tensor.data_type == onnx.TensorProto.STRING:
+        return sum(len(s) for s in tensor.string_data)
+    bits = _ELEM_BITS.get(tensor.data_type)
+    if bits is None:
+        try:
+            bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):  # an unknown element type: what is stored
+            return len(tensor.raw_data)
+    return math.ceil(math.prod(tensor.dims) * bits / 8)
+
+
+def data_files(model: onnx.ModelProto) -> list[str]:
+    """The external data files the model's initializers name (relative paths, sorted)."""
+    names = {
+        e.value
+        for g in walk_graphs(model.graph)
+        for t in g.initializer
+        for e in t.external_data
+        if e.key == "location"
+    }
+    return sorted(names)
+
+
+def file_bytes(path: Path, model: onnx.ModelProto) -> int:
+    """Size of the model file plus the external data files it references (missing ones: 0)."""
+    total = path.stat().st_size
+    for name in data_files(model):
+        data = path.parent / name
+        total += data.stat().st_size if data.is_file() else 0
+    return total
+
+
+def format_name(text: str) -> str:
+    """A format as users name it: the preset for a code that has one (shortest alias)."""
+    try:
+        code = datatype(text).code
+    except (ValueError, TypeError):
+        return text
+    names = sorted((len(n), n) for n, dt in datatypes().items() if dt.code == code)
+    return names[0][1] if names else text
+
+
+def inspect_model(model: onnx.ModelProto) -> ModelSummary:
+    """The quantized tensors and weight sizes of ``model`` (subgraphs included).
+
+    Raises:
+        MalformedNodeError: an onnxq decoding node has no ``dtype`` or a bad one.
+    """
+    stored = stored_tensors(model)
+    packed: set[str] = set()
+    tensors = []
+    float_bytes = 0
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            found = quantized_tensor(node, stored)
+            if found is None:
+                continue
+            if found.stored:
+                packed.update(found.stored)
+                float_bytes += found.numel * found.output_bits // 8
+            tensors.append(found)
+    float_bytes += sum(tensor_bytes(t) for n, t in stored.items() if n not in packed)
+    meta = {p.key: p.value for p in model.metadata_props if p.key.lower().startswith("onnxq")}
+    return ModelSummary(
+        nodes=len(model.graph.node),
+        stored_tensors=len(stored),
+        metadata=meta,
+        tensors=tensors,
+        float_bytes=float_bytes,
+        stored_bytes=sum(tensor_bytes(t) for t in stored.values()),
+    )
+
+
+def quantized_tensor(
+    node: onnx.NodeProto, stored: Mapping[str, onnx.TensorProto]
+) -> QuantizedTensor | None:
+    """The tensor a node decodes, or None when the node decodes none.
+
+    ``stored`` holds the model's stored tensors by name (`onnxq.graph.walk.stored_tensors`).
+
+    Raises:
+        MalformedNodeError: an onnxq decoding node has no ``dtype`` or a bad one.
+    """
+    if node.domain == DOMAIN and node.op_type in DECODE_OPS:
+        fmt, shape, out_type, q_index = _onnxq_decoder(node)
+    elif node.op_type == "DequantizeLinear" and node.domain in _STANDARD:
+        if not node.input or node.input[0] not in stored:
+            return None
+        fmt, shape, out_type = _dequantize_linear(node, stored)
+        q_index = 0  # x, the quantized input
+    else:
+        return None
+    numel = math.prod(shape)
+    try:
+        out_bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(out_type).itemsize
+    except (KeyError, ValueError, TypeError):  # not a float type: the node is broken
+        out_bits = 32
+    if not node.output:
+        return None
+    common = {"name": node.output[0], "format": fmt, "shape": tuple(shape), "numel": numel}
+    if len(node.input) > q_index and node.input[q_index] in stored:
+        inputs = tuple(i for i in node.input if i and i in stored)
+        nbytes = sum(tensor_bytes(stored[i]) for i in inputs)
+        bits = 8 * nbytes / numel if numel else None
+        return QuantizedTensor(
+            **common,
+            kind="weight",
+            output_bits=out_bits,
+            stored=inputs,
+            nbytes=nbytes,
+            bits_per_value=bits,
+        )
+    try:
+        bits = datatype(fmt).bits_per_value
+    except ValueError:
+        bits = None
+    return QuantizedTensor(
+        **common,
+        kind="activation",
+        output_bits=out_bits,
+        stored=(),
+        nbytes=None,
+        bits_per_value=bits,
+    )
+
+
+def _onnxq_decoder(node: onnx.NodeProto) -> tuple[str, list[int], int, int]:
+    """(format name, shape, output element type, position of Q) of an onnxq decoding node."""
+    attrs = _attrs(node)
+    shape = [int(d) for d in attrs.get("shape", [])]
+    label = node.name or node.op_type
+    if "dtype" not in attrs:
+        raise MalformedNodeError(
+            f"node {label!r} ({node.op_type}) has no dtype attribute: "
+            "the model is malformed; quantize the float model again"
+        )
+    try:  # the attribute is untrusted: a code the ops would refuse is an error, not a label
+        fmt = format_name(datatype(str(attrs["dtype"])).name)
+    except ValueError as err:
+        raise MalformedNodeError(f"node {label!r}: bad dtype: {err}") from None
+    out_type = int(attrs.get("output_type", onnx.TensorProto.FLOAT))
+    return fmt, shape, out_type, OPS[node.op_type].inputs.index("Q")
+
+
+def _dequantize_linear(
+    node: onnx.NodeProto, stored: Mapping[str, onnx.TensorProto]
+) -> tuple[str, list[int], int]:
+    """(format, shape, output element type) of a DequantizeLinear node with a stored input."""
+    attrs = _attrs(node)
+    x = stored[node.input[0]]
+    elem = onnx.TensorProto.DataType.Name(x.data_type).lower()
+    block = attrs.get("block_size", 0)
+    fmt = f"{elem} block {block}" if block else f"{elem} axis {attrs.get('axis', 1)}"
+    out_type: int = onnx.TensorProto.FLOAT
+    if len(node.input) > 1 and node.input[1] in stored:  # x_scale: its type is the output's
+        out_type = stored[node.input[1]].data_type
+        if not stored[node.input[1]].dims:
+            fmt = f"{elem} tensor"
+    return fmt, list(x.dims), out_type
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    """`node_attrs`, with string attributes that are not UTF-8 read with U+FFFD replacements.
+
+    A model's bytes need not be UTF-8; the format parser then refuses the replaced ``dtype``.
+    """
+    try:
+        return node_attrs(node)
+    except UnicodeDecodeError:
+        clean = onnx.NodeProto()
+        clean.CopyFrom(node)
+        for attr in clean.attribute:
+            if attr.type == onnx.AttributeProto.STRING:
+                attr.s = attr.s.decode(errors="replace").encode()
+        return node_attrs(clean)
