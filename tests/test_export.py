@@ -1,4 +1,4 @@
-"""`onnxq export` and onnxq.deploy.export: hardware layouts written, read back and decoded bit for bit."""
+"""`onnxq export` and onnxq.deploy.export: hardware layouts written, read back, decoded exactly."""
 
 from __future__ import annotations
 
