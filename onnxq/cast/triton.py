@@ -87,7 +87,6 @@ from onnxq.formats.number import NumberSpec
 __all__ = ["dequantize", "pack_bits", "plan", "quantize", "to_qtensor", "unpack_bits", "upcast"]
 
 
-
 def _bf16(dtype: torch.dtype) -> int:
     return int(dtype == torch.bfloat16)
 
@@ -494,5 +493,3 @@ def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         zero=q.zero,
         mask=mask,
     )
-
-

@@ -14,7 +14,6 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
 
 
-
 def _to_code(t: torch.Tensor, bits: int) -> torch.Tensor:
     if bits <= 16:
         return t.to(_store_dtype(bits)).view(_code_torch_dtype(bits))

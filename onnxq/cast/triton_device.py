@@ -342,4 +342,3 @@ def _ldexp_bits(qb, k):
     ex = tl.where(E > 0, E - 127, -126)
     out = _make_f32(M, ex - 23 + k) | (qb & -2147483648)
     return tl.where(E == 255, qb, out)
-

@@ -201,4 +201,3 @@ def _prune_kernel(
     keep = tl.sum(beats.to(tl.int32), axis=2) < n_keep
     tl.store(y_ptr + off, tl.where(keep, raw, 0).to(raw.dtype), mask=ok)
     tl.store(mask_ptr + off, keep.to(tl.uint8), mask=ok)
-

@@ -256,4 +256,3 @@ def _bump_threshold(e: _ElemFmt, mode: ScaleMode) -> int:
         case 4:  # option3 / even: rounding to mbits+1 bits carries into the next binade
             return (1 << 24) - (1 << (22 - m)) - 1 if m < 23 else never
     return never
-

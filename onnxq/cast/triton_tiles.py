@@ -65,4 +65,3 @@ def _tile_ungrid(grid: torch.Tensor, p: _Plan) -> torch.Tensor:
     if p.rows:
         return grid.reshape(p.grid_shape).movedim(p.tiling.axis, -1).reshape(-1)
     return grid.reshape(-1)
-
