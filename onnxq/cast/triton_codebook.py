@@ -52,16 +52,9 @@ import triton
 import triton.language as tl
 
 from onnxq.cast.layout import Tiling
-from onnxq.cast.triton import (
-    _IN_KIND,
-    _bump_threshold,
-    _elem_fmt,
-    _int_view,
-    _ldexp_bits,
-    _load_bits,
-    _scale_exp_t,
-    _store_values,
-)
+from onnxq.cast.triton_bits import _int_view
+from onnxq.cast.triton_device import _ldexp_bits, _load_bits, _scale_exp_t, _store_values
+from onnxq.cast.triton_plan import _IN_KIND, _bump_threshold, _elem_fmt
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode

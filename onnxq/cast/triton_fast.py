@@ -43,14 +43,9 @@ import triton
 import triton.language as tl
 
 from onnxq.cast.elements import nan_code
-from onnxq.cast.triton import (
-    _IN_KIND,
-    _SMODE,
-    _elem_fmt,
-    _int_view,
-    _load_bits,
-    _scale_exp,
-)
+from onnxq.cast.triton_bits import _int_view
+from onnxq.cast.triton_device import _load_bits, _scale_exp
+from onnxq.cast.triton_plan import _IN_KIND, _SMODE, _elem_fmt
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
