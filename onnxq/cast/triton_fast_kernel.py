@@ -443,6 +443,7 @@ def _fast_codes(
 @triton.jit
 def _store_codes(
     code_ptr,
+    start,
     code,
     offs,
     ok,
@@ -458,12 +459,12 @@ def _store_codes(
     # one byte per code, or (PACKED, codes under 8 bits) packing.py's bit stream
     if PACKED:
         if E_G == 1:
-            tl.store(code_ptr + offs, code.to(tl.uint8), mask=ok)
+            tl.store(code_ptr + start + offs, code.to(tl.uint8), mask=ok)
         else:
             pid = tl.program_id(0)
             _pack_store(code_ptr, code, pid, code_nbytes, BT, TC, E_BITS, E_G, E_NB, G3 > 1)
     else:
-        tl.store(code_ptr + offs, code.to(tl.uint8), mask=ok)
+        tl.store(code_ptr + start + offs, code.to(tl.uint8), mask=ok)
 
 
 @triton.jit
@@ -581,7 +582,7 @@ def _fast_kernel(
         )
         code = tl.where(tile_nan, 0, code)
         _store_codes(
-            code_ptr + start, code, offs, ok, code_nbytes, BT, TC, E_BITS, E_G, E_NB, G3, PACKED
+            code_ptr, start, code, offs, ok, code_nbytes, BT, TC, E_BITS, E_G, E_NB, G3, PACKED
         )
         tl.store(scale_ptr + tile, scode.to(tl.uint8), mask=t_ok)
         if SHIFT:
