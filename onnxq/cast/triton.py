@@ -234,20 +234,8 @@ def quantize(
     ts_code = amax = lo = hi = dummy_i32
     flags = torch.zeros(1, dtype=torch.int8, device=dev)
     top = torch.zeros(1, dtype=torch.float32, device=dev)
-    nums = dict.fromkeys(_QUANT_RUNTIME[8:], 0)
-    nums.update(el_maxf=1.0, ts_denom=1.0)
-    nums.update(
-        bf16=_bf16(x.dtype), want_y=int(want_values), want_codes=int(want_codes),
-        rmode=0 if stoch else _ROUND[round_mode],
-        nan_nf=int(s is not None and nan_policy is NanPolicy.BLOCK),
-        nan_nan=int(s is not None and not n.is_float),
-        full_int=int(full_int_range and not e.is_float),
-        keep_inf=int(s is None and e.has_inf),
-        e_mbits=e.mbits, e_emin=e.emin, e_emax=e.emax, e_maxm=e.maxm, e_bits=e.bits,
-        e_negzero=int(e.negzero), e_nancode=e.nan_code, e_infcode=e.inf_code,
-        f_emax=_FINITE[x.dtype][0], f_mbits=_FINITE[x.dtype][1], f_over=_FINITE[x.dtype][2],
-        f_max=float(_FINITE[x.dtype][3]),
-    )  # fmt: skip
+    nums = _quant_numbers(p, x.dtype, round_mode, scale_mode, nan_policy, full_int_range)
+    nums.update(want_y=int(want_values), want_codes=int(want_codes))
     if s is not None:
         if want_codes:
             scale = torch.empty(p.n_inst, dtype=_store_dtype(s.scale.bits), device=dev)
@@ -268,34 +256,6 @@ def quantize(
             top_bits, _, _, _ = _stats(x, size, 1, 1, 1, size, minmax=False)
             top = top_bits.view(torch.float32).reshape(1)
             ts_code = torch.zeros(1, dtype=torch.int32, device=dev)
-        if s.scale.is_exponent:
-            # clamp(sexp + frac, low, high) - frac == clamp(sexp, low - frac, high - frac)
-            frac = n.int_fraction_bits
-            nums.update(
-                bump_t=_bump_threshold(e, scale_mode), s_low=-s.scale.bias - frac,
-                s_high=(1 << s.scale.ebits) - 2 - s.scale.bias - frac,
-                s_bias=s.scale.bias + frac, s_nan=(1 << s.scale.ebits) - 1,
-            )  # fmt: skip
-        else:
-            sf = p.sfmt
-            assert sf is not None
-            nums.update(
-                s_nan=nan_code(s.scale), el_maxf=float(np.float32(n.maxfloat)),
-                s_mbits=sf.mbits, s_emin=sf.emin, s_emax=sf.emax, s_maxm=sf.maxm,
-            )  # fmt: skip
-            if p.tfmt is not None:
-                tf = p.tfmt
-                denom = np.float32(n.maxfloat) * np.float32(s.scale.maxfloat)
-                nums.update(
-                    ts_denom=float(denom), t_mbits=tf.mbits, t_emin=tf.emin, t_emax=tf.emax,
-                    t_maxm=tf.maxm,
-                )  # fmt: skip
-            if p.zfmt is not None:
-                zf = p.zfmt
-                nums.update(
-                    z_mbits=zf.mbits, z_emin=zf.emin, z_emax=zf.emax, z_maxm=zf.maxm,
-                    z_bits=zf.bits, z_negzero=int(zf.negzero),
-                )  # fmt: skip
     _quant_kernel[_programs(n_units, bt)](
         _int_view(xk), _int_view(y), codes, scale, meta, zero, amax, flags, lo, hi, top,
         ts_code, dummy_i32 if idx is None else idx, n_units, n_chunks, p.C, p.TC, p.inner,
@@ -312,18 +272,79 @@ def quantize(
             y = y.masked_fill_(~mask, 0)
         out["values"] = y
     if want_codes:
-        if p.rows:
-            codes = _from_tile_rows(codes, p.tiling)
-        out["codes"] = codes.view(_code_torch_dtype(n.bits))
-        if s is not None:
-            out["scale"] = _tile_grid(scale, p).view(_code_torch_dtype(s.scale.bits))
-            if s.zero is not None:
-                out["zero"] = _tile_grid(zero, p).view(_code_torch_dtype(s.zero.bits))
-            if p.sub:
-                out["meta"] = _sub_grid(meta, p.tiling) if p.rows else meta.reshape(p.meta_shape)
-            if s.tenscale is not None:
-                t = ts_code.to(torch.int64) if s.tenscale.bits > 16 else ts_code
-                out["tenscale"] = _to_code(t, s.tenscale.bits)
+        out.update(_code_outputs(p, codes, scale, zero, meta, ts_code))
+    return out
+
+
+def _quant_numbers(
+    p: _Plan, dtype: torch.dtype, round_mode: RoundMode, scale_mode: ScaleMode,
+    nan_policy: NanPolicy, full_int_range: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """`_quant_kernel`'s run-time format numbers (unused ones 0) for a cast of ``dtype`` data."""
+    n, s, e = p.dt.nspec, p.dt.sspec, p.elem
+    nums: dict[str, Any] = dict.fromkeys(_QUANT_RUNTIME[8:], 0)
+    nums.update(el_maxf=1.0, ts_denom=1.0)
+    f_emax, f_mbits, f_over, f_max = _FINITE[dtype]
+    nums.update(
+        bf16=_bf16(dtype), rmode=0 if round_mode is RoundMode.STOCHASTIC else _ROUND[round_mode],
+        nan_nf=int(s is not None and nan_policy is NanPolicy.BLOCK),
+        nan_nan=int(s is not None and not n.is_float),
+        full_int=int(full_int_range and not e.is_float), keep_inf=int(s is None and e.has_inf),
+        e_mbits=e.mbits, e_emin=e.emin, e_emax=e.emax, e_maxm=e.maxm, e_bits=e.bits,
+        e_negzero=int(e.negzero), e_nancode=e.nan_code, e_infcode=e.inf_code,
+        f_emax=f_emax, f_mbits=f_mbits, f_over=f_over, f_max=float(f_max),
+    )  # fmt: skip
+    if s is None:
+        return nums
+    if s.scale.is_exponent:
+        # clamp(sexp + frac, low, high) - frac == clamp(sexp, low - frac, high - frac)
+        frac = n.int_fraction_bits
+        nums.update(
+            bump_t=_bump_threshold(e, scale_mode), s_low=-s.scale.bias - frac,
+            s_high=(1 << s.scale.ebits) - 2 - s.scale.bias - frac,
+            s_bias=s.scale.bias + frac, s_nan=(1 << s.scale.ebits) - 1,
+        )  # fmt: skip
+        return nums
+    sf = p.sfmt
+    assert sf is not None
+    nums.update(
+        s_nan=nan_code(s.scale), el_maxf=float(np.float32(n.maxfloat)),
+        s_mbits=sf.mbits, s_emin=sf.emin, s_emax=sf.emax, s_maxm=sf.maxm,
+    )  # fmt: skip
+    if p.tfmt is not None:
+        tf = p.tfmt
+        denom = np.float32(n.maxfloat) * np.float32(s.scale.maxfloat)
+        nums.update(
+            ts_denom=float(denom), t_mbits=tf.mbits, t_emin=tf.emin, t_emax=tf.emax,
+            t_maxm=tf.maxm,
+        )  # fmt: skip
+    if p.zfmt is not None:
+        zf = p.zfmt
+        nums.update(
+            z_mbits=zf.mbits, z_emin=zf.emin, z_emax=zf.emax, z_maxm=zf.maxm,
+            z_bits=zf.bits, z_negzero=int(zf.negzero),
+        )  # fmt: skip
+    return nums
+
+
+def _code_outputs(
+    p: _Plan, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, meta: torch.Tensor,
+    ts_code: torch.Tensor,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The code fields of a quantize result, in the reference's layouts."""
+    n, s = p.dt.nspec, p.dt.sspec
+    if p.rows:
+        codes = _from_tile_rows(codes, p.tiling)
+    out = {"codes": codes.view(_code_torch_dtype(n.bits))}
+    if s is not None:
+        out["scale"] = _tile_grid(scale, p).view(_code_torch_dtype(s.scale.bits))
+        if s.zero is not None:
+            out["zero"] = _tile_grid(zero, p).view(_code_torch_dtype(s.zero.bits))
+        if p.sub:
+            out["meta"] = _sub_grid(meta, p.tiling) if p.rows else meta.reshape(p.meta_shape)
+        if s.tenscale is not None:
+            t = ts_code.to(torch.int64) if s.tenscale.bits > 16 else ts_code
+            out["tenscale"] = _to_code(t, s.tenscale.bits)
     return out
 
 
