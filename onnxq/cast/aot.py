@@ -110,11 +110,26 @@ __all__ = [
 
 # The sources the kernels and their specialisations come from (with the format code)
 _SOURCES = (
-    "aot", "aot_compile", "aot_emit", "aot_record", "aot_spec", "triton", "triton_bits",
-    "triton_device", "triton_fast", "triton_fast_kernel", "triton_kernels", "triton_pack",
-    "triton_plan", "triton_quant_kernel", "triton_tiles", "elements", "layout", "reference",
+    "aot",
+    "aot_compile",
+    "aot_emit",
+    "aot_record",
+    "aot_spec",
+    "triton",
+    "triton_bits",
+    "triton_device",
+    "triton_fast",
+    "triton_fast_kernel",
+    "triton_kernels",
+    "triton_pack",
+    "triton_plan",
+    "triton_quant_kernel",
+    "triton_tiles",
+    "elements",
+    "layout",
+    "reference",
     "packing",
-)  # fmt: skip
+)
 
 
 def _stamp(presets: tuple[str, ...]) -> str:
@@ -139,9 +154,12 @@ def _amax_programs() -> int:
 
 
 def generate(
-    out_dir: str | os.PathLike[str], *, jobs: int = 0, presets: tuple[str, ...] = PRESETS,
+    out_dir: str | os.PathLike[str],
+    *,
+    jobs: int = 0,
+    presets: tuple[str, ...] = PRESETS,
     force: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Write kernels.bin, aot_index.inc and manifest.json into ``out_dir``; return the manifest.
 
     Specialisations that differ only in run-time values share one compiled image.

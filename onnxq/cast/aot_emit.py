@@ -64,9 +64,12 @@ def _layout_blob(consts: list[bytes], units: list[str], results: dict) -> _Blob:
 
 
 def _kernel_tables(
-    kernels: list[KernelSpec], formats: list[FormatInfo], units: list[str], results: dict,
+    kernels: list[KernelSpec],
+    formats: list[FormatInfo],
+    units: list[str],
+    results: dict,
     blob: _Blob,
-) -> tuple[list[str], list[tuple[int, int]], list[dict[str, Any]]]:  # fmt: skip
+) -> tuple[list[str], list[tuple[int, int]], list[dict[str, Any]]]:
     """The launcher's kernel rows, the parameter table and the manifest's kernel entries."""
     rows, params, entries = [], [], []
     for k in kernels:
@@ -90,24 +93,34 @@ def _kernel_tables(
         )
         entries.append(
             {
-                "symbol": k.symbol, "kernel": k.kernel, "op": k.op,
+                "symbol": k.symbol,
+                "kernel": k.kernel,
+                "op": k.op,
                 "format": formats[k.fmt].preset if k.fmt >= 0 else None,
                 "io_type": k.io_type if k.op in (OP_PACK, OP_UNPACK) else FLOATS[k.io_type],
                 "constexprs": k.constexprs,
-                "options": k.options, "signature": k.signature, "hints": list(k.hints),
-                "roles": [[n, r_, x] for n, r_, x in k.roles], "image": units.index(k.unit),
+                "options": k.options,
+                "signature": k.signature,
+                "hints": list(k.hints),
+                "roles": [[n, r_, x] for n, r_, x in k.roles],
+                "image": units.index(k.unit),
                 "cubin": {f"sm_{a}": list(images[a]) for a in ARCHS},
                 "ptx": {f"sm_{PTX_ARCH}": list(ptx)},
-                "num_warps": r[ARCHS[0]]["num_warps"], "extra_params": nextra,
+                "num_warps": r[ARCHS[0]]["num_warps"],
+                "extra_params": nextra,
             }
-        )  # fmt: skip
+        )
     return rows, params, entries
 
 
 def _index_inc(
-    formats: list[FormatInfo], rows: list[str], params: list[tuple[int, int]], blob: _Blob,
-    triton_version: str, amax_programs: int,
-) -> str:  # fmt: skip
+    formats: list[FormatInfo],
+    rows: list[str],
+    params: list[tuple[int, int]],
+    blob: _Blob,
+    triton_version: str,
+    amax_programs: int,
+) -> str:
     """The text of aot_index.inc."""
     fmt_rows = [
         f"  {{{_c_str(f.preset)}, {_c_str(f.code)}, {f.tile}, {f.sub}, {int(f.scaled)}, "
@@ -127,19 +140,32 @@ def _index_inc(
             f"#define ONNXQ_AOT_BLOB_BYTES {len(blob.data)}u",
             f"#define ONNXQ_AOT_NARCH {len(ARCHS)}",
             f"#define ONNXQ_AOT_AMAX_PROGRAMS {amax_programs}",
-            "static const AotFormat kAotFormats[] = {", *fmt_rows, "};",
-            "static const AotParam kAotParams[] = {", *param_rows, "};",
-            "static const AotSpan kAotConsts[] = {", *(const_rows or ["  {0u, 0u},"]), "};",
-            "static const AotKernel kAotKernels[] = {", *rows, "};",
+            "static const AotFormat kAotFormats[] = {",
+            *fmt_rows,
+            "};",
+            "static const AotParam kAotParams[] = {",
+            *param_rows,
+            "};",
+            "static const AotSpan kAotConsts[] = {",
+            *(const_rows or ["  {0u, 0u},"]),
+            "};",
+            "static const AotKernel kAotKernels[] = {",
+            *rows,
+            "};",
             "",
         ]
-    )  # fmt: skip
+    )
 
 
 def write_outputs(
-    out: Path, stamp: str, specs: tuple[list[FormatInfo], list[KernelSpec], list[bytes]],
-    units: list[str], results: dict, triton_version: str, amax_programs: int,
-) -> dict[str, Any]:  # fmt: skip
+    out: Path,
+    stamp: str,
+    specs: tuple[list[FormatInfo], list[KernelSpec], list[bytes]],
+    units: list[str],
+    results: dict,
+    triton_version: str,
+    amax_programs: int,
+) -> dict[str, Any]:
     """Write kernels.bin, aot_index.inc and manifest.json into ``out``; return the manifest."""
     formats, kernels, consts = specs
     blob = _layout_blob(consts, units, results)

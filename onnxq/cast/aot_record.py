@@ -84,10 +84,17 @@ def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: 
     x = torch.zeros(shape, dtype=getattr(torch, in_type))
     with _recording(tm) as launches:
         tm.quantize(
-            x, dt, axis=-1, round_mode=RoundMode.EVEN, scale_mode=ScaleMode.FLOOR,
-            nan_policy=NanPolicy.ELEMENT, seed=0, full_int_range=False,
-            want_values=want in ("values", "both"), want_codes=want in ("codes", "both"),
-        )  # fmt: skip
+            x,
+            dt,
+            axis=-1,
+            round_mode=RoundMode.EVEN,
+            scale_mode=ScaleMode.FLOOR,
+            nan_policy=NanPolicy.ELEMENT,
+            seed=0,
+            full_int_range=False,
+            want_values=want in ("values", "both"),
+            want_codes=want in ("codes", "both"),
+        )
     return launches
 
 
@@ -104,10 +111,16 @@ def _record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: s
     x = torch.zeros(shape, dtype=getattr(torch, in_type))
     with _recording(tf) as launches:
         tf.quantize(
-            x, dt, fp, scale_mode=ScaleMode.FLOOR, nan_policy=NanPolicy.ELEMENT,
-            full_int_range=False, want_values=want == "values", want_codes=want != "values",
+            x,
+            dt,
+            fp,
+            scale_mode=ScaleMode.FLOOR,
+            nan_policy=NanPolicy.ELEMENT,
+            full_int_range=False,
+            want_values=want == "values",
+            want_codes=want != "values",
             packed=want == "packed",
-        )  # fmt: skip
+        )
     return launches
 
 
@@ -127,9 +140,15 @@ def _record_dequant(tm: Any, dt: Any, shape: tuple[int, ...], out_type: str):
             meta = torch.zeros(p.meta_shape, dtype=torch.uint8)
     with _recording(tm) as launches:
         tm.dequantize(
-            dt, shape, -1, codes, scale=scale, tenscale=tenscale, meta=meta,
+            dt,
+            shape,
+            -1,
+            codes,
+            scale=scale,
+            tenscale=tenscale,
+            meta=meta,
             out_dtype=getattr(torch, out_type),
-        )  # fmt: skip
+        )
     return launches
 
 
@@ -241,8 +260,10 @@ def _same(a: tuple, b: tuple, what: str) -> None:
     va = [(n, r, x) for n, r, x in roles_a if r == "value"]
     vb = [(n, r, x) for n, r, x in roles_b if r == "value"]
     if va != vb:
-        diff += sorted({n for n, _, _ in va} ^ {n for n, _, _ in vb} | {
-            x[0] for x, y in zip(va, vb, strict=False) if x != y})  # fmt: skip
+        diff += sorted(
+            {n for n, _, _ in va} ^ {n for n, _, _ in vb}
+            | {x[0] for x, y in zip(va, vb, strict=False) if x != y}
+        )
     if diff:
         raise GenerationError(f"{what}: {diff} depend on the tensor shape")
 
@@ -269,9 +290,15 @@ def _format_info(tm: Any, preset: str) -> tuple[Any, FormatInfo]:
     if dt.nspec.bits > 8 or s.scale.bits > 8:
         raise GenerationError(f"{preset}: codes or scales of more than 8 bits")
     info = FormatInfo(
-        preset, dt.code, p.TC, p.sub, True, dt.nspec.bits, s.scale.bits,
+        preset,
+        dt.code,
+        p.TC,
+        p.sub,
+        True,
+        dt.nspec.bits,
+        s.scale.bits,
         s.tenscale.bits if s.tenscale is not None else 0,
-    )  # fmt: skip
+    )
     return dt, info
 
 
@@ -334,10 +361,19 @@ def _fast_specs(
         ce["HW_BF16"] = True  # the interpreter's switch; the images convert in hardware
         specs.append(
             KernelSpec(
-                f"f{op}_{preset}_{ftype}", "_fast_kernel", op, fi, k, sig, ce, opts, roles,
-                module="onnxq.cast.triton_fast", hints=_ptrs(sig),
+                f"f{op}_{preset}_{ftype}",
+                "_fast_kernel",
+                op,
+                fi,
+                k,
+                sig,
+                ce,
+                opts,
+                roles,
+                module="onnxq.cast.triton_fast",
+                hints=_ptrs(sig),
             )
-        )  # fmt: skip
+        )
         if has_ts and amax:
             amax = False
             specs.extend(_amax_specs(tf, rec[0], k, consts))
@@ -436,10 +472,22 @@ def _amax_specs(tf: Any, launches: list[_Launch], k: int, consts: list[bytes]) -
     specs = []
     for rounds in AMAX_ROUNDS:
         c = {**ce, "ROUNDS": rounds}
-        specs.append(KernelSpec(f"amax{rounds}_{FLOATS[k]}", "_amax_kernel", OP_AMAX, -1, k, sig,
-                                c, opts, roles, chunk=ce["BLOCK"] * rounds,
-                                module="onnxq.cast.triton_fast",
-                                hints=(*_ptrs(sig), "numel")))  # fmt: skip
+        specs.append(
+            KernelSpec(
+                f"amax{rounds}_{FLOATS[k]}",
+                "_amax_kernel",
+                OP_AMAX,
+                -1,
+                k,
+                sig,
+                c,
+                opts,
+                roles,
+                chunk=ce["BLOCK"] * rounds,
+                module="onnxq.cast.triton_fast",
+                hints=(*_ptrs(sig), "numel"),
+            )
+        )
     return specs
 
 
@@ -451,20 +499,33 @@ def _pack_specs(formats: list[FormatInfo]) -> list[KernelSpec]:
     """Device bit packing (onnxq.cast.triton_pack) for the widths under 8 bits in use."""
     from onnxq.cast import triton_pack
 
-    widths = {f.code_bits for f in formats if f.code_bits < 8} | ({1} if any(
-        f.sub for f in formats) else set())  # fmt: skip
+    widths = {f.code_bits for f in formats if f.code_bits < 8} | (
+        {1} if any(f.sub for f in formats) else set()
+    )
     sig = {"src_ptr": "*u8", "dst_ptr": "*u8", "count": "i32", "nbytes": "i32"}
-    roles = [("src_ptr", "src", -1), ("dst_ptr", "dst", -1), ("count", "count", -1),
-             ("nbytes", "nbytes", -1)]  # fmt: skip
+    roles = [
+        ("src_ptr", "src", -1),
+        ("dst_ptr", "dst", -1),
+        ("count", "count", -1),
+        ("nbytes", "nbytes", -1),
+    ]
     specs = []
     for bits in sorted(widths):
         for op, name in ((OP_PACK, "_pack_kernel"), (OP_UNPACK, "_unpack_kernel")):
             ce = {"BITS": bits, "BLOCK": triton_pack.BLOCK}
             spec = KernelSpec(
-                f"{name[1:-7]}{bits}", name, op, -1, bits,
-                {**sig, "BITS": "constexpr", "BLOCK": "constexpr"}, ce, dict(_OPTION_DEFAULTS),
-                roles, chunk=triton_pack.BLOCK, module="onnxq.cast.triton_pack",
-            )  # fmt: skip
+                f"{name[1:-7]}{bits}",
+                name,
+                op,
+                -1,
+                bits,
+                {**sig, "BITS": "constexpr", "BLOCK": "constexpr"},
+                ce,
+                dict(_OPTION_DEFAULTS),
+                roles,
+                chunk=triton_pack.BLOCK,
+                module="onnxq.cast.triton_pack",
+            )
             specs.append(spec)
     return specs
 

@@ -136,9 +136,10 @@ def _fast_geometry(shape: tuple[int, ...], f: FormatInfo, packed: bool) -> dict[
     n_tiles = numel // f.tile
     meta = n_tiles * (f.tile // f.sub) if f.sub else 0
     return dict(
-        n_tiles=n_tiles, code_nbytes=(numel * f.code_bits + 7) // 8 if packed else numel,
+        n_tiles=n_tiles,
+        code_nbytes=(numel * f.code_bits + 7) // 8 if packed else numel,
         meta_nbytes=(meta + 7) // 8 if packed else meta,
-    )  # fmt: skip
+    )
 
 
 @dataclasses.dataclass
@@ -164,10 +165,16 @@ class KernelSpec:
     def unit(self) -> str:
         """Key of the compiled image: specs with equal keys share one."""
         return json.dumps(
-            [self.module, self.kernel, self.signature, self.constexprs, self.options,
-             list(self.hints)],
+            [
+                self.module,
+                self.kernel,
+                self.signature,
+                self.constexprs,
+                self.options,
+                list(self.hints),
+            ],
             sort_keys=True,
-        )  # fmt: skip
+        )
 
 
 def _geometry(shape: tuple[int, ...], tile: int, sub: int) -> dict[str, int]:
@@ -175,9 +182,14 @@ def _geometry(shape: tuple[int, ...], tile: int, sub: int) -> dict[str, int]:
     rows = math.prod(shape[:-1])
     nC = -(-C // tile)
     return dict(
-        n_units=rows * nC, n_chunks=1, C=C, TC=tile, inner=1, nC=nC,
+        n_units=rows * nC,
+        n_chunks=1,
+        C=C,
+        TC=tile,
+        inner=1,
+        nC=nC,
         sub_cols=-(-C // sub) if sub else 1,
-    )  # fmt: skip
+    )
 
 
 def _stats_geometry(size: int, tile: int) -> dict[str, int]:

@@ -135,9 +135,24 @@ def _stats(x: torch.Tensor, tc: int, n_inst: int, nc: int, inner: int, C: int, m
     if minmax:
         lo, hi = torch.empty_like(amax), torch.empty_like(amax)
     _stats_kernel[_programs(n_units, 1)](
-        _int_view(x), amax, flags, lo, hi, n_units, n_chunks, C, tc, inner, nc, _bf16(x.dtype),
-        HALF=x.dtype != torch.float32, LAST=inner == 1, TILE=tile, BT=1, MINMAX=minmax,
-    )  # fmt: skip
+        _int_view(x),
+        amax,
+        flags,
+        lo,
+        hi,
+        n_units,
+        n_chunks,
+        C,
+        tc,
+        inner,
+        nc,
+        _bf16(x.dtype),
+        HALF=x.dtype != torch.float32,
+        LAST=inner == 1,
+        TILE=tile,
+        BT=1,
+        MINMAX=minmax,
+    )
     if n_chunks > 1:
         amax = amax.view(n_inst, n_chunks).amax(dim=1)
         flags = flags.view(n_inst, n_chunks).amax(dim=1)
@@ -168,9 +183,19 @@ def _prune(x: torch.Tensor, p: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
     y = torch.empty_like(x)
     mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
     _prune_kernel[_programs(n_groups, bg)](
-        _int_view(x), _int_view(y), mask, n_groups, L, inner, ng_l, n_keep, _bf16(x.dtype),
-        HALF=x.dtype != torch.float32, M=m, BG=bg,
-    )  # fmt: skip
+        _int_view(x),
+        _int_view(y),
+        mask,
+        n_groups,
+        L,
+        inner,
+        ng_l,
+        n_keep,
+        _bf16(x.dtype),
+        HALF=x.dtype != torch.float32,
+        M=m,
+        BG=bg,
+    )
     return y, mask.view(torch.bool)
 
 
@@ -203,7 +228,7 @@ def quantize(
         raise TypeError(f"the Triton engine casts float32, float16 or bfloat16, not {x.dtype}")
     p = plan(tuple(x.shape), dt, axis)
     x = x.contiguous()
-    n, s = dt.nspec, dt.sspec
+    s = dt.sspec
     dev = x.device
     e = p.elem
     out: dict[str, Any] = {}
@@ -222,31 +247,14 @@ def quantize(
     tile, nsub, sub, n_chunks, bt = _layout(p)
     n_units = p.n_inst * n_chunks
     y = torch.empty_like(xk) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
-    # unwanted outputs are 1-element stand-ins of the same dtypes (the same compile)
-    codes = torch.empty(xk.shape if want_codes else 1, dtype=_store_dtype(n.bits), device=dev)
+    codes, scale, zero, meta = _code_buffers(p, xk.shape, want_codes, dev)
     dummy_i32 = torch.zeros(1, dtype=torch.int32, device=dev)
-    scale = zero = dummy_i32
-    meta = torch.zeros(1, dtype=torch.uint8, device=dev)
-    if s is not None:
-        scale = torch.zeros(1, dtype=_store_dtype(s.scale.bits), device=dev)
-        if s.zero is not None:
-            zero = torch.zeros(1, dtype=_store_dtype(s.zero.bits), device=dev)
     ts_code = amax = lo = hi = dummy_i32
     flags = torch.zeros(1, dtype=torch.int8, device=dev)
     top = torch.zeros(1, dtype=torch.float32, device=dev)
     nums = _quant_numbers(p, x.dtype, round_mode, scale_mode, nan_policy, full_int_range)
     nums.update(want_y=int(want_values), want_codes=int(want_codes))
     if s is not None:
-        if want_codes:
-            scale = torch.empty(p.n_inst, dtype=_store_dtype(s.scale.bits), device=dev)
-            if p.sub:
-                meta = torch.empty(
-                    p.n_inst * p.nsub if p.rows else math.prod(p.meta_shape),
-                    dtype=torch.uint8,
-                    device=dev,
-                )
-            if s.zero is not None:
-                zero = torch.empty(p.n_inst, dtype=_store_dtype(s.zero.bits), device=dev)
         if not p.single:
             amax, flags, lo, hi = _stats(
                 xk, p.TC, p.n_inst, p.nC, p.inner, p.C, minmax=p.skind >= 3
@@ -257,14 +265,43 @@ def quantize(
             top = top_bits.view(torch.float32).reshape(1)
             ts_code = torch.zeros(1, dtype=torch.int32, device=dev)
     _quant_kernel[_programs(n_units, bt)](
-        _int_view(xk), _int_view(y), codes, scale, meta, zero, amax, flags, lo, hi, top,
-        ts_code, dummy_i32 if idx is None else idx, n_units, n_chunks, p.C, p.TC, p.inner,
-        p.nC, max(p.sub_cols, 1), _hash_key(seed), **nums,
+        _int_view(xk),
+        _int_view(y),
+        codes,
+        scale,
+        meta,
+        zero,
+        amax,
+        flags,
+        lo,
+        hi,
+        top,
+        ts_code,
+        dummy_i32 if idx is None else idx,
+        n_units,
+        n_chunks,
+        p.C,
+        p.TC,
+        p.inner,
+        p.nC,
+        max(p.sub_cols, 1),
+        _hash_key(seed),
+        **nums,
         HALF=x.dtype != torch.float32,
-        PRE=not p.single, LAST=p.inner == 1, TILE=tile, NSUB=nsub, SUB=sub, BT=bt,
-        SKIND=p.skind, SHIFT=bool(p.sub), STOCH=stoch, E_FLOAT=e.is_float,
-        TS=p.tfmt is not None, IDX=idx is not None, enable_fp_fusion=False,
-    )  # fmt: skip
+        PRE=not p.single,
+        LAST=p.inner == 1,
+        TILE=tile,
+        NSUB=nsub,
+        SUB=sub,
+        BT=bt,
+        SKIND=p.skind,
+        SHIFT=bool(p.sub),
+        STOCH=stoch,
+        E_FLOAT=e.is_float,
+        TS=p.tfmt is not None,
+        IDX=idx is not None,
+        enable_fp_fusion=False,
+    )
     if want_values:
         if p.rows:
             y = _from_tile_rows(y, p.tiling)
@@ -276,61 +313,116 @@ def quantize(
     return out
 
 
+def _code_buffers(
+    p: _Plan, shape: tuple[int, ...], want_codes: bool, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The codes, scale, zero-point and shift-bit buffers `_quant_kernel` writes.
+
+    Unwanted outputs are 1-element stand-ins of the same dtypes (the same compile).
+    """
+    n, s = p.dt.nspec, p.dt.sspec
+    codes = torch.empty(shape if want_codes else 1, dtype=_store_dtype(n.bits), device=dev)
+    scale = zero = torch.zeros(1, dtype=torch.int32, device=dev)
+    meta = torch.zeros(1, dtype=torch.uint8, device=dev)
+    if s is None:
+        return codes, scale, zero, meta
+    size, alloc = (p.n_inst, torch.empty) if want_codes else (1, torch.zeros)
+    scale = alloc(size, dtype=_store_dtype(s.scale.bits), device=dev)
+    if s.zero is not None:
+        zero = alloc(size, dtype=_store_dtype(s.zero.bits), device=dev)
+    if want_codes and p.sub:
+        meta_size = p.n_inst * p.nsub if p.rows else math.prod(p.meta_shape)
+        meta = torch.empty(meta_size, dtype=torch.uint8, device=dev)
+    return codes, scale, zero, meta
+
+
 def _quant_numbers(
-    p: _Plan, dtype: torch.dtype, round_mode: RoundMode, scale_mode: ScaleMode,
-    nan_policy: NanPolicy, full_int_range: bool,
-) -> dict[str, Any]:  # fmt: skip
+    p: _Plan,
+    dtype: torch.dtype,
+    round_mode: RoundMode,
+    scale_mode: ScaleMode,
+    nan_policy: NanPolicy,
+    full_int_range: bool,
+) -> dict[str, Any]:
     """`_quant_kernel`'s run-time format numbers (unused ones 0) for a cast of ``dtype`` data."""
     n, s, e = p.dt.nspec, p.dt.sspec, p.elem
     nums: dict[str, Any] = dict.fromkeys(_QUANT_RUNTIME[8:], 0)
     nums.update(el_maxf=1.0, ts_denom=1.0)
     f_emax, f_mbits, f_over, f_max = _FINITE[dtype]
     nums.update(
-        bf16=_bf16(dtype), rmode=0 if round_mode is RoundMode.STOCHASTIC else _ROUND[round_mode],
+        bf16=_bf16(dtype),
+        rmode=0 if round_mode is RoundMode.STOCHASTIC else _ROUND[round_mode],
         nan_nf=int(s is not None and nan_policy is NanPolicy.BLOCK),
         nan_nan=int(s is not None and not n.is_float),
-        full_int=int(full_int_range and not e.is_float), keep_inf=int(s is None and e.has_inf),
-        e_mbits=e.mbits, e_emin=e.emin, e_emax=e.emax, e_maxm=e.maxm, e_bits=e.bits,
-        e_negzero=int(e.negzero), e_nancode=e.nan_code, e_infcode=e.inf_code,
-        f_emax=f_emax, f_mbits=f_mbits, f_over=f_over, f_max=float(f_max),
-    )  # fmt: skip
+        full_int=int(full_int_range and not e.is_float),
+        keep_inf=int(s is None and e.has_inf),
+        e_mbits=e.mbits,
+        e_emin=e.emin,
+        e_emax=e.emax,
+        e_maxm=e.maxm,
+        e_bits=e.bits,
+        e_negzero=int(e.negzero),
+        e_nancode=e.nan_code,
+        e_infcode=e.inf_code,
+        f_emax=f_emax,
+        f_mbits=f_mbits,
+        f_over=f_over,
+        f_max=float(f_max),
+    )
     if s is None:
         return nums
     if s.scale.is_exponent:
         # clamp(sexp + frac, low, high) - frac == clamp(sexp, low - frac, high - frac)
         frac = n.int_fraction_bits
         nums.update(
-            bump_t=_bump_threshold(e, scale_mode), s_low=-s.scale.bias - frac,
+            bump_t=_bump_threshold(e, scale_mode),
+            s_low=-s.scale.bias - frac,
             s_high=(1 << s.scale.ebits) - 2 - s.scale.bias - frac,
-            s_bias=s.scale.bias + frac, s_nan=(1 << s.scale.ebits) - 1,
-        )  # fmt: skip
+            s_bias=s.scale.bias + frac,
+            s_nan=(1 << s.scale.ebits) - 1,
+        )
         return nums
     sf = p.sfmt
     assert sf is not None
     nums.update(
-        s_nan=nan_code(s.scale), el_maxf=float(np.float32(n.maxfloat)),
-        s_mbits=sf.mbits, s_emin=sf.emin, s_emax=sf.emax, s_maxm=sf.maxm,
-    )  # fmt: skip
+        s_nan=nan_code(s.scale),
+        el_maxf=float(np.float32(n.maxfloat)),
+        s_mbits=sf.mbits,
+        s_emin=sf.emin,
+        s_emax=sf.emax,
+        s_maxm=sf.maxm,
+    )
     if p.tfmt is not None:
         tf = p.tfmt
         denom = np.float32(n.maxfloat) * np.float32(s.scale.maxfloat)
         nums.update(
-            ts_denom=float(denom), t_mbits=tf.mbits, t_emin=tf.emin, t_emax=tf.emax,
+            ts_denom=float(denom),
+            t_mbits=tf.mbits,
+            t_emin=tf.emin,
+            t_emax=tf.emax,
             t_maxm=tf.maxm,
-        )  # fmt: skip
+        )
     if p.zfmt is not None:
         zf = p.zfmt
         nums.update(
-            z_mbits=zf.mbits, z_emin=zf.emin, z_emax=zf.emax, z_maxm=zf.maxm,
-            z_bits=zf.bits, z_negzero=int(zf.negzero),
-        )  # fmt: skip
+            z_mbits=zf.mbits,
+            z_emin=zf.emin,
+            z_emax=zf.emax,
+            z_maxm=zf.maxm,
+            z_bits=zf.bits,
+            z_negzero=int(zf.negzero),
+        )
     return nums
 
 
 def _code_outputs(
-    p: _Plan, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, meta: torch.Tensor,
+    p: _Plan,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    meta: torch.Tensor,
     ts_code: torch.Tensor,
-) -> dict[str, torch.Tensor]:  # fmt: skip
+) -> dict[str, torch.Tensor]:
     """The code fields of a quantize result, in the reference's layouts."""
     n, s = p.dt.nspec, p.dt.sspec
     if p.rows:
@@ -414,9 +506,10 @@ def dequantize(
     if s is not None:
         if s.scale.is_exponent:
             nums.update(
-                s_bias=s.scale.bias + n.int_fraction_bits, s_nan=(1 << s.scale.ebits) - 1,
+                s_bias=s.scale.bias + n.int_fraction_bits,
+                s_nan=(1 << s.scale.ebits) - 1,
                 s_mask=(1 << s.scale.bits) - 1,
-            )  # fmt: skip
+            )
         else:
             s_f32 = s.scale.bits == 32
             if not s_f32:
@@ -433,12 +526,36 @@ def dequantize(
                 tval = decode_codes(tcode.astype(np.uint64), s.tenscale).astype(np.float32)
                 ts = torch.from_numpy(tval).to(dev)
     _dequant_kernel[_programs(n_units, bt)](
-        c, _int_view(y), sc, mt, zc, dummy if wide else _decode_table(n, str(dev)), stab, ztab, ts,
-        n_units, n_chunks, p.C, p.TC, p.inner, p.nC, max(p.sub_cols, 1), **nums,
-        HALF=out_dtype != torch.float32, LAST=p.inner == 1, TILE=tile, NSUB=nsub, SUB=sub, BT=bt,
-        SKIND=p.skind, SHIFT=bool(p.sub), WIDE=wide, S_F32=s_f32, TS=s is not None and s.tenscale
-        is not None, enable_fp_fusion=False,
-    )  # fmt: skip
+        c,
+        _int_view(y),
+        sc,
+        mt,
+        zc,
+        dummy if wide else _decode_table(n, str(dev)),
+        stab,
+        ztab,
+        ts,
+        n_units,
+        n_chunks,
+        p.C,
+        p.TC,
+        p.inner,
+        p.nC,
+        max(p.sub_cols, 1),
+        **nums,
+        HALF=out_dtype != torch.float32,
+        LAST=p.inner == 1,
+        TILE=tile,
+        NSUB=nsub,
+        SUB=sub,
+        BT=bt,
+        SKIND=p.skind,
+        SHIFT=bool(p.sub),
+        WIDE=wide,
+        S_F32=s_f32,
+        TS=s is not None and s.tenscale is not None,
+        enable_fp_fusion=False,
+    )
     if p.rows:
         y = _from_tile_rows(y.reshape(-1, p.C), p.tiling)
     y = y.reshape(shape)

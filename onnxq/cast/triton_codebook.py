@@ -214,17 +214,25 @@ def _scale_args(book: Codebook, dt: DataType, scale_mode: ScaleMode) -> list[int
     e = book.compute
     low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
     return [
-        _bump_threshold(_elem_fmt(e), scale_mode), e.emax, low, high, s.scale.bias,
+        _bump_threshold(_elem_fmt(e), scale_mode),
+        e.emax,
+        low,
+        high,
+        s.scale.bias,
         (1 << s.scale.ebits) - 1,
-    ]  # fmt: skip
+    ]
 
 
 # -- host side -------------------------------------------------------------------------------
 def _common(g: _Geom, nsub_p: int, sub_p: int, bt: int) -> dict[str, Any]:
     return dict(
-        LAST=g.inner == 1, TENSOR=g.tensor, SUBT=bool(g.tiling.Sc), NSUB=nsub_p, SUB=sub_p,
+        LAST=g.inner == 1,
+        TENSOR=g.tensor,
+        SUBT=bool(g.tiling.Sc),
+        NSUB=nsub_p,
+        SUB=sub_p,
         BT=bt,
-    )  # fmt: skip
+    )
 
 
 def _check_book(dt: DataType, shape: tuple[int, ...], axis: int) -> Codebook:
@@ -285,25 +293,53 @@ def quantize(
         codes = scale = meta = torch.empty(1, dtype=torch.uint8, device=dev)
     ib = book.index_bits
     fmt = (
-        _ROUND[round_mode], int(nan_policy is NanPolicy.BLOCK),
-        *_scale_args(book, dt, scale_mode), int(book.compute.has_negative_zero),
-        book.compute.emin, book.compute.mbits, float(book.compute.maxfloat),
-    )  # fmt: skip
+        _ROUND[round_mode],
+        int(nan_policy is NanPolicy.BLOCK),
+        *_scale_args(book, dt, scale_mode),
+        int(book.compute.has_negative_zero),
+        book.compute.emin,
+        book.compute.mbits,
+        float(book.compute.maxfloat),
+    )
     consts = dict(
-        IN_KIND=_IN_KIND[x.dtype], WANT_Y=want_values, WANT_CODES=want_codes, IB=ib,
-        K=1 << (ib - 1), LOG2K=ib - 1, NMAP=book.num_mappings, FORCE=_FORCE_ORDERED,
-        LAST=g.inner == 1, TENSOR=g.tensor, SUBT=bool(g.tiling.Sc), NSUB=nsub_p, SUB=sub_p,
-        num_warps=_NUM_WARPS, enable_fp_fusion=False,
-    )  # fmt: skip
+        IN_KIND=_IN_KIND[x.dtype],
+        WANT_Y=want_values,
+        WANT_CODES=want_codes,
+        IB=ib,
+        K=1 << (ib - 1),
+        LOG2K=ib - 1,
+        NMAP=book.num_mappings,
+        FORCE=_FORCE_ORDERED,
+        LAST=g.inner == 1,
+        TENSOR=g.tensor,
+        SUBT=bool(g.tiling.Sc),
+        NSUB=nsub_p,
+        SUB=sub_p,
+        num_warps=_NUM_WARPS,
+        enable_fp_fusion=False,
+    )
     ptrs = (_int_view(x), _int_view(y), codes, scale, meta, m64, m32, even)
     long = _is_long(g)
     # the tree sums of a long tile's n elements are within n * 2^-53 of the ordered ones
     delta = 2.0 ** (math.ceil(math.log2(g.TC)) - 50) if long else 0.0
     _cb_quant_kernel[(triton.cdiv(g.n_inst, bt),)](
-        *ptrs, g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1), n_chunks,
-        delta, *fmt, BT=bt, NMAP_P=triton.next_power_of_2(book.num_mappings), LONG=long,
+        *ptrs,
+        g.n_inst,
+        g.C,
+        g.TC,
+        g.inner,
+        g.nC,
+        g.nsub,
+        g.sub,
+        max(g.sub_cols, 1),
+        n_chunks,
+        delta,
+        *fmt,
+        BT=bt,
+        NMAP_P=triton.next_power_of_2(book.num_mappings),
+        LONG=long,
         **consts,
-    )  # fmt: skip
+    )
     out: dict[str, Any] = {}
     if want_values:
         out["values"] = y
@@ -353,10 +389,28 @@ def dequantize(
     mt = meta.contiguous().reshape(-1)
     long = _is_long(g)
     _cb_dequant_kernel[(g.n_inst * n_chunks if long else triton.cdiv(g.n_inst, bt),)](
-        c, _int_view(y), sc, mt, tab,
-        g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1), n_chunks,
-        s.scale.bias, (1 << s.scale.ebits) - 1, (1 << s.scale.bits) - 1, book.index_bits,
-        book.num_mappings, OUT_KIND=_IN_KIND[out_dtype], CHUNKED=long, num_warps=_NUM_WARPS,
+        c,
+        _int_view(y),
+        sc,
+        mt,
+        tab,
+        g.n_inst,
+        g.C,
+        g.TC,
+        g.inner,
+        g.nC,
+        g.nsub,
+        g.sub,
+        max(g.sub_cols, 1),
+        n_chunks,
+        s.scale.bias,
+        (1 << s.scale.ebits) - 1,
+        (1 << s.scale.bits) - 1,
+        book.index_bits,
+        book.num_mappings,
+        OUT_KIND=_IN_KIND[out_dtype],
+        CHUNKED=long,
+        num_warps=_NUM_WARPS,
         **_common(g, nsub_p, sub_p, bt),
-    )  # fmt: skip
+    )
     return y

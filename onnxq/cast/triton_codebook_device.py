@@ -310,14 +310,44 @@ def _cb_chunk(
     return u_ok, inst, j, o, i, off, ok, xb
 
 
-# fmt: off
 @triton.jit
 def _cb_units(
-    y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst, j, o, i,
-    sexp3, bound, tnan, s0, nsub, sub_cols, inner, rmode, negzero, IN_KIND: tl.constexpr,
-    WANT_Y: tl.constexpr, WANT_CODES: tl.constexpr, LAST: tl.constexpr, SUBT: tl.constexpr,
-    BT: tl.constexpr, NSUB: tl.constexpr, SUB: tl.constexpr, IB: tl.constexpr,
-    K: tl.constexpr, LOG2K: tl.constexpr, NMAP: tl.constexpr, FORCE: tl.constexpr,
+    y_ptr,
+    code_ptr,
+    meta_ptr,
+    mag_ptr,
+    magb_ptr,
+    even_ptr,
+    xb,
+    off,
+    ok,
+    u_ok,
+    inst,
+    j,
+    o,
+    i,
+    sexp3,
+    bound,
+    tnan,
+    s0,
+    nsub,
+    sub_cols,
+    inner,
+    rmode,
+    negzero,
+    IN_KIND: tl.constexpr,
+    WANT_Y: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    LAST: tl.constexpr,
+    SUBT: tl.constexpr,
+    BT: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    IB: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    NMAP: tl.constexpr,
+    FORCE: tl.constexpr,
 ):
     # BT whole tiles, or subtiles s0 .. s0 + NSUB of one tile (BT = 1), loaded as xb: each
     # unit's mapping chosen, the values or codes written, and (WANT_CODES) the unit meta
@@ -326,15 +356,28 @@ def _cb_units(
         a, bound, mag_ptr, even_ptr, rmode, BT, NSUB, SUB, K, LOG2K, NMAP, FORCE
     )
     _cb_write(
-        y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, best_map[:, :, None], sexp3,
-        ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+        y_ptr,
+        code_ptr,
+        magb_ptr,
+        off,
+        ok,
+        xb,
+        best_idx,
+        best_map[:, :, None],
+        sexp3,
+        ok & tnan[:, None, None],
+        negzero,
+        IN_KIND,
+        WANT_Y,
+        WANT_CODES,
+        IB,
+        K,
     )
     if WANT_CODES:
         moff, mok = _cb_meta_offsets(
             u_ok, inst, j, o, i, nsub, s0, sub_cols, inner, LAST, SUBT, NSUB
         )
         tl.store(meta_ptr + moff, best_map.to(tl.uint8), mask=mok)
-# fmt: on
 
 
 @triton.jit
@@ -377,12 +420,29 @@ def _cb_long_stats(
     return amax_b, any_nf, any_nan
 
 
-# fmt: off
 @triton.jit
 def _cb_long_errors(
-    x_ptr, pid, n_chunks, n_inst, C, TC, inner, nC, sexp3, bound, mag_ptr, even_ptr, rmode,
-    IN_KIND: tl.constexpr, LAST: tl.constexpr, TENSOR: tl.constexpr, NSUB: tl.constexpr,
-    SUB: tl.constexpr, K: tl.constexpr, LOG2K: tl.constexpr, NMAP: tl.constexpr,
+    x_ptr,
+    pid,
+    n_chunks,
+    n_inst,
+    C,
+    TC,
+    inner,
+    nC,
+    sexp3,
+    bound,
+    mag_ptr,
+    even_ptr,
+    rmode,
+    IN_KIND: tl.constexpr,
+    LAST: tl.constexpr,
+    TENSOR: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    NMAP: tl.constexpr,
     NMAP_P: tl.constexpr,
 ):
     # errors of every mapping over the whole tile (chunk trees added in order), and
@@ -409,9 +469,27 @@ def _cb_long_errors(
 
 @triton.jit
 def _cb_ordered_errors(
-    x_ptr, pid, n_chunks, n_inst, C, TC, inner, nC, sexp3, bound, mag_ptr, even_ptr, rmode,
-    IN_KIND: tl.constexpr, LAST: tl.constexpr, TENSOR: tl.constexpr, NSUB: tl.constexpr,
-    SUB: tl.constexpr, K: tl.constexpr, LOG2K: tl.constexpr, NMAP: tl.constexpr,
+    x_ptr,
+    pid,
+    n_chunks,
+    n_inst,
+    C,
+    TC,
+    inner,
+    nC,
+    sexp3,
+    bound,
+    mag_ptr,
+    even_ptr,
+    rmode,
+    IN_KIND: tl.constexpr,
+    LAST: tl.constexpr,
+    TENSOR: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
+    NMAP: tl.constexpr,
     NMAP_P: tl.constexpr,
 ):
     # near-tie: the errors again, added in the reference's order
@@ -440,10 +518,35 @@ def _cb_ordered_errors(
 
 @triton.jit
 def _cb_long_write(
-    x_ptr, y_ptr, code_ptr, mag_ptr, magb_ptr, even_ptr, pid, n_chunks, n_inst, C, TC, inner,
-    nC, chosen, sexp3, bound, tnan, rmode, negzero, IN_KIND: tl.constexpr, WANT_Y: tl.constexpr,
-    WANT_CODES: tl.constexpr, LAST: tl.constexpr, TENSOR: tl.constexpr, NSUB: tl.constexpr,
-    SUB: tl.constexpr, IB: tl.constexpr, K: tl.constexpr, LOG2K: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    code_ptr,
+    mag_ptr,
+    magb_ptr,
+    even_ptr,
+    pid,
+    n_chunks,
+    n_inst,
+    C,
+    TC,
+    inner,
+    nC,
+    chosen,
+    sexp3,
+    bound,
+    tnan,
+    rmode,
+    negzero,
+    IN_KIND: tl.constexpr,
+    WANT_Y: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    LAST: tl.constexpr,
+    TENSOR: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    IB: tl.constexpr,
+    K: tl.constexpr,
+    LOG2K: tl.constexpr,
 ):
     # the tile's values or codes under the chosen mapping, chunk by chunk
     q = 0
@@ -455,11 +558,24 @@ def _cb_long_write(
         map3 = chosen[:, None, None]
         best_idx, _tq, _d = _cb_nearest(a, bound, mag_ptr, even_ptr, map3 * K, K, LOG2K, rmode)
         _cb_write(
-            y_ptr, code_ptr, magb_ptr, off, ok, xb, best_idx, map3, sexp3,
-            ok & tnan[:, None, None], negzero, IN_KIND, WANT_Y, WANT_CODES, IB, K,
+            y_ptr,
+            code_ptr,
+            magb_ptr,
+            off,
+            ok,
+            xb,
+            best_idx,
+            map3,
+            sexp3,
+            ok & tnan[:, None, None],
+            negzero,
+            IN_KIND,
+            WANT_Y,
+            WANT_CODES,
+            IB,
+            K,
         )
         q += 1
-# fmt: on
 
 
 @triton.jit

@@ -29,9 +29,18 @@ from onnxq.cast.triton_device import _ldexp_bits, _load_bits, _scale_exp_t, _sto
 
 # Format numbers are runtime arguments (not specialised): one compile per layout and mode.
 _FMT_ARGS = (
-    "rmode", "nan_block", "bump_t", "e_emax", "s_low", "s_high", "s_bias", "s_nan", "negzero",
-    "c_emin", "c_mbits",
-)  # fmt: skip
+    "rmode",
+    "nan_block",
+    "bump_t",
+    "e_emax",
+    "s_low",
+    "s_high",
+    "s_bias",
+    "s_nan",
+    "negzero",
+    "c_emin",
+    "c_mbits",
+)
 
 
 @triton.jit(do_not_specialize=(*_FMT_ARGS, "n_chunks", "delta"))

@@ -206,10 +206,25 @@ def _launch(
     else:
         nan_mode = 2 if nan_policy is NanPolicy.BLOCK else 1
     consts: dict[str, Any] = dict(
-        SMODE=0, MID_T=0, TOP_T=0, S_LOW=0, S_HIGH=0, S_BIAS=0, S_NAN=0, EL_MAXF=1.0,
-        S_MBITS=0, S_EMIN=0, S_MAXF=1.0, TS=False, TS_DENOM=1.0, T_ROUND=False, T_MBITS=0,
-        T_EMIN=0, T_MAXF=1.0, SPLIT=False,
-    )  # fmt: skip
+        SMODE=0,
+        MID_T=0,
+        TOP_T=0,
+        S_LOW=0,
+        S_HIGH=0,
+        S_BIAS=0,
+        S_NAN=0,
+        EL_MAXF=1.0,
+        S_MBITS=0,
+        S_EMIN=0,
+        S_MAXF=1.0,
+        TS=False,
+        TS_DENOM=1.0,
+        T_ROUND=False,
+        T_MBITS=0,
+        T_EMIN=0,
+        T_MAXF=1.0,
+        SPLIT=False,
+    )
     if s.scale.is_exponent:
         frac = n.int_fraction_bits
         low, high = -s.scale.bias - frac, (1 << s.scale.ebits) - 2 - s.scale.bias - frac
@@ -218,33 +233,64 @@ def _launch(
             mid_t = (2 * e.maxm + 1) << (22 - e.mbits) if e.mbits <= 22 else 0
             top_t = e.maxm << (23 - e.mbits)
         consts.update(
-            SKIND=1, SMODE=_SMODE[scale_mode] if e.is_float else 0, MID_T=mid_t, TOP_T=top_t,
-            S_LOW=low, S_HIGH=high, S_BIAS=s.scale.bias + frac,
+            SKIND=1,
+            SMODE=_SMODE[scale_mode] if e.is_float else 0,
+            MID_T=mid_t,
+            TOP_T=top_t,
+            S_LOW=low,
+            S_HIGH=high,
+            S_BIAS=s.scale.bias + frac,
             S_NAN=(1 << s.scale.ebits) - 1,
             SPLIT=-(low - bool(s.tiles[0].subtile)) > 127,
-        )  # fmt: skip
+        )
     else:
         consts.update(
-            SKIND=2, S_NAN=nan_code(s.scale), EL_MAXF=float(np.float32(n.maxfloat)),
-            S_MBITS=s.scale.mbits, S_EMIN=s.scale.emin, S_MAXF=float(s.scale.maxfloat),
-        )  # fmt: skip
+            SKIND=2,
+            S_NAN=nan_code(s.scale),
+            EL_MAXF=float(np.float32(n.maxfloat)),
+            S_MBITS=s.scale.mbits,
+            S_EMIN=s.scale.emin,
+            S_MAXF=float(s.scale.maxfloat),
+        )
         if s.tenscale is not None:
             t = s.tenscale
             denom = np.float32(n.maxfloat) * np.float32(s.scale.maxfloat)
             consts.update(
-                TS=True, TS_DENOM=float(denom), T_ROUND=t.mbits < 23 or t.emin > -126,
-                T_MBITS=t.mbits, T_EMIN=t.emin, T_MAXF=float(np.float32(t.maxfloat)),
-            )  # fmt: skip
+                TS=True,
+                TS_DENOM=float(denom),
+                T_ROUND=t.mbits < 23 or t.emin > -126,
+                T_MBITS=t.mbits,
+                T_EMIN=t.emin,
+                T_MAXF=float(np.float32(t.maxfloat)),
+            )
     consts.update(
-        TC=fp.tc, NSUB=fp.nsub, SUB=fp.sub, BT=fp.bt, OUT_KIND=in_kind,
-        HW_BF16=not interpreting, WANT_Y=want_values, WANT_CODES=want_codes, PACKED=packed,
+        TC=fp.tc,
+        NSUB=fp.nsub,
+        SUB=fp.sub,
+        BT=fp.bt,
+        OUT_KIND=in_kind,
+        HW_BF16=not interpreting,
+        WANT_Y=want_values,
+        WANT_CODES=want_codes,
+        PACKED=packed,
         G3=g if packed and g > 1 and not s.scale.is_exponent and pack3d else 1,
-        NAN_MODE=nan_mode, SHIFT=bool(s.tiles[0].subtile), E_FLOAT=e.is_float,
-        E_MBITS=e.mbits, E_EMIN=e.emin, E_EMAX=e.emax, E_MAXF=float(n.maxfloat), E_BITS=n.bits,
-        E_G=g, E_NB=nb, E_NEGZERO=e.negzero, E_NANCODE=e.nan_code, E_LIM=float(e.maxm),
-        FULL_INT=full_int_range and not e.is_float, num_warps=fp.warps,
+        NAN_MODE=nan_mode,
+        SHIFT=bool(s.tiles[0].subtile),
+        E_FLOAT=e.is_float,
+        E_MBITS=e.mbits,
+        E_EMIN=e.emin,
+        E_EMAX=e.emax,
+        E_MAXF=float(n.maxfloat),
+        E_BITS=n.bits,
+        E_G=g,
+        E_NB=nb,
+        E_NEGZERO=e.negzero,
+        E_NANCODE=e.nan_code,
+        E_LIM=float(e.maxm),
+        FULL_INT=full_int_range and not e.is_float,
+        num_warps=fp.warps,
         enable_fp_fusion=False,
-    )  # fmt: skip
+    )
     grid = (triton.cdiv(fp.n_tiles, fp.bt),)
     return _Launch(
         grid, fp.n_tiles, code_nbytes, meta_count, meta_nbytes, s.tenscale is not None, consts
@@ -278,9 +324,19 @@ def quantize(
     x = x.contiguous()
     shape = tuple(x.shape)
     launch = _launch(
-        dt, shape, _IN_KIND[x.dtype], fp, scale_mode, nan_policy, full_int_range,
-        want_values, want_codes, packed, os.environ.get("TRITON_INTERPRET", "") == "1", _pack3d(),
-    )  # fmt: skip
+        dt,
+        shape,
+        _IN_KIND[x.dtype],
+        fp,
+        scale_mode,
+        nan_policy,
+        full_int_range,
+        want_values,
+        want_codes,
+        packed,
+        os.environ.get("TRITON_INTERPRET", "") == "1",
+        _pack3d(),
+    )
     dev = x.device
     unused = _placeholder(dev)
     u8 = torch.uint8
@@ -299,13 +355,27 @@ def quantize(
         blocks = triton.cdiv(numel, _AMAX_BLOCK)
         rounds = triton.next_power_of_2(triton.cdiv(blocks, _AMAX_PROGRAMS))
         _amax_kernel[(triton.cdiv(blocks, rounds),)](
-            x_bits, top, numel, IN_KIND=_IN_KIND[x.dtype], BLOCK=_AMAX_BLOCK, ROUNDS=rounds,
+            x_bits,
+            top,
+            numel,
+            IN_KIND=_IN_KIND[x.dtype],
+            BLOCK=_AMAX_BLOCK,
+            ROUNDS=rounds,
             num_warps=8,
-        )  # fmt: skip
+        )
     _fast_kernel[launch.grid](
-        x_bits, _int_view(y) if want_values else y, codes, scale, meta, top, ts_code,
-        launch.n_tiles, launch.code_nbytes, launch.meta_nbytes, **launch.consts,
-    )  # fmt: skip
+        x_bits,
+        _int_view(y) if want_values else y,
+        codes,
+        scale,
+        meta,
+        top,
+        ts_code,
+        launch.n_tiles,
+        launch.code_nbytes,
+        launch.meta_nbytes,
+        **launch.consts,
+    )
     out: dict[str, Any] = {}
     if want_values:
         out["values"] = y

@@ -71,10 +71,22 @@ def _stats_kernel(
 
 @triton.jit(
     do_not_specialize=[
-        "n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols", "code_mask", "c_shift",
-        "s_bias", "s_nan", "s_mask", "z_mask", "bf16",
+        "n_units",
+        "n_chunks",
+        "C",
+        "TC",
+        "inner",
+        "nC",
+        "sub_cols",
+        "code_mask",
+        "c_shift",
+        "s_bias",
+        "s_nan",
+        "s_mask",
+        "z_mask",
+        "bf16",
     ]
-)  # fmt: skip
+)
 def _dequant_kernel(
     code_ptr,
     y_ptr,

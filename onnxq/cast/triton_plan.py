@@ -75,9 +75,17 @@ def _elem_fmt(spec: NumberSpec) -> _ElemFmt:
                 else (1 << (spec.bits - 1)) - 1
             )
         return _ElemFmt(
-            True, spec.mbits, spec.emin, spec.emax, maxm, spec.bits,
-            spec.has_negative_zero, spec.has_inf, nan, inf,
-        )  # fmt: skip
+            True,
+            spec.mbits,
+            spec.emin,
+            spec.emax,
+            maxm,
+            spec.bits,
+            spec.has_negative_zero,
+            spec.has_inf,
+            nan,
+            inf,
+        )
     return _ElemFmt(False, 0, 0, spec.emax, int(spec.maxfloat), spec.bits, False, False, 0, 0)
 
 
@@ -221,9 +229,24 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
         skind != 0 and tiling.kind != "tensor" and triton.next_power_of_2(TC) <= _MAX_SINGLE_TILE
     )
     return _Plan(
-        dt, tiling, outer, inner, C, TC, nC, outer * nC * inner, skind, single, nsub, sub,
-        sub_cols, _elem_fmt(n), sfmt, tfmt, zfmt,
-    )  # fmt: skip
+        dt,
+        tiling,
+        outer,
+        inner,
+        C,
+        TC,
+        nC,
+        outer * nC * inner,
+        skind,
+        single,
+        nsub,
+        sub,
+        sub_cols,
+        _elem_fmt(n),
+        sfmt,
+        tfmt,
+        zfmt,
+    )
 
 
 def _hash_key(seed: int) -> int:
