@@ -58,16 +58,55 @@ def _lib() -> ctypes.CDLL:
     lib.onnxq_cuda_info.argtypes = [s, sz]
     lib.onnxq_cuda_quantize.restype = i32
     lib.onnxq_cuda_quantize.argtypes = [
-        s, p, p, i32, i32, ctypes.POINTER(i64), i32, p, p, p, p, p, p, s, sz,
-    ]  # fmt: skip
+        s,
+        p,
+        p,
+        i32,
+        i32,
+        ctypes.POINTER(i64),
+        i32,
+        p,
+        p,
+        p,
+        p,
+        p,
+        p,
+        s,
+        sz,
+    ]
     lib.onnxq_cuda_dequantize.restype = i32
     lib.onnxq_cuda_dequantize.argtypes = [
-        s, i32, ctypes.POINTER(i64), i32, p, p, p, p, p, i32, p, s, sz,
-    ]  # fmt: skip
+        s,
+        i32,
+        ctypes.POINTER(i64),
+        i32,
+        p,
+        p,
+        p,
+        p,
+        p,
+        i32,
+        p,
+        s,
+        sz,
+    ]
     lib.onnxq_cuda_quantize_packed.restype = i32
     lib.onnxq_cuda_quantize_packed.argtypes = [
-        s, p, p, i32, i32, ctypes.POINTER(i64), i32, p, p, p, p, p, s, sz,
-    ]  # fmt: skip
+        s,
+        p,
+        p,
+        i32,
+        i32,
+        ctypes.POINTER(i64),
+        i32,
+        p,
+        p,
+        p,
+        p,
+        p,
+        s,
+        sz,
+    ]
     lib.onnxq_cuda_dequantize_packed.restype = i32
     lib.onnxq_cuda_dequantize_packed.argtypes = lib.onnxq_cuda_dequantize.argtypes
     return lib
@@ -146,9 +185,13 @@ def _call(fn: Any, *args: Any) -> None:
 
 
 def quantize(
-    x: Any, dtype: DataType | str, *, want_values: bool = True, want_codes: bool = True,
+    x: Any,
+    dtype: DataType | str,
+    *,
+    want_values: bool = True,
+    want_codes: bool = True,
     stream: Any = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Quantize a CUDA tensor along its last axis with the library's kernels.
 
     Returns:
@@ -194,10 +237,21 @@ def quantize(
         return None if t is None else t.data_ptr()
 
     _call(
-        _lib().onnxq_cuda_quantize, dt.code.encode(), None, x.data_ptr(), kinds[x.dtype],
-        len(shape), arr, -1, ptr(values), ptr(codes), ptr(scale), ptr(tenscale), ptr(meta),
+        _lib().onnxq_cuda_quantize,
+        dt.code.encode(),
+        None,
+        x.data_ptr(),
+        kinds[x.dtype],
+        len(shape),
+        arr,
+        -1,
+        ptr(values),
+        ptr(codes),
+        ptr(scale),
+        ptr(tenscale),
+        ptr(meta),
         _stream(dev, stream),
-    )  # fmt: skip
+    )
     if values is not None:
         out["values"] = values
     if want_codes:
@@ -210,9 +264,15 @@ def quantize(
 
 
 def dequantize(
-    dtype: DataType | str, codes: Any, scale: Any, *, tenscale: Any = None, meta: Any = None,
-    out_dtype: Any = None, stream: Any = None,
-) -> Any:  # fmt: skip
+    dtype: DataType | str,
+    codes: Any,
+    scale: Any,
+    *,
+    tenscale: Any = None,
+    meta: Any = None,
+    out_dtype: Any = None,
+    stream: Any = None,
+) -> Any:
     """Values of unpacked codes (the layouts `quantize` returns) as a CUDA tensor.
 
     Raises:
@@ -250,12 +310,19 @@ def dequantize(
     y = torch.empty(shape, dtype=out_dtype, device=codes.device)
     arr = (ctypes.c_int64 * len(shape))(*shape)
     _call(
-        _lib().onnxq_cuda_dequantize, dt.code.encode(), len(shape), arr, -1,
-        flat["codes"].data_ptr(), flat["scale"].data_ptr(),
+        _lib().onnxq_cuda_dequantize,
+        dt.code.encode(),
+        len(shape),
+        arr,
+        -1,
+        flat["codes"].data_ptr(),
+        flat["scale"].data_ptr(),
         flat["tenscale"].data_ptr() if "tenscale" in flat else None,
-        flat["meta"].data_ptr() if "meta" in flat else None, y.data_ptr(), kinds[out_dtype],
+        flat["meta"].data_ptr() if "meta" in flat else None,
+        y.data_ptr(),
+        kinds[out_dtype],
         _stream(codes.device, stream),
-    )  # fmt: skip
+    )
     return y
 
 
@@ -289,18 +356,34 @@ def quantize_packed(x: Any, dtype: DataType | str, *, stream: Any = None) -> dic
         out["tenscale"] = torch.zeros(1, dtype=torch.uint32, device=dev)
     arr = (ctypes.c_int64 * len(shape))(*shape)
     _call(
-        _lib().onnxq_cuda_quantize_packed, dt.code.encode(), None, x.data_ptr(), kinds[x.dtype],
-        len(shape), arr, -1, out["q"].data_ptr(), out["scale"].data_ptr(),
+        _lib().onnxq_cuda_quantize_packed,
+        dt.code.encode(),
+        None,
+        x.data_ptr(),
+        kinds[x.dtype],
+        len(shape),
+        arr,
+        -1,
+        out["q"].data_ptr(),
+        out["scale"].data_ptr(),
         out["tenscale"].data_ptr() if "tenscale" in out else None,
-        out["meta"].data_ptr() if "meta" in out else None, _stream(dev, stream),
-    )  # fmt: skip
+        out["meta"].data_ptr() if "meta" in out else None,
+        _stream(dev, stream),
+    )
     return out
 
 
 def dequantize_packed(
-    dtype: DataType | str, shape: tuple[int, ...], q: Any, scale: Any, *, tenscale: Any = None,
-    meta: Any = None, out_dtype: Any = None, stream: Any = None,
-) -> Any:  # fmt: skip
+    dtype: DataType | str,
+    shape: tuple[int, ...],
+    q: Any,
+    scale: Any,
+    *,
+    tenscale: Any = None,
+    meta: Any = None,
+    out_dtype: Any = None,
+    stream: Any = None,
+) -> Any:
     """Values of the custom ops' layouts (`quantize_packed`) as a CUDA tensor of ``shape``.
 
     Raises:
@@ -334,10 +417,17 @@ def dequantize_packed(
     y = torch.empty(shape, dtype=out_dtype, device=flat["q"].device)
     arr = (ctypes.c_int64 * len(shape))(*shape)
     _call(
-        _lib().onnxq_cuda_dequantize_packed, dt.code.encode(), len(shape), arr, -1,
-        flat["q"].data_ptr(), flat["scale"].data_ptr(),
+        _lib().onnxq_cuda_dequantize_packed,
+        dt.code.encode(),
+        len(shape),
+        arr,
+        -1,
+        flat["q"].data_ptr(),
+        flat["scale"].data_ptr(),
         flat["tenscale"].data_ptr() if "tenscale" in flat else None,
-        flat["meta"].data_ptr() if "meta" in flat else None, y.data_ptr(), kinds[out_dtype],
+        flat["meta"].data_ptr() if "meta" in flat else None,
+        y.data_ptr(),
+        kinds[out_dtype],
         _stream(y.device, stream),
-    )  # fmt: skip
+    )
     return y

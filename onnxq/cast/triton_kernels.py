@@ -1,0 +1,215 @@
+"""The general Triton engine's statistics, dequantize and N:M prune kernels.
+
+- `_stats_kernel`: per-chunk finite absmax, NaN/Inf flags and (zero points) min/max, for
+  tiles too long for one program (over 1024 elements, tensor scales, NVFP4's tensor amax).
+- `_dequant_kernel`: codes + scales (+ zero points, shift bits, tensor scale) -> values.
+- `_prune_kernel`: N:M sparsity, a pruned copy of the input and the keep mask.
+
+The quantize kernel is `triton_quant_kernel._quant_kernel`.
+"""
+
+# Kernel constexprs are upper case (Triton's convention), runtime format numbers lower case; tile
+# geometry keeps layout.py's names (C, TC, nC).
+# ruff: noqa: N803
+
+import triton
+import triton.language as tl
+
+from onnxq.cast.triton_device import (
+    _ldexp_bits,
+    _load_any,
+    _meta_offsets,
+    _okey,
+    _store_values,
+    _unit_offsets,
+    _zswap,
+)
+
+
+@triton.jit(do_not_specialize=["n_units", "n_chunks", "C", "TC", "inner", "nC", "bf16"])
+def _stats_kernel(
+    x_ptr,
+    amax_ptr,
+    flag_ptr,
+    lo_ptr,
+    hi_ptr,
+    n_units,
+    n_chunks,
+    C,
+    TC,
+    inner,
+    nC,
+    bf16,
+    HALF: tl.constexpr,
+    LAST: tl.constexpr,
+    TILE: tl.constexpr,
+    BT: tl.constexpr,
+    MINMAX: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    u_ok, _inst, _q, _j, _o, _i, off, ok, intile = _unit_offsets(
+        pid, n_units, n_chunks, C, TC, inner, nC, LAST, TILE, 1, TILE, BT
+    )
+    xb, _raw = _load_any(x_ptr, off, ok, HALF, bf16)
+    ab = xb & 0x7FFFFFFF
+    finite = ab < 0x7F800000
+    amax = tl.max(tl.max(tl.where(finite, ab, 0), axis=2), axis=1)
+    # flags: 2 = some NaN/Inf, 3 = some NaN (NaN implies non-finite, so max() is an OR)
+    nf = tl.max(tl.max((~finite & ok).to(tl.int32), axis=2), axis=1)
+    isnan = tl.max(tl.max(((ab > 0x7F800000) & ok).to(tl.int32), axis=2), axis=1)
+    u = pid.to(tl.int64) * BT + tl.arange(0, BT)
+    tl.store(amax_ptr + u, amax, mask=u_ok)
+    tl.store(flag_ptr + u, (2 * nf + isnan).to(tl.int8), mask=u_ok)
+    if MINMAX:
+        # ordered keys of the finite min and max (the host reduces chunks with min / max)
+        fin = finite & intile
+        lo = tl.min(tl.min(tl.where(fin, _zswap(_okey(xb)), 0x7FFFFFFF), axis=2), axis=1)
+        hi = tl.max(tl.max(tl.where(fin, _okey(xb), -0x7FFFFFFF - 1), axis=2), axis=1)
+        tl.store(lo_ptr + u, lo, mask=u_ok)
+        tl.store(hi_ptr + u, hi, mask=u_ok)
+
+
+@triton.jit(
+    do_not_specialize=[
+        "n_units",
+        "n_chunks",
+        "C",
+        "TC",
+        "inner",
+        "nC",
+        "sub_cols",
+        "code_mask",
+        "c_shift",
+        "s_bias",
+        "s_nan",
+        "s_mask",
+        "z_mask",
+        "bf16",
+    ]
+)
+def _dequant_kernel(
+    code_ptr,
+    y_ptr,
+    scale_ptr,
+    meta_ptr,
+    zero_ptr,
+    tab_ptr,
+    stab_ptr,
+    ztab_ptr,
+    ts_ptr,
+    n_units,
+    n_chunks,
+    C,
+    TC,
+    inner,
+    nC,
+    sub_cols,
+    code_mask,
+    c_shift,
+    s_bias,
+    s_nan,
+    s_mask,
+    z_mask,
+    bf16,
+    HALF: tl.constexpr,
+    LAST: tl.constexpr,
+    TILE: tl.constexpr,
+    NSUB: tl.constexpr,
+    SUB: tl.constexpr,
+    BT: tl.constexpr,
+    SKIND: tl.constexpr,
+    SHIFT: tl.constexpr,
+    WIDE: tl.constexpr,  # codes over 16 bits: float32 bits (c_shift < 0) or ints, no table
+    S_F32: tl.constexpr,
+    TS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    u_ok, inst, q, j, o, i, off, ok, _intile = _unit_offsets(
+        pid, n_units, n_chunks, C, TC, inner, nC, LAST, TILE, NSUB, SUB, BT
+    )
+    c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & code_mask
+    if WIDE:
+        si = (c << tl.maximum(c_shift, 0)) >> tl.maximum(c_shift, 0)  # sign-extended ints
+        qb = tl.where(c_shift < 0, c, si.to(tl.float32).to(tl.int32, bitcast=True))
+    else:
+        qb = tl.load(tab_ptr + c, mask=ok, other=0)
+    tile_nan = ok & False
+    if SKIND == 0:
+        yb = qb
+    elif SKIND == 1:
+        sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & s_mask
+        nan_t = sc == s_nan
+        k3 = tl.where(nan_t, 0, sc - s_bias)[:, None, None]
+        if SHIFT:
+            moff, mok = _meta_offsets(u_ok, q, j, o, i, TC, sub_cols, inner, LAST, TILE, NSUB, SUB)
+            sh = tl.load(meta_ptr + moff, mask=mok, other=0)
+            k3 = k3 - sh.to(tl.int32)[:, :, None]
+        yb = _ldexp_bits(qb, k3)
+        tile_nan = tile_nan | nan_t[:, None, None]
+    else:
+        sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32)
+        if S_F32:
+            scb = sc
+        else:
+            scb = tl.load(stab_ptr + (sc & s_mask), mask=u_ok, other=0)
+        scf = scb.to(tl.float32, bitcast=True)
+        if TS:
+            eff = scf * tl.load(ts_ptr)
+        else:
+            eff = scf
+        eff3 = eff[:, None, None]
+        qf = qb.to(tl.float32, bitcast=True)
+        if SKIND == 2:
+            yb = (qf * eff3).to(tl.int32, bitcast=True)
+            qinf = (qb & 0x7FFFFFFF) == 0x7F800000
+            yb = tl.where(qinf & (eff3 == 0), 0x7FC00000, yb)  # Inf * 0: the canonical NaN
+            yb = tl.where((qb & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, yb)
+        else:
+            zc = tl.load(zero_ptr + inst, mask=u_ok, other=0).to(tl.int32) & z_mask
+            zf = tl.load(ztab_ptr + zc, mask=u_ok, other=0).to(tl.float32, bitcast=True)
+            if SKIND == 3:
+                yb = ((qf - zf[:, None, None]) * eff3).to(tl.int32, bitcast=True)
+            else:
+                yb = (qf * eff3 + zf[:, None, None]).to(tl.int32, bitcast=True)
+        tile_nan = tile_nan | ((scb & 0x7FFFFFFF) > 0x7F800000)[:, None, None]
+    _store_values(y_ptr, off, ok, yb, ok & False, tile_nan, HALF, bf16)
+
+
+@triton.jit(do_not_specialize=["n_groups", "L", "inner", "ng_l", "n_keep", "bf16"])
+def _prune_kernel(
+    x_ptr,
+    y_ptr,
+    mask_ptr,
+    n_groups,
+    L,
+    inner,
+    ng_l,
+    n_keep,
+    bf16,
+    HALF: tl.constexpr,
+    M: tl.constexpr,
+    BG: tl.constexpr,
+):
+    # N:M sparsity (reference `_prune`): keep the n_keep largest magnitudes of each group of M
+    # along a dim of length L (stride inner); NaN counts as Inf, ties keep the lower index,
+    # positions past the end count as -1. Writes the pruned input and the keep mask.
+    g = tl.program_id(0).to(tl.int64) * BG + tl.arange(0, BG).to(tl.int64)
+    g_ok = g < n_groups
+    i = g % inner
+    t = g // inner
+    gl = t % ng_l
+    o = t // ng_l
+    k = tl.arange(0, M)
+    pos = gl[:, None] * M + k[None, :]
+    ok = g_ok[:, None] & (pos < L)
+    off = o[:, None] * L * inner + pos * inner + i[:, None]
+    xb, raw = _load_any(x_ptr, off, ok, HALF, bf16)
+    ab = xb & 0x7FFFFFFF
+    key = tl.where(ok, tl.minimum(ab, 0x7F800000), -1)
+    kk = key[:, :, None]  # this element
+    kj = key[:, None, :]  # the others of its group
+    earlier = (k[None, :] < k[:, None])[None, :, :]
+    beats = (kj > kk) | ((kj == kk) & earlier)
+    keep = tl.sum(beats.to(tl.int32), axis=2) < n_keep
+    tl.store(y_ptr + off, tl.where(keep, raw, 0).to(raw.dtype), mask=ok)
+    tl.store(mask_ptr + off, keep.to(tl.uint8), mask=ok)
