@@ -23,9 +23,7 @@ import onnxq
 from onnxq import runtime
 
 pytest.importorskip("onnxruntime")
-pytestmark = pytest.mark.skipif(
-    not runtime.has_custom_ops(), reason="libonnxq_ops is not built with the custom ops"
-)
+pytestmark = pytest.mark.needs_custom_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "examples" / "host" / "build.sh"

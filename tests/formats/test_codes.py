@@ -34,7 +34,6 @@ def _rows() -> list[tuple[str, str, str]]:
 
 ROWS = _rows()
 IDS = [ascii(code)[1:-1][:50] or "empty" for code, _, _ in ROWS]
-needs_native = pytest.mark.skipif(not native.available(), reason="libonnxq_ops is not built")
 
 
 def test_the_table_covers_both_outcomes() -> None:
@@ -53,7 +52,7 @@ def test_python_parser(code: str, result: str, detail: str) -> None:
     assert detail in message and "\n" not in message, message
 
 
-@needs_native
+@pytest.mark.needs_native
 @pytest.mark.parametrize(("code", "result", "detail"), ROWS, ids=IDS)
 def test_native_parser(code: str, result: str, detail: str) -> None:
     if result == "accept":
@@ -92,7 +91,7 @@ def _session_error(code: str) -> str:
     return ""
 
 
-@pytest.mark.skipif(not runtime.has_custom_ops(), reason="no custom ops in libonnxq_ops")
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize(("code", "result", "detail"), ROWS, ids=IDS)
 def test_onnxruntime_session(code: str, result: str, detail: str) -> None:
     error = _session_error(code)
@@ -140,7 +139,7 @@ def test_hostile_codes_are_refused_promptly() -> None:
     assert f"refused {len(HOSTILE)}" in done.stdout
 
 
-@pytest.mark.skipif(not runtime.has_custom_ops(), reason="no custom ops in libonnxq_ops")
+@pytest.mark.needs_custom_ops
 def test_hostile_codes_in_a_session_are_refused_promptly() -> None:
     script = textwrap.dedent(
         f"""
@@ -158,9 +157,8 @@ def test_hostile_codes_in_a_session_are_refused_promptly() -> None:
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
+@pytest.mark.needs_native
 def test_every_preset_parses_the_same_in_both() -> None:
-    if not native.available():
-        pytest.skip("libonnxq_ops is not built")
     builtin = [name for name in onnxq.datatypes() if not name.startswith("test")]
     for name in builtin:
         assert native.parse_dtype(name) == native.format_fields(onnxq.datatype(name)), name
@@ -229,7 +227,7 @@ def test_cli_inspect_refuses_a_hostile_dtype_attribute(tmp_path: Path, dtype: st
     assert len(done.stderr.strip().splitlines()) == 1 and "bad dtype" in done.stderr
 
 
-@pytest.mark.skipif(not runtime.has_custom_ops(), reason="no custom ops in libonnxq_ops")
+@pytest.mark.needs_custom_ops
 def test_string_attributes_keep_an_embedded_nul() -> None:
     # Read with c_str(), "even\0stochastic" was cut to "even" and ran; now it is refused whole.
     ort = pytest.importorskip("onnxruntime")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import onnxq
 from onnxq.cast import native
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="libonnxq_ops is not built")
+pytestmark = pytest.mark.needs_native
 
 FUZZ = settings(
     derandomize=True,

@@ -17,8 +17,6 @@ import pytest
 from onnxq.cast import native
 from onnxq.formats import InfNaN, Kind, NumberSpec, limits
 
-needs_native = pytest.mark.skipif(not native.available(), reason="libonnxq_ops is not built")
-
 
 def _small_floats() -> list[NumberSpec]:
     """Every float of at most 10 bits with its default bias, in each Inf/NaN convention."""
@@ -43,7 +41,7 @@ def test_maxfloat_is_the_largest_finite_code_value() -> None:
         assert spec.maxfloat == max(finite), spec
 
 
-@needs_native
+@pytest.mark.needs_native
 def test_cpp_derives_the_same_maxfloat() -> None:
     for spec in SMALL:
         derived = native.number_info(spec)
@@ -84,7 +82,7 @@ def test_exponent_types_stop_at_ten_bits() -> None:
         NumberSpec(kind=Kind.EXPONENT, ebits=limits.MAX_EXPONENT_TYPE_BITS + 1, mbits=0, bias=1023)
 
 
-@needs_native
+@pytest.mark.needs_native
 def test_cpp_refuses_out_of_range_numbers_through_the_c_abi() -> None:
     # Raw structs (the C ABI takes any), in a subprocess: these searched for minutes before.
     script = textwrap.dedent(

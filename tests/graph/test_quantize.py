@@ -29,9 +29,6 @@ from onnxq.graph.recipe import Recipe, load_recipe
 from tests.models import builders
 
 runtime = pytest.importorskip("onnxq.runtime")
-needs_library = pytest.mark.skipif(
-    not runtime.has_custom_ops(), reason="the custom-op library is not built"
-)
 
 CODEBOOK = "cb41fi_e2m2fnuz_e8m0_t32"
 # (weights, activations): every pair has function fallbacks for all its nodes.
@@ -74,7 +71,7 @@ def _run_three(model: onnx.ModelProto, inputs: dict[str, np.ndarray], small: boo
     return results
 
 
-@needs_library
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("storage", ["packed", "fake"])
 @pytest.mark.parametrize(("weights", "activations"), CASES)
 @pytest.mark.parametrize("name", sorted(builders.BUILDERS))
@@ -97,7 +94,7 @@ def test_each_model_runs_the_same_bits_in_three_runtimes(
         np.testing.assert_allclose(lib[key], ref[0][key], rtol=1e-5, atol=1e-5)
 
 
-@needs_library
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("weights", ["mxfp4", "mx6", CODEBOOK])
 @pytest.mark.parametrize("name", sorted(builders.BUILDERS))
 def test_fake_storage_holds_the_packed_weights_values(name: str, weights: str) -> None:
@@ -178,7 +175,7 @@ def test_one_activation_pair_per_tensor_however_many_consumers() -> None:
     assert sorted(quantized) == sorted(set(quantized))
 
 
-@needs_library
+@pytest.mark.needs_custom_ops
 def test_packed_mxfp4_file_is_at_most_16_percent_of_the_float_file(tmp_path: Path) -> None:
     model, inputs = builders.mlp(width=512, layers=4, batch=2)
     src = tmp_path / "mlp.onnx"

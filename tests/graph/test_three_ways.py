@@ -18,8 +18,7 @@ from onnxq.graph.functions import embed_functions, inline_for_reference
 from onnxq.graph.schemas import output_types
 
 runtime = pytest.importorskip("onnxq.runtime")
-if not runtime.has_custom_ops():
-    pytest.skip("the custom-op library is not built", allow_module_level=True)
+pytestmark = pytest.mark.needs_custom_ops
 
 # Data types whose QuantizeMX has a function fallback (exponent scales).
 DTYPES = ["mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx9", "mx6", "mx4"]

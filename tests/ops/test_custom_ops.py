@@ -19,9 +19,7 @@ from onnxq import runtime
 from onnxq.graph import schemas
 from onnxq.graph.schemas import OPS, infer_shapes, output_types, register_schemas
 
-pytestmark = pytest.mark.skipif(
-    not runtime.has_custom_ops(), reason="libonnxq_ops is not built with the custom ops"
-)
+pytestmark = pytest.mark.needs_custom_ops
 ort = pytest.importorskip("onnxruntime")
 
 _ONNX_TYPE = {

@@ -19,11 +19,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 
 import onnxq
-from onnxq import runtime
 
-pytestmark = pytest.mark.skipif(
-    not runtime.has_custom_ops(), reason="libonnxq_ops is not built with the custom ops"
-)
+pytestmark = pytest.mark.needs_custom_ops
 pytest.importorskip("onnxruntime")
 
 from tests.ops.test_inputs import SLOTS, run_op  # noqa: E402 - after the skips

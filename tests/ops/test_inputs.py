@@ -21,9 +21,7 @@ from onnx import TensorProto, helper
 import onnxq
 from onnxq import runtime
 
-pytestmark = pytest.mark.skipif(
-    not runtime.has_custom_ops(), reason="libonnxq_ops is not built with the custom ops"
-)
+pytestmark = pytest.mark.needs_custom_ops
 ort = pytest.importorskip("onnxruntime")
 
 SHAPE = (4, 64)

@@ -20,9 +20,7 @@ import onnxq
 from onnxq import runtime
 from onnxq.graph.schemas import output_types
 
-pytestmark = pytest.mark.skipif(
-    not runtime.has_custom_ops(), reason="libonnxq_ops is not built with the custom ops"
-)
+pytestmark = pytest.mark.needs_custom_ops
 pytest.importorskip("onnxruntime")
 
 DTYPES = [

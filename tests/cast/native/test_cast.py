@@ -16,9 +16,7 @@ from onnxq.cast.api import cast  # noqa: E402
 from onnxq.formats.datatype import DataType, datatype  # noqa: E402
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not native.available(), reason=f"native library not built: {native.missing_reason()}"
-)
+pytestmark = pytest.mark.needs_native
 
 FIELDS = ("values", "codes", "scale", "zero", "tenscale", "meta", "mask")
 EXTRA = [

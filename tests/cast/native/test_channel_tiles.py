@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 from onnxq import runtime
-from onnxq.cast import native
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="the native library is missing")
+pytestmark = pytest.mark.needs_native
 
 # One of each family a channel tile can have: exponent (E8M0) scales over int, fp4, fp6 and fp8
 # elements (the vector path), a float scale (NVFP4-like), a float scale with a zero point, and

@@ -17,9 +17,7 @@ from onnxq.formats.datatype import DataType, datatype, datatypes
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 from onnxq.formats.scale import scale as scale_spec
 
-pytestmark = pytest.mark.skipif(
-    native.library_path() is None, reason="the native library is not built"
-)
+pytestmark = pytest.mark.needs_native
 
 SIMD = ["", "avx2", "base", "none"]
 

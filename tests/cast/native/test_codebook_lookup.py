@@ -18,9 +18,7 @@ from onnxq import runtime
 from onnxq.cast import native, reference
 from onnxq.formats.datatype import datatype
 
-pytestmark = pytest.mark.skipif(
-    native.library_path() is None, reason="the native library is not built"
-)
+pytestmark = pytest.mark.needs_native
 
 SIMD = ["", "avx2", "base", "none"]
 TYPES = [
@@ -94,7 +92,7 @@ def _lookup_session(name: str, shape: tuple[int, ...]):
     )
 
 
-@pytest.mark.skipif(not runtime.has_custom_ops(), reason="custom ops not built")
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_session_lookup_equals_reference(name: str, shape, monkeypatch) -> None:
@@ -120,7 +118,7 @@ def _quantize_session(name: str, shape: tuple[int, ...]):
     )
 
 
-@pytest.mark.skipif(not runtime.has_custom_ops(), reason="custom ops not built")
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_session_quantize_packs_like_the_reference(name: str, shape, monkeypatch) -> None:

@@ -27,10 +27,9 @@ from onnxq.formats.datatype import DataType
 from onnxq.formats.scale import scale as scale_spec
 
 pytestmark = [
-    pytest.mark.skipif(native.library_path() is None, reason="the native library is not built"),
+    pytest.mark.needs_native,
     pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning"),
 ]
-needs_ops = pytest.mark.skipif(not runtime.has_custom_ops(), reason="custom ops not built")
 
 SIMD = ["avx512", "avx2", "base", "none"]
 NAMED = [
@@ -114,7 +113,7 @@ def _run_into(sess, feeds: dict[str, np.ndarray], shape, buf: np.ndarray, at: in
     return view
 
 
-@needs_ops
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan-tiles"])
 @pytest.mark.parametrize("name", NAMED)
 def test_packed_session_equals_reference(name: str, nan: bool, monkeypatch) -> None:
@@ -150,7 +149,7 @@ def test_byte_codes_equal_reference(name: str, nan: bool, monkeypatch) -> None:
                 assert np.array_equal(_bits(got), want), (name, shape, simd, stream)
 
 
-@needs_ops
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize(
     "name", ["cb41fi_e2m2fnuz_e8m0_t32", "cb41fi_e2m2fnuz_e8m0_t8", "cb53s101234567_e3m2_e8m0_t32"]
 )

@@ -14,12 +14,9 @@ import pytest
 
 import onnxq
 from onnxq import runtime
-from onnxq.cast import native
 from tests.cast.edge_data import KINDS, edge_data
 
-pytestmark = pytest.mark.skipif(
-    not native.available(), reason=f"native library not built: {native.missing_reason()}"
-)
+pytestmark = pytest.mark.needs_native
 
 FORMATS = [
     "mxfp4", "mxfp6", "mxfp6e2", "mxfp8e4", "mxfp8e5", "mxint8", "mxint4", "mx4", "mx6", "mx9",
@@ -135,7 +132,7 @@ def _session_outputs(name: str, x: np.ndarray, **attrs) -> dict[str, np.ndarray]
     return dict(zip(got, sess.run(got, {"x": x}), strict=True))
 
 
-@pytest.mark.skipif(not runtime.has_custom_ops(), reason="custom ops not built")
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("policy", ["element", "block"])
 def test_session_packed_in_place(name: str, policy: str, monkeypatch: pytest.MonkeyPatch) -> None:

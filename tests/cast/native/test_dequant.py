@@ -35,9 +35,6 @@ OUT = {
 _U = {1: TensorProto.UINT8, 2: TensorProto.UINT16, 4: TensorProto.UINT32}
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
-needs_ops = pytest.mark.skipif(
-    not runtime.has_custom_ops(), reason="libonnxq_ops is not built with the custom ops"
-)
 
 
 def _random_q(dt: str, shape: tuple[int, ...], axis: int, seed: int) -> onnxq.QTensor:
@@ -110,7 +107,7 @@ def _want(q: onnxq.QTensor, out: Any) -> np.ndarray:
     return onnxq.upcast(q, out)
 
 
-@needs_ops
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("out", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize(("shape", "axis"), SHAPES)
 @pytest.mark.parametrize("dt", FAST)
@@ -124,7 +121,7 @@ def test_session_matches_reference(dt: str, shape: tuple[int, ...], axis: int, o
     assert np.array_equal(_bits(_session_dequant(q, np.dtype(out))), want), dt
 
 
-@needs_ops
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("dt", ["mxfp4", "mxfp8e4", "mx6", "mx9", "nvfp4", "mxfp6"])
 def test_session_roundtrip_large(dt: str) -> None:
     """QuantizeMX's own outputs, many tiles per thread, rows with odd lengths."""
@@ -138,7 +135,7 @@ def test_session_roundtrip_large(dt: str) -> None:
         assert np.array_equal(_bits(_session_dequant(q, np.dtype(np.float32))), want), dt
 
 
-@needs_ops
+@pytest.mark.needs_custom_ops
 def test_all_nan_and_extreme_scales() -> None:
     """Every tile NaN, then every tile at the smallest / largest E8M0 scale."""
     for dt in ("mxfp8e4", "mxint8", "mx9"):
@@ -254,7 +251,7 @@ def test_vector_kernels_match_reference(dt: str, simd: str,
             assert np.array_equal(got, want), (dt, shape, stream, "capi")
 
 
-@needs_ops
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("dt", ["mxfp4", "mx6", "mxint8", "int8_e8m0_t8"])
 def test_vector_kernels_roundtrip(dt: str) -> None:
     """QuantizeMX's own codes of data with NaN, Inf, zeros and subnormals, 4096-wide rows."""
@@ -270,7 +267,7 @@ def test_vector_kernels_roundtrip(dt: str) -> None:
     assert np.array_equal(_bits(_session_dequant(q, np.dtype(np.float32))), want), dt
 
 
-@needs_ops
+@pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("dt", ["mxfp4", "int8_e8m0_t8", "mx6", "mxfp8e4"])
 def test_streaming_stores_any_alignment(dt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Y bound at every 4-byte offset from a cache line (streaming stores on): the same bits, and

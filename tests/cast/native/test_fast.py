@@ -17,9 +17,7 @@ from onnxq.formats.datatype import datatype
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 from tests.cast.edge_data import edge_data
 
-pytestmark = pytest.mark.skipif(
-    not native.available(), reason=f"native library not built: {native.missing_reason()}"
-)
+pytestmark = pytest.mark.needs_native
 
 FAST = [
     "bfp16", "bfp8", "int8_e8m0_t8", "mx4", "mx6", "mx9", "mxfp4", "mxfp4e2", "mxfp6",

@@ -19,13 +19,10 @@ from hypothesis import strategies as st  # noqa: E402
 import onnxq  # noqa: E402
 
 _ = onnxq.cast  # resolve the lazy attribute before importing the subpackage (test_native.py)
-from onnxq.cast import native  # noqa: E402
 from onnxq.cast.api import cast  # noqa: E402
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not native.available(), reason=f"native library not built: {native.missing_reason()}"
-)
+pytestmark = pytest.mark.needs_native
 
 NAMES = [
     *onnxq.datatypes(),

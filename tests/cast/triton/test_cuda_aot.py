@@ -34,9 +34,7 @@ from onnxq.cast import native  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 HAVE_TRITON = all(importlib.util.find_spec(m) is not None for m in ("torch", "triton"))
-pytestmark = pytest.mark.skipif(
-    not native.available(), reason=f"native library not built: {native.missing_reason()}"
-)
+pytestmark = pytest.mark.needs_native
 
 
 def _lib() -> ctypes.CDLL:
