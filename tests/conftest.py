@@ -7,8 +7,8 @@ Markers (registered in pyproject.toml):
 
 Mark a module with ``pytestmark = pytest.mark.needs_native`` or a test with
 ``@pytest.mark.needs_custom_ops``; a marked test is skipped, with the reason, where the library
-is missing. Each check runs once per process, when the first marked test is set up, so
-collecting the tests never loads the library.
+is missing, and the skip is reported at the test's own line. Each check runs once per process,
+after collection and only when a collected test carries its marker.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def native_missing() -> str:
 
     if native.available():
         return ""
-    return f"the native library is not built: {native.missing_reason()}"
+    return native.missing_reason() or "the native library does not load"
 
 
 @functools.cache
@@ -45,9 +45,9 @@ NEEDS: dict[str, Callable[[], str]] = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip a test whose ``needs_*`` marker names something this machine lacks."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests whose ``needs_*`` marker names something this machine lacks."""
     for marker, missing in NEEDS.items():
-        if item.get_closest_marker(marker) is not None and (reason := missing()):
-            pytest.skip(reason)
+        for item in items:
+            if item.get_closest_marker(marker) is not None and (reason := missing()):
+                item.add_marker(pytest.mark.skip(reason=reason))
