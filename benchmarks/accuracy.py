@@ -1,4 +1,4 @@
-"""Accuracy of the three real models (models/real.py) on real data, float vs onnxq formats.
+"""Accuracy of the three real models (tests/models/real.py) on real data, float vs onnxq formats.
 
 For each model the float model and each format are evaluated twice: weights only
 (``quantize_model(m, weights=fmt, weight_storage="fake")``) and weights plus activations
@@ -59,10 +59,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ and onnxq/ in a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ and onnxq/ in a checkout
 
 import onnxq
-from models.real import model_path
+from tests.models.real import model_path
 
 FORMATS = (
     "mxint8", "mxfp8e4", "mxfp6e2", "mxfp6e3", "mxfp4", "bfp16", "mx9", "mx6", "mx4", "nvfp4",

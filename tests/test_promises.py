@@ -24,9 +24,9 @@ import pytest
 from onnx import numpy_helper
 
 import onnxq
-from models import builders
 from onnxq import _output
 from onnxq.graph.quantize import quantize_model
+from tests.models import builders
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
 The library exports a plain C ABI (``ops/include/onnxq_ops.h``). A data type is passed as
 numbers derived here from the `DataType` (`_Format`), never as a string; codebook tables come
 from the `Codebook`. Results have the layouts of `reference.Encoded`, so `api.cast` treats both
-backends alike, and they are bit-identical to the reference (tests/test_native.py).
+backends alike, and they are bit-identical to the reference (tests/cast/native/test_cast.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The limits of the format language, shared by every parser entry point (docs/formats.md).
 
 The C++ parser (ops/src/parse.cc, ops/src/number.cc) enforces the same numbers; both are
-tested against tests/format_codes.tsv. Every check here runs before any arithmetic on the
+tested against tests/formats/format_codes.tsv. Every check here runs before any arithmetic on the
 code's numbers, so a hostile code costs microseconds, never a big-integer power or a loop.
 """
 

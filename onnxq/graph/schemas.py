@@ -15,7 +15,7 @@ types itself.
 
 `OPS` is the table of the ops, inputs and outputs, the one statement of the op contract in
 Python: `input_names`, `output_names`, `input_index` and `output_index` read names and
-positions from it for the function fallbacks and the exporter. tests/test_custom_ops.py runs
+positions from it for the function fallbacks and the exporter. tests/ops/test_custom_ops.py runs
 each op through the C++ library to check that the library registers the same ops.
 """
 

@@ -1,6 +1,6 @@
 // Parsing of data type codes: the C++ twin of onnxq/formats/{number,scale,codebook,datatype}.py.
 // Each function follows its Python counterpart rule by rule, so a code means the same here and
-// there (tests/test_custom_ops.py checks every preset and several codes through the ops).
+// there (tests/ops/test_custom_ops.py checks every preset and several codes through the ops).
 #include "parse.h"
 
 #include <algorithm>

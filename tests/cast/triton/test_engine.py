@@ -1,0 +1,378 @@
+"""The Triton cast engine against the numpy reference, bit for bit (issue 5).
+
+Without a GPU the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
+tests/cast/triton/support.py before triton is imported) on small tensors; with one
+(``torch.cuda.is_available()``) the same tests run on CUDA tensors, plus larger ones. Values
+are compared as bits (NaN payloads included), codes and scales as integers.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tests.cast.triton.support import (
+    DEV,
+    GPU,
+    assert_same,
+    compare,
+    skip_overflow_checks,
+    to_torch,
+    torch,
+)
+
+# isort: split
+from onnxq.cast import triton as tk
+from onnxq.cast.api import QTensor, cast, upcast
+from onnxq.cast.packing import pack_bits
+from onnxq.cast.torch_bridge import upcast_triton
+from onnxq.formats.datatype import DataType, datatype, datatypes
+from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
+
+skip_overflow_checks()  # a quarter of this file's time in the interpreter
+
+# numpy (reference and interpreter) warns on NaN/Inf arithmetic that the casts mean to do
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+SUPPORTED = list(datatypes())
+# (64-bit scales and exponent scales over 10 bits are refused by the parser: docs/formats.md)
+UNSUPPORTED = ["int32_e8m0_t32", "e8m15_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_uint32_t32"]
+SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
+ROUND_MODES = ["even", "away", "zero", "stochastic"]
+
+
+# -- helpers --------------------------------------------------------------------------------
+def sample(shape: tuple[int, ...], seed: int = 0, specials: bool = True) -> np.ndarray:
+    """Float32 data with a spread of tile magnitudes, ties, zeros, subnormals and NaN/Inf."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-20, 20, size=shape).astype(np.float32)
+    flat = x.reshape(-1)
+    n = flat.size
+    picks = rng.permutation(n)
+    k = max(1, n // 16)
+    flat[picks[:k]] = rng.integers(-64, 64, size=k).astype(np.float32) / 8  # grid points, ties
+    flat[picks[k : 2 * k]] = 0.0
+    flat[picks[2 * k : 3 * k]] = rng.standard_normal(k).astype(np.float32) * np.float32(1e-39)
+    if specials and n >= 40:
+        flat[picks[3 * k]] = np.nan
+        flat[picks[3 * k + 1]] = np.inf
+        flat[picks[3 * k + 2]] = -np.inf
+        flat[picks[3 * k + 3]] = -0.0
+        flat[picks[3 * k + 4]] = np.float32(3e38)
+    return x
+
+
+def _new_fields(dt: DataType | str) -> bool:
+    s = (dt if isinstance(dt, DataType) else datatype(dt)).sspec
+    return s is not None and (s.zero is not None or s.sparsity[1] > 0)
+
+
+def triton_cast(xt: torch.Tensor, dt: DataType | str, mode: str, **kw):
+    """`cast(..., backend="triton")`; QTensors with zero points or masks from the engine's
+    own `to_qtensor` (torch_bridge.py does not pass those fields on yet)."""
+    if mode == "virtual" or not _new_fields(dt):
+        return cast(xt, dt, mode=mode, backend="triton", **kw)
+    d = dt if isinstance(dt, DataType) else datatype(dt)
+    axis = kw.get("axis", -1) % xt.dim()
+    res = tk.quantize(
+        xt,
+        d,
+        axis=axis,
+        round_mode=RoundMode.parse(kw.get("round_mode", "even")),
+        scale_mode=ScaleMode.parse(kw.get("scale_mode", "floor")),
+        nan_policy=NanPolicy.parse(kw.get("nan_policy", "element")),
+        seed=kw.get("seed", 0),
+        full_int_range=kw.get("int_range") == "full",
+        want_values=False,
+        want_codes=True,
+    )
+    return tk.to_qtensor(res, xt, d, axis, CastMode.parse(mode))
+
+
+def triton_upcast(q: QTensor, out: torch.dtype) -> torch.Tensor:
+    return tk.upcast(q, out) if _new_fields(q.dtype) else upcast_triton(q, out)
+
+
+def check(x: np.ndarray, dt: str, dtype: str = "float32", *, modes=("virtual", "actual"), **kw):
+    """Compare the Triton engine with the reference for one input, dtype and keyword set."""
+    compare(
+        x, dtype, modes,
+        lambda xn, mode: cast(xn, dt, mode=mode, backend="reference", **kw),
+        lambda xt, mode: triton_cast(xt, dt, mode, **kw),
+        triton_upcast, ("float32", dtype), lambda mode: f"{dt} {dtype} {mode} {kw}",
+    )  # fmt: skip
+
+
+# -- on a GPU: big tensors first (the GPU check has a time budget) ----------------------------
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_large_tensors_on_the_gpu() -> None:
+    x = sample((1024, 4096), seed=29)
+    for name in ("mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4"):
+        check(x, name, "bfloat16", modes=("virtual", "compress"))
+        check(x, name, round_mode="stochastic", seed=9, modes=("virtual",))
+    check(sample((64, 1024, 8), seed=31), "mxfp4", axis=1)
+
+
+# -- presets, dtypes and modes ----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_every_preset_matches_the_reference(name: str, dtype: str) -> None:
+    shape = (4, 96) if not GPU else (64, 1000)
+    check(sample(shape, seed=len(name)), name, dtype, modes=("virtual", "actual", "compress"))
+
+
+@pytest.mark.parametrize("scale_mode", SCALE_MODES)
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp8e5", "mxfp6e3", "mxfp6e2", "mxfp4", "mxint8"])
+def test_every_scale_mode(name: str, scale_mode: str) -> None:
+    x = sample((8, 64) if not GPU else (256, 512), seed=3)
+    # tiles whose absmax sits on and around the mode thresholds
+    x[0, :32] = np.float32(448.0)
+    x[1, :32] = np.float32(464.0)
+    x[1, 32:] = np.float32(7.75)
+    x[2, :32] = np.float32(7.5)
+    x[2, 32:] = np.float32(6.0 * 1.0625)
+    x[3, :32] = np.float32(np.nextafter(np.float32(480.0), np.float32(0)))
+    # on a GPU the codes of each mode only multiply the fast kernel's compiles: values there
+    check(x, name, scale_mode=scale_mode, modes=("virtual",) if GPU else ("virtual", "actual"))
+    # the threshold tiles along axis 0 take the general kernel (the mode a runtime number);
+    # actual mode checks the values too, through upcast
+    check(x[:4].T.copy(), name, scale_mode=scale_mode, axis=0, modes=("actual",))
+
+
+@pytest.mark.parametrize("round_mode", ROUND_MODES)
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp4", "mxint8", "mx6", "nvfp4", "e5m2"])
+def test_every_round_mode(name: str, round_mode: str) -> None:
+    x = sample((6, 80) if not GPU else (300, 700), seed=5)
+    check(x, name, round_mode=round_mode, seed=12345)
+    check(x, name, "bfloat16", modes=("virtual",), round_mode=round_mode, seed=2**40 + 7)
+
+
+@pytest.mark.parametrize("nan_policy", ["element", "block"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mxfp8e4", "mxfp6e2", "mxint8", "mx9", "nvfp4", "int8_channel", "uint8_channel",
+        "e4m3fn_e8m0_t4n2m4_t8",
+    ],
+)  # fmt: skip
+def test_nan_policies(name: str, nan_policy: str) -> None:
+    x = sample((5, 64), seed=7)
+    x[0, 3] = np.nan
+    x[1, 40] = -np.inf
+    x[2, :32] = np.nan  # a tile of NaN only
+    x[3, 5] = np.float32(np.uint32(0xFF800001).view(np.float32))  # a signalling NaN payload
+    # on a GPU float16 shares the general kernel's compiles with bfloat16; the interpreter
+    # checks it everywhere
+    for dtype in ("float32", "bfloat16") if GPU else ("float32", "float16", "bfloat16"):
+        check(x, name, dtype, nan_policy=nan_policy)
+
+
+def test_full_int_range() -> None:
+    x = sample((4, 64), seed=9)
+    x[0, :4] = [-128.0, 127.0, -127.5, 1.0]
+    for name in ("mxint8", "bfp16", "int8_channel", "mx6"):
+        check(x, name, int_range="full")
+
+
+# -- geometry ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("shape", "axis"),
+    [((37,), 0), ((3, 37, 5), 1), ((3, 37, 5), 0), ((2, 3, 50), -1), ((1, 1), 0), ((33, 7), 0)],
+)
+@pytest.mark.parametrize("name", ["mxfp4", "mx6", "nvfp4", "int8_channel", "bfp16"])
+def test_odd_shapes_and_axes(shape: tuple[int, ...], axis: int, name: str) -> None:
+    check(sample(shape, seed=11), name, axis=axis, modes=("virtual", "actual", "compress"))
+
+
+def test_long_channel_tiles_take_two_passes() -> None:
+    x = sample((3, 1500), seed=13)
+    for name in ("int8_channel", "fp8e4_channel", "int8_e8m0_t0", "int8_tensor", "nvfp4"):
+        check(x, name)
+    check(x.T.copy(), "int4_channel", axis=0)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "e4m3fn",
+        "e5m2",
+        "e3m2fnuz",
+        "e2m1fnuz",
+        "float16",
+        "bfloat16",
+        "binary8p3",
+        "e4m3b8fnuz",
+        "e5m2b16fnuz",
+        "float32",
+    ],
+)
+def test_unscaled_casts(code: str) -> None:
+    x = sample((3, 70), seed=17)
+    x[0, :6] = [65504.0, 65520.0, 1e-8, -1e-8, 57344.0, 61440.0]
+    for dtype in ("float32", "float16", "bfloat16"):
+        check(x, code, dtype)
+    check(x, code, round_mode="stochastic", seed=3)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "int4_e8m0_t16",
+        "e2m3fnuz_e8m0_t64",
+        "e4m3fn_bfloat16_t32",
+        "int8_float16_t32",
+        "e2m1fnuz_e4m3fn_float32_t32",
+        "e2m1fnuz_e8m0_t2",
+        "int8_e8m0_t16s4",
+        "e5m2_float32_t0",
+    ],
+)
+def test_other_codes(code: str) -> None:
+    check(sample((4, 70), seed=19), code, modes=("virtual", "actual", "compress"))
+    check(sample((5, 64, 3), seed=19), code, axis=1)
+
+
+# zero points (int and float), N:M sparsity (1-D, 2-D along either dim, with zero points and
+# MX shifts), 2-D tiles (subtiles, a channel dim, float and tensor scales), exponent scales
+# over 8 bits, float32 and int elements over 16 bits (int24's codes the reference cannot pack);
+# subtiles in tiles over 1024 elements: the test after
+NEW_CODES = [
+    "uint4_bfloat16_bfloat16_t32",
+    "uint4_float16_float16_t0",
+    "int8_e8m0_t16n2m4",
+    "e2m1fnuz_e8m0_t32n1m2",
+    "e4m3fn_float16_t16n2m4",
+    "int5_e8m0_t16s2n2m4",
+    "uint8_float32_uint8_t0n2m4",
+    "e4m3fn_e8m0_t2_t32",
+    "int8_e8m0_t4s2_t16s4",
+    "e2m1fnuz_e4m3fn_float32_t4_t4",
+    "int8_float32_t0_t16",
+    "uint4_float16_uint8_t8_t0",
+    "e4m3fn_e8m0_t4n2m4_t8",
+    "uint8_float32_uint8_t32_t0n1m2",
+    "int8_e10m0_t32",
+    "e4m3fn_e10m0_t16",
+    "float32_e8m0_t32",
+    "float32_float32_t16",
+    "int23_e8m0_t32",
+    "int20_float32_t0",
+]
+# one geometry per dtype and round mode: odd sizes, every axis, 2-D tiles on both layouts
+NEW_GEOMETRY = [
+    ((4, 70), -1, "float32", "even"),
+    ((5, 64, 3), 1, "bfloat16", "stochastic"),
+    ((3, 37, 5), 0, "float16", "away"),
+    ((2, 3, 50), -1, "float32", "zero"),
+    ((33, 7), 0, "float32", "stochastic"),
+]
+if GPU:  # each dtype / round mode / layout is a compile: the interpreter covers the product
+    NEW_GEOMETRY = [((64, 70), -1, "float32", "even"), ((5, 64, 3), 1, "float32", "stochastic")]
+
+
+@pytest.mark.parametrize("code", NEW_CODES)
+def test_zero_points_sparsity_and_2d_tiles(code: str) -> None:
+    for k, (shape, axis, dtype, round_mode) in enumerate(NEW_GEOMETRY):
+        modes = ("virtual", "actual", "compress") if k < 2 else ("virtual", "compress")
+        x = sample(shape, seed=41 + k)
+        check(x, code, dtype, modes=modes, axis=axis, round_mode=round_mode, seed=k)
+
+
+def test_long_tiles_with_subtiles_zero_points_and_2d() -> None:
+    x = sample((3, 2100), seed=43)
+    for code in ("int5_e8m0_t4096s2", "uint8_channel", "uint4_float16_float16_t0"):
+        check(x, code)
+    check(x, "uint8_tensor", nan_policy="block")
+    check(sample((1100, 3), seed=45), "e4m3fn_e8m0_t0_t2", axis=1)
+
+
+def test_tiny_and_huge_tiles() -> None:
+    x = np.zeros((6, 64), np.float32)
+    x[0] = np.float32(1e-40) * np.arange(64, dtype=np.float32)  # subnormal tile
+    x[1] = np.float32(2.0**-140)
+    x[2] = np.float32(3.3e38)
+    x[3, ::2] = np.float32(-(2.0**-149))
+    x[4] = np.float32(1.5) * np.float32(2.0) ** np.arange(-32, 32, dtype=np.float32)
+    for name in ("mxfp8e4", "mxfp8e5", "mxfp4", "mxint8", "mx4", "nvfp4", "int8_channel"):
+        for scale_mode in ("floor", "ceil"):
+            check(x, name, scale_mode=scale_mode)
+    check(x, "mxfp8e5", "float16")
+
+
+def test_all_zero_input() -> None:
+    for name in ("mxfp4", "mx9", "nvfp4", "int8_tensor"):
+        check(np.zeros((2, 48), np.float32), name)
+        check(-np.zeros((2, 48), np.float32), name)
+
+
+def test_device_packing_equals_packing_py() -> None:
+    rng = np.random.default_rng(21)
+    for b in (1, 2, 3, 4, 5, 6, 7, 8, 16, 17, 20, 31, 32):
+        for count in (1, 7, 8, 9, 77):
+            width = np.uint8 if b <= 8 else (np.uint16 if b <= 16 else np.uint32)
+            codes = rng.integers(0, 1 << b, size=count).astype(width)
+            t = torch.from_numpy(codes).to(DEV)
+            packed = tk.pack_bits(t, b)
+            want = pack_bits(codes, b)
+            assert packed.cpu().numpy().tobytes() == want.tobytes(), (b, count)
+            back = tk.unpack_bits(packed, b, count)
+            assert np.array_equal(back.cpu().numpy().astype(np.int64), codes.astype(np.int64))
+
+
+# -- the torch side of the API -----------------------------------------------------------------
+def test_auto_and_reference_backends_on_torch_tensors() -> None:
+    x = sample((4, 64), seed=23)
+    xt = torch.from_numpy(x)  # a CPU tensor: auto = reference, returns torch
+    got = cast(xt, "mxfp4")
+    assert isinstance(got, torch.Tensor)
+    assert_same(got, cast(x, "mxfp4"), "auto on CPU")
+    q = cast(to_torch(x, "bfloat16"), "mx6", mode="compress")
+    assert isinstance(q.data, torch.Tensor) and q.data.dtype == torch.uint8
+    back = upcast(q, ml_dtypes.bfloat16)
+    assert back.dtype == torch.bfloat16
+    assert_same(back, cast(x.astype(ml_dtypes.bfloat16), "mx6"), "upcast of a torch QTensor")
+
+
+def test_unsupported_formats_raise_for_triton() -> None:
+    x = to_torch(sample((2, 64), seed=25), "float32")
+    for name in UNSUPPORTED:
+        with pytest.raises(NotImplementedError, match="Triton engine does not implement"):
+            cast(x, name, backend="triton")
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        cast(torch.ones(4, 32, dtype=torch.float64, device=DEV), "mxfp4", backend="triton")
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        cast(torch.ones(4, 32, dtype=torch.int32, device=DEV), "mxfp4")
+    with pytest.raises(ValueError, match="empty"):
+        cast(torch.ones(0, 32, device=DEV), "mxfp4", backend="triton")
+    with pytest.raises(ValueError, match="out of range"):
+        cast(torch.ones(4, 32, device=DEV), "mxfp4", axis=2, backend="triton")
+    # a non-contiguous tensor is handled (copied), with the reference's flat indices
+    x = sample((64, 6), seed=27)
+    xt = torch.from_numpy(x).to(DEV).t()
+    want = cast(np.ascontiguousarray(x.T), "mxfp4", round_mode="stochastic", seed=1)
+    got = cast(xt, "mxfp4", round_mode="stochastic", seed=1, backend="triton")
+    assert_same(got, want, "non-contiguous")
+
+
+def test_cpu_tensor_with_triton_backend_needs_a_gpu_or_the_interpreter(monkeypatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs a CUDA tensor"):
+        cast(torch.ones(4, 32), "mxfp4", backend="triton")
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_auto_falls_back_with_one_warning_on_the_gpu() -> None:
+    x = to_torch(sample((4, 64), seed=33), "float32")
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        got = cast(x, "int32_e8m0_t32")
+    assert got.is_cuda
+    assert_same(got, cast(x.cpu().numpy(), "int32_e8m0_t32"), "fallback")
+
+
+def test_datatype_objects_are_accepted() -> None:
+    x = sample((2, 64), seed=35)
+    check(x, datatype("e4m3fn", "e8m0_t32"))
