@@ -163,14 +163,14 @@ void test_malformed() {
   REFUSE("e4m3fn_e8m0_t32;", "unexpected character");
   REFUSE("mxfp4\nmxfp8", "unexpected character");
   // Numbers out of range or with too many digits.
-  REFUSE("e9999999999m2", "digits");
-  REFUSE("e99999m2", "64 bits");
+  REFUSE("e9999999999m2", "is not a number format");
+  REFUSE("e99999m2", "at most 11 exponent bits");
   REFUSE("e12m3", "11 exponent bits");
   REFUSE("e11m20b1022", "2^1024");
-  REFUSE("e4m3b000011", "digits");
+  REFUSE("e4m3b000011", "is not a number format");
   REFUSE("e1m62", "52 mantissa bits");
   REFUSE("int33_e8m0_t32", "N <= 32");
-  REFUSE("int0000000008_e8m0_t32", "digits");
+  REFUSE("int0000000008_e8m0_t32", "is not a number format");
   // What the ops cannot store.
   REFUSE("float64", "at most 32 bits");
   REFUSE("e8m24_e8m0_t32", "at most 32 bits");
@@ -181,14 +181,17 @@ void test_malformed() {
   REFUSE("int8", "only float formats can be unscaled");
   REFUSE("e8m0_e8m0_t32", "exponent type");
   REFUSE("uint8_e8m0_t32", "needs a zero point");
-  REFUSE("int8_float32_uint8", "only for uint data");
+  REFUSE("int8_float32_uint8", "a tensor scale must be a float type");
+  REFUSE("uint8_e8m0_uint8_t32", "zero points need a float scale");
+  REFUSE("uint8_float32_int4_t32", "cannot hold every uint8 code");
+  REFUSE("cb41fi_e2m2fnuz_float32_t8s4", "codebooks need an exponent scale");
   REFUSE("e4m3fn_e8m0_t32s2", "subtile");
   REFUSE("int8_e11m0_t32", "at most 10 bits");
   // Tiles and sparsity.
-  REFUSE("e4m3fn_e8m0_t131072", "digits");
+  REFUSE("e4m3fn_e8m0_t131072", "bad tile");
   REFUSE("e4m3fn_e8m0_t65537", "power of two");
   REFUSE("e4m3fn_e8m0_t1", "power of two");
-  REFUSE("e4m3fn_e8m0_t99999999999999999999", "digits");
+  REFUSE("e4m3fn_e8m0_t99999999999999999999", "bad tile");
   REFUSE("e2m1fnuz_e8m0_t32n2m32", "2, 4, 8 or 16");
   REFUSE("e2m1fnuz_e8m0_t32n4m4", "1 <= N < M");
   REFUSE("int5_e8m0_t16s3", "power of two");
