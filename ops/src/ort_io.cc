@@ -168,8 +168,6 @@ void* output(OrtKernelContext* ctx, size_t index, const char* name,
 
 // -- threads ------------------------------------------------------------------------------
 
-// -- threads ------------------------------------------------------------------------------
-
 namespace {
 
 struct Job {

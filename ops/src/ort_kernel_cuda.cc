@@ -30,6 +30,8 @@ void init_cuda_kernel(Kernel* k) {
                   std::to_string(k->axis) + ")" + where);
 }
 
+namespace {
+
 void* gpu_stream(OrtKernelContext* ctx) {
   void* stream = nullptr;
   check(g_api->KernelContext_GetGPUComputeStream(ctx, &stream), "getting the compute stream");
@@ -48,6 +50,8 @@ int64_t gpu_meta_count(const cuda::AotFormat& F, const std::vector<int64_t>& sha
   for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
   return rows * ((shape.back() + F.sub - 1) / F.sub);
 }
+
+}  // namespace
 
 void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx) {
   In x = input(ctx, kInX, "X");
