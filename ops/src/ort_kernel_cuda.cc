@@ -71,8 +71,8 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx) {
   void* scale = output(ctx, kQOut.scale, "Scale", gpu_grid(F, x.shape), kU8, why);
   if (!scale) throw OpError("output Scale is missing");
   output(ctx, kQOut.zero, "Zero", {0}, 0, why);
-  void* ts = output(ctx, kQOut.ts, "TenScale", {F.tenscale_bits ? 1 : 0}, F.tenscale_bits ? kU32 : 0,
-                    why);
+  void* ts = output(ctx, kQOut.ts, "TenScale", {F.tenscale_bits ? 1 : 0},
+                    F.tenscale_bits ? kU32 : 0, why);
   int64_t nmeta = gpu_meta_count(F, x.shape);
   void* meta =
       output(ctx, kQOut.meta, "Meta", {nmeta ? packed_nbytes(nmeta, 1) : 0}, kU8, why);

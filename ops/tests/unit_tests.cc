@@ -273,7 +273,8 @@ void test_pack_round_trips() {
   for (int bits = 1; bits <= 32; ++bits)
     for (int width : {1, 2, 4, 8}) {
       if (bits > 8 * width) continue;
-      for (int64_t count : {0, 1, 2, 7, 8, 9, 63, 1000}) round_trip(bits, width, count, rng, nullptr);
+      for (int64_t count : {0, 1, 2, 7, 8, 9, 63, 1000})
+        round_trip(bits, width, count, rng, nullptr);
     }
   // More codes than one parallel chunk: the chunks meet on byte boundaries.
   onnxq::ParallelFor pf = onnxq::default_parallel_for(4);
