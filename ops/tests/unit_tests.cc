@@ -2,6 +2,7 @@
 // onnxruntime. Built as the CMake target onnxq_unit_tests (not part of `all`); run by
 // tests/test_cxx_units.py and, under ASan/UBSan, by .ci/sanitize. Prints the number of checks
 // and exits 1 when one fails.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -249,7 +250,9 @@ void test_pack_known_bytes() {
 void round_trip(int bits, int width, int64_t count, std::mt19937_64& rng,
                 const onnxq::ParallelFor* pf) {
   const uint64_t m = bits >= 64 ? ~0ull : (1ull << bits) - 1;
-  std::vector<uint8_t> codes(static_cast<size_t>(count * width)), back(codes.size(), 0xEE);
+  // At least one byte: count 0 passes real (non-null) pointers, as the library's callers do.
+  const size_t nbytes = static_cast<size_t>(std::max<int64_t>(count * width, 1));
+  std::vector<uint8_t> codes(nbytes), back(nbytes, 0xEE);
   std::vector<uint64_t> want(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     uint64_t v = rng();
