@@ -1,10 +1,8 @@
-// The CUDA path (cuda_launch.h, docs/gpu.md): the driver API through dlopen, with its own
-// minimal declarations (no CUDA headers or libraries at build time), the embedded Triton kernels
-// (ONNXQ_WITH_AOT: aot_index.inc + kernels.bin written by onnxq/cast/aot.py), and the C ABI
-// entry points onnxq_cuda_*.
+// The CUDA path (cuda_launch.h, docs/gpu.md) on the driver API of cuda_driver.h: the embedded
+// Triton kernels (ONNXQ_WITH_AOT: aot_index.inc + kernels.bin written by onnxq/cast/aot.py),
+// loaded per device, and the launchers of cuda_launch.h. The C ABI entry points onnxq_cuda_*
+// are in cuda_capi.cc.
 #include "cuda_launch.h"
-
-#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "c_error.h"
+#include "cuda_driver.h"
 #include "onnxq_ops.h"
 
 #if defined(ONNXQ_WITH_AOT)
@@ -61,122 +59,6 @@ const unsigned char* blob() { return nullptr; }
 const char* const kNoKernels =
     "this onnxq library was built without GPU kernels (triton and torch were not importable "
     "when it was built; install them and rebuild with `python -m pip install -e .`)";
-
-// -- the driver API, declared here ---------------------------------------------------------------
-using CUresult = int;
-using CUdevice = int;
-using CUdeviceptr = unsigned long long;
-using CUcontext = struct CUctx_st*;
-using CUmodule = struct CUmod_st*;
-using CUfunction = struct CUfunc_st*;
-using CUstream = struct CUstream_st*;
-
-constexpr int kAttrMajor = 75;        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-constexpr int kAttrMinor = 76;        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
-constexpr int kPtrMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-constexpr int kPtrDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-constexpr unsigned kMemDevice = 2;    // CU_MEMORYTYPE_DEVICE
-constexpr unsigned kMemUnified = 4;   // CU_MEMORYTYPE_UNIFIED
-constexpr int kFuncMaxDynShared = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-
-struct Driver {
-  void* handle = nullptr;
-  std::string error;  // why the driver is unusable ("" when it is usable)
-  CUresult (*cuInit)(unsigned) = nullptr;
-  CUresult (*cuDriverGetVersion)(int*) = nullptr;
-  CUresult (*cuDeviceGetCount)(int*) = nullptr;
-  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
-  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
-  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
-  CUresult (*cuCtxPushCurrent)(CUcontext) = nullptr;
-  CUresult (*cuCtxPopCurrent)(CUcontext*) = nullptr;
-  CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr) = nullptr;
-  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
-  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
-  CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void**, void**) = nullptr;
-  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
-  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
-  CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream) = nullptr;
-  CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream) = nullptr;
-  CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream) = nullptr;
-  CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
-  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
-  int device_count = 0;
-  int version = 0;
-};
-
-template <typename F>
-bool resolve(void* h, const char* name, F* fn) {
-  *fn = reinterpret_cast<F>(dlsym(h, name));
-  return *fn != nullptr;
-}
-
-std::string err_text(const Driver& d, CUresult r) {
-  const char* name = nullptr;
-  const char* text = nullptr;
-  if (d.cuGetErrorName) d.cuGetErrorName(r, &name);
-  if (d.cuGetErrorString) d.cuGetErrorString(r, &text);
-  std::string s = name ? name : "CUDA error " + std::to_string(r);
-  if (text) s += std::string(": ") + text;
-  return s;
-}
-
-Driver load_driver() {
-  Driver d;
-  const char* env = std::getenv("ONNXQ_LIBCUDA");  // tests: another (or a missing) driver
-  const char* path = env && *env ? env : "libcuda.so.1";
-  d.handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!d.handle) {
-    const char* e = dlerror();
-    d.error = std::string("the CUDA driver library ") + path +
-              " cannot be loaded (no NVIDIA driver on this machine?): " + (e ? e : "unknown");
-    return d;
-  }
-  bool ok = resolve(d.handle, "cuInit", &d.cuInit) &&
-            resolve(d.handle, "cuDriverGetVersion", &d.cuDriverGetVersion) &&
-            resolve(d.handle, "cuDeviceGetCount", &d.cuDeviceGetCount) &&
-            resolve(d.handle, "cuDeviceGet", &d.cuDeviceGet) &&
-            resolve(d.handle, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute) &&
-            resolve(d.handle, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain) &&
-            resolve(d.handle, "cuCtxPushCurrent_v2", &d.cuCtxPushCurrent) &&
-            resolve(d.handle, "cuCtxPopCurrent_v2", &d.cuCtxPopCurrent) &&
-            resolve(d.handle, "cuPointerGetAttribute", &d.cuPointerGetAttribute) &&
-            resolve(d.handle, "cuModuleLoadData", &d.cuModuleLoadData) &&
-            resolve(d.handle, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
-            resolve(d.handle, "cuFuncSetAttribute", &d.cuFuncSetAttribute) &&
-            resolve(d.handle, "cuLaunchKernel", &d.cuLaunchKernel) &&
-            resolve(d.handle, "cuMemAlloc_v2", &d.cuMemAlloc) &&
-            resolve(d.handle, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
-            resolve(d.handle, "cuGetErrorName", &d.cuGetErrorName) &&
-            resolve(d.handle, "cuGetErrorString", &d.cuGetErrorString);
-  if (!ok) {
-    d.error = std::string("the CUDA driver ") + path + " lacks a function onnxq needs";
-    return d;
-  }
-  resolve(d.handle, "cuMemAllocAsync", &d.cuMemAllocAsync);  // CUDA 11.2+; NVFP4 needs them
-  resolve(d.handle, "cuMemFreeAsync", &d.cuMemFreeAsync);
-  resolve(d.handle, "cuMemsetD32Async", &d.cuMemsetD32Async);
-  CUresult r = d.cuInit(0);
-  if (r != 0) {
-    d.error = "cuInit failed: " + err_text(d, r);
-    return d;
-  }
-  d.cuDriverGetVersion(&d.version);
-  r = d.cuDeviceGetCount(&d.device_count);
-  if (r != 0) {
-    d.error = "cuDeviceGetCount failed: " + err_text(d, r);
-  } else if (d.device_count == 0) {
-    d.error = "the CUDA driver sees no device";
-  }
-  return d;
-}
-
-const Driver& driver() {
-  static const Driver d = load_driver();  // thread-safe one-time initialisation
-  return d;
-}
 
 // -- per-device state: primary contexts, loaded functions, constant tables ----------------------
 struct Device {
@@ -846,99 +728,3 @@ std::string unpack_bits(const void* packed, int64_t count, int bits, void* codes
 
 }  // namespace cuda
 }  // namespace onnxq
-
-// -- the C ABI (onnxq_ops.h) -----------------------------------------------------------------------
-namespace {
-int32_t status(char* err, size_t errlen, const char* op, const std::string& msg) {
-  if (msg.empty()) {
-    if (err && errlen) err[0] = '\0';
-    return 0;
-  }
-  onnxq::write_error(err, errlen, std::string(op) + msg);
-  return 1;
-}
-}  // namespace
-
-extern "C" {
-
-int32_t onnxq_cuda_available(char* err, size_t errlen) {
-  std::string why;
-  bool ok = false;
-  try {
-    ok = onnxq::cuda::available(&why);
-  } catch (...) {
-    why = "unknown error";
-  }
-  status(err, errlen, "[onnxq_cuda_available] ", ok ? "" : why);
-  return ok ? 1 : 0;
-}
-
-int32_t onnxq_cuda_info(char* out, size_t outlen) {
-  std::string text;
-  try {
-    text = onnxq::cuda::describe();
-  } catch (...) {
-    text = "unknown error";
-  }
-  if (out && outlen) {
-    size_t n = text.size() < outlen - 1 ? text.size() : outlen - 1;
-    std::memcpy(out, text.data(), n);
-    out[n] = '\0';
-  }
-  return onnxq::cuda::kernel_count();
-}
-
-int32_t onnxq_cuda_quantize(const char* dtype, const onnxq_modes* modes, const void* x,
-                            int32_t x_type, int32_t ndim, const int64_t* shape, int32_t axis,
-                            void* values, void* codes, void* scale, void* tenscale, uint8_t* meta,
-                            void* stream, char* err, size_t errlen) {
-  const char* op = "[onnxq_cuda_quantize] ";
-  if (!dtype) return status(err, errlen, op, "dtype is null");
-  if (modes && (modes->round_mode != 0 || modes->scale_mode != 0 || modes->nan_policy != 0 ||
-                modes->full_int_range != 0))
-    return status(err, errlen, op,
-                  "the CUDA kernels are compiled for the default modes only (round even, scale "
-                  "floor, nan element, symmetric ints); use the Triton or CPU engines");
-  return status(err, errlen, op,
-                onnxq::cuda::quantize(dtype, x, x_type, ndim, shape, axis, values, codes, scale,
-                                      tenscale, meta, stream));
-}
-
-int32_t onnxq_cuda_dequantize(const char* dtype, int32_t ndim, const int64_t* shape, int32_t axis,
-                              const void* codes, const void* scale, const void* tenscale,
-                              const uint8_t* meta, void* values, int32_t values_type,
-                              void* stream, char* err, size_t errlen) {
-  const char* op = "[onnxq_cuda_dequantize] ";
-  if (!dtype) return status(err, errlen, op, "dtype is null");
-  return status(err, errlen, op,
-                onnxq::cuda::dequantize(dtype, ndim, shape, axis, codes, scale, tenscale, meta,
-                                        values, values_type, stream));
-}
-
-int32_t onnxq_cuda_quantize_packed(const char* dtype, const onnxq_modes* modes, const void* x,
-                                   int32_t x_type, int32_t ndim, const int64_t* shape,
-                                   int32_t axis, void* q, void* scale, void* tenscale,
-                                   uint8_t* meta_packed, void* stream, char* err, size_t errlen) {
-  const char* op = "[onnxq_cuda_quantize_packed] ";
-  if (!dtype) return status(err, errlen, op, "dtype is null");
-  if (modes && (modes->round_mode != 0 || modes->scale_mode != 0 || modes->nan_policy != 0 ||
-                modes->full_int_range != 0))
-    return status(err, errlen, op, "the CUDA kernels are compiled for the default modes only");
-  return status(err, errlen, op,
-                onnxq::cuda::quantize_packed(dtype, x, x_type, ndim, shape, axis, q, scale,
-                                             tenscale, meta_packed, stream));
-}
-
-int32_t onnxq_cuda_dequantize_packed(const char* dtype, int32_t ndim, const int64_t* shape,
-                                     int32_t axis, const uint8_t* q, const void* scale,
-                                     const void* tenscale, const uint8_t* meta_packed,
-                                     void* values, int32_t values_type, void* stream, char* err,
-                                     size_t errlen) {
-  const char* op = "[onnxq_cuda_dequantize_packed] ";
-  if (!dtype) return status(err, errlen, op, "dtype is null");
-  return status(err, errlen, op,
-                onnxq::cuda::dequantize_packed(dtype, ndim, shape, axis, q, scale, tenscale,
-                                               meta_packed, values, values_type, stream));
-}
-
-}  // extern "C"

@@ -679,6 +679,122 @@ double minint(const Spec& s) {
   return s.n.kind == kInt ? -std::ldexp(1.0, s.d.bits - 1) : 0.0;
 }
 
+// The element part of a code: a number code (up to 3 segments) or a codebook (2 or 3); sets
+// *take to the number of segments it used.
+std::string parse_element(const std::string& code, const std::vector<std::string>& segments,
+                          bool codebook, size_t* take, Spec* elem, Book* book) {
+  std::string e;
+  *take = 1;
+  if (codebook) {
+    if (segments.size() < 2)
+      return quote(code) + ": a codebook data type is cb<I><M>[desc]_<compute>[_label]_<scale>";
+    *take = 2;
+    if (segments.size() > 2 && !(segments[2].rfind('t', 0) == 0 || is_number(segments[2])))
+      *take = 3;
+    if (!(e = parse_codebook(join(segments, 0, *take), book)).empty()) return e;
+    *elem = book->compute;
+    return "";
+  }
+  for (size_t k = std::min<size_t>(3, segments.size()); k >= 2; --k) {
+    if (is_number(join(segments, 0, k))) {
+      *take = k;
+      break;
+    }
+  }
+  return parse_number(join(segments, 0, *take), elem);
+}
+
+// DataType.__post_init__'s rules for a scaled type; sets the subtile (rows, cols), 0 for none.
+std::string check_scaled(const std::string& where, const std::string& text, bool codebook,
+                         const Num& n, const Scale& s, int* sub_rows, int* sub_cols) {
+  if (!codebook && n.kind == kExponent)
+    return where + "an exponent type (" + n.name() + ") is a scale, not an element format";
+  if (!codebook && n.kind == kUint && !s.has_zero)
+    return where + "uint data is asymmetric and needs a zero point (" + text + "_uint8)";
+  if (s.has_zero && (codebook || n.kind != kUint))
+    return where + "a zero point is only for uint data";
+  if (s.has_zero && (s.zero.n.kind == kInt || s.zero.n.kind == kUint)) {
+    if (minint(s.zero) > 0 || s.zero.d.maxfloat < n.maxfloat)
+      return where + "zero point " + s.zero.d.name() + " cannot hold every " + n.name() +
+             " code; use a wider zero type";
+  }
+  if (s.has_zero && s.scale.n.kind == kExponent)
+    return where + "zero points need a float scale, not " + s.scale.d.name();
+  bool any_sub = false;
+  for (const auto& t : s.tiles) any_sub = any_sub || t.subtile;
+  if (any_sub) {
+    if (s.tiles.size() == 1) {
+      *sub_rows = 1;
+      *sub_cols = s.tiles[0].subtile;
+    } else {
+      const Tile &r = s.tiles[0], &c = s.tiles[1];
+      *sub_rows = r.subtile ? r.subtile : r.size ? r.size : 1;
+      *sub_cols = c.subtile ? c.subtile : c.size ? c.size : 1;
+    }
+  }
+  if (*sub_cols && !codebook && !(n.kind == kInt && s.scale.n.kind == kExponent))
+    return where + "a subtile is a codebook's mapping unit or the shared microexponent of " +
+           "int elements with an exponent scale (mx6 = int5_e8m0_t16s2)";
+  if (codebook && s.scale.n.kind != kExponent)
+    return where + "codebooks need an exponent scale such as e8m0";
+  return "";
+}
+
+// The scale, zero point, tensor scale, tiles, sparsity and subtiles of onnxq_format.
+std::string fill_scaled(const std::string& where, const Scale& s, int sub_rows, int sub_cols,
+                        onnxq_format* f) {
+  f->scaled = 1;
+  f->scale = s.scale.n;
+  if (s.has_zero) {
+    f->has_zero = 1;
+    f->zero = s.zero.n;
+  }
+  if (s.has_ts) {
+    f->has_tenscale = 1;
+    f->tenscale = s.ts.n;
+  }
+  f->ntiles = static_cast<int32_t>(s.tiles.size());
+  f->sparse_dim = -1;
+  for (size_t i = 0; i < s.tiles.size(); ++i) {
+    f->tile[i] = s.tiles[i].size;
+    if (s.tiles[i].m && f->sparse_m == 0) {
+      f->sparse_n = s.tiles[i].n;
+      f->sparse_m = s.tiles[i].m;
+      f->sparse_dim = static_cast<int32_t>(i);
+    }
+  }
+  f->sub[0] = sub_rows;
+  f->sub[1] = sub_cols;
+  for (const Spec* w : {&s.scale, s.has_zero ? &s.zero : nullptr, s.has_ts ? &s.ts : nullptr}) {
+    if (w && w->d.bits > 32)
+      return where + "the ops store scales, zero points and tensor scales in at most 32 " +
+             "bits; " + w->d.name() + " has " + std::to_string(w->d.bits);
+  }
+  return "";
+}
+
+// A codebook's index/meta bits and its tables: magnitudes, even flags and signed values.
+std::string fill_codebook(const std::string& where, const Num& n, const Book& book,
+                          ParsedType* p) {
+  p->fmt.cb_index_bits = book.ib;
+  p->fmt.cb_meta_bits = book.mb;
+  p->generic_codebook = book.desc.empty();
+  size_t half = size_t(1) << (book.ib - 1);
+  double negzero = n.has_negzero ? -0.0 : 0.0;
+  for (const auto& mags : book.maps) {
+    for (size_t i = 0; i < half; ++i) {
+      uint64_t c = 0;
+      if (!code_of(n, mags[i], &c)) return where + "internal: magnitude not representable";
+      p->mags.push_back(mags[i]);
+      p->even.push_back(c % 2 == 0 ? 1 : 0);
+    }
+    for (size_t i = 0; i < half; ++i) p->table.push_back(mags[i]);
+    p->table.push_back(negzero);
+    for (size_t i = 1; i < half; ++i) p->table.push_back(-mags[i]);
+  }
+  return "";
+}
+
 // DataType.parse + DataType.__post_init__ (everything but the registry).
 std::string parse_code(const std::string& code, ParsedType* out) {
   std::string text = lower_strip(code);
@@ -687,24 +803,8 @@ std::string parse_code(const std::string& code, ParsedType* out) {
   size_t take = 1;
   Spec elem;
   Book book;
-  std::string e;
-  if (codebook) {
-    if (segments.size() < 2)
-      return quote(code) + ": a codebook data type is cb<I><M>[desc]_<compute>[_label]_<scale>";
-    take = 2;
-    if (segments.size() > 2 && !(segments[2].rfind('t', 0) == 0 || is_number(segments[2])))
-      take = 3;
-    if (!(e = parse_codebook(join(segments, 0, take), &book)).empty()) return e;
-    elem = book.compute;
-  } else {
-    for (size_t k = std::min<size_t>(3, segments.size()); k >= 2; --k) {
-      if (is_number(join(segments, 0, k))) {
-        take = k;
-        break;
-      }
-    }
-    if (!(e = parse_number(join(segments, 0, take), &elem)).empty()) return e;
-  }
+  std::string e = parse_element(code, segments, codebook, &take, &elem, &book);
+  if (!e.empty()) return e;
   std::string rest = join(segments, take, segments.size());
   bool scaled = take < segments.size();
   Scale s;
@@ -719,91 +819,17 @@ std::string parse_code(const std::string& code, ParsedType* out) {
     if (codebook || n.kind != kFloat)
       return where + "only float formats can be unscaled; add a scale such as " +
              (codebook ? text : n.name()) + "_e8m0_t32";
-  } else {
-    if (!codebook && n.kind == kExponent)
-      return where + "an exponent type (" + n.name() + ") is a scale, not an element format";
-    if (!codebook && n.kind == kUint && !s.has_zero)
-      return where + "uint data is asymmetric and needs a zero point (" + text + "_uint8)";
-    if (s.has_zero && (codebook || n.kind != kUint))
-      return where + "a zero point is only for uint data";
-    if (s.has_zero && (s.zero.n.kind == kInt || s.zero.n.kind == kUint)) {
-      if (minint(s.zero) > 0 || s.zero.d.maxfloat < n.maxfloat)
-        return where + "zero point " + s.zero.d.name() + " cannot hold every " + n.name() +
-               " code; use a wider zero type";
-    }
-    if (s.has_zero && s.scale.n.kind == kExponent)
-      return where + "zero points need a float scale, not " + s.scale.d.name();
-    bool any_sub = false;
-    for (const auto& t : s.tiles) any_sub = any_sub || t.subtile;
-    if (any_sub) {
-      if (s.tiles.size() == 1) {
-        sub_rows = 1;
-        sub_cols = s.tiles[0].subtile;
-      } else {
-        const Tile &r = s.tiles[0], &c = s.tiles[1];
-        sub_rows = r.subtile ? r.subtile : r.size ? r.size : 1;
-        sub_cols = c.subtile ? c.subtile : c.size ? c.size : 1;
-      }
-    }
-    if (sub_cols && !codebook && !(n.kind == kInt && s.scale.n.kind == kExponent))
-      return where + "a subtile is a codebook's mapping unit or the shared microexponent of " +
-             "int elements with an exponent scale (mx6 = int5_e8m0_t16s2)";
-    if (codebook && s.scale.n.kind != kExponent)
-      return where + "codebooks need an exponent scale such as e8m0";
+  } else if (!(e = check_scaled(where, text, codebook, n, s, &sub_rows, &sub_cols)).empty()) {
+    return e;
   }
   ParsedType p;
   p.code = code;
   p.fmt.elem = elem.n;
-  if (scaled) {
-    p.fmt.scaled = 1;
-    p.fmt.scale = s.scale.n;
-    if (s.has_zero) {
-      p.fmt.has_zero = 1;
-      p.fmt.zero = s.zero.n;
-    }
-    if (s.has_ts) {
-      p.fmt.has_tenscale = 1;
-      p.fmt.tenscale = s.ts.n;
-    }
-    p.fmt.ntiles = static_cast<int32_t>(s.tiles.size());
-    p.fmt.sparse_dim = -1;
-    for (size_t i = 0; i < s.tiles.size(); ++i) {
-      p.fmt.tile[i] = s.tiles[i].size;
-      if (s.tiles[i].m && p.fmt.sparse_m == 0) {
-        p.fmt.sparse_n = s.tiles[i].n;
-        p.fmt.sparse_m = s.tiles[i].m;
-        p.fmt.sparse_dim = static_cast<int32_t>(i);
-      }
-    }
-    p.fmt.sub[0] = sub_rows;
-    p.fmt.sub[1] = sub_cols;
-    for (const Spec* w : {&s.scale, s.has_zero ? &s.zero : nullptr, s.has_ts ? &s.ts : nullptr}) {
-      if (w && w->d.bits > 32)
-        return where + "the ops store scales, zero points and tensor scales in at most 32 " +
-               "bits; " + w->d.name() + " has " + std::to_string(w->d.bits);
-    }
-  }
+  if (scaled && !(e = fill_scaled(where, s, sub_rows, sub_cols, &p.fmt)).empty()) return e;
   if (n.bits > 32 && !codebook)
     return where + "the ops pack element codes of at most 32 bits; " + n.name() + " has " +
            std::to_string(n.bits);
-  if (codebook) {
-    p.fmt.cb_index_bits = book.ib;
-    p.fmt.cb_meta_bits = book.mb;
-    p.generic_codebook = book.desc.empty();
-    size_t half = size_t(1) << (book.ib - 1);
-    double negzero = n.has_negzero ? -0.0 : 0.0;
-    for (const auto& mags : book.maps) {
-      for (size_t i = 0; i < half; ++i) {
-        uint64_t c = 0;
-        if (!code_of(n, mags[i], &c)) return where + "internal: magnitude not representable";
-        p.mags.push_back(mags[i]);
-        p.even.push_back(c % 2 == 0 ? 1 : 0);
-      }
-      for (size_t i = 0; i < half; ++i) p.table.push_back(mags[i]);
-      p.table.push_back(negzero);
-      for (size_t i = 1; i < half; ++i) p.table.push_back(-mags[i]);
-    }
-  }
+  if (codebook && !(e = fill_codebook(where, n, book, &p)).empty()) return e;
   *out = std::move(p);
   return "";
 }

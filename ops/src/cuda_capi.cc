@@ -1,0 +1,104 @@
+// The C ABI entry points onnxq_cuda_* (onnxq_ops.h) over the CUDA path of cuda_launch.h: null
+// and mode checks, then the launcher's message as a status. No exception crosses the ABI.
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "c_error.h"
+#include "cuda_launch.h"
+#include "onnxq_ops.h"
+
+namespace {
+int32_t status(char* err, size_t errlen, const char* op, const std::string& msg) {
+  if (msg.empty()) {
+    if (err && errlen) err[0] = '\0';
+    return 0;
+  }
+  onnxq::write_error(err, errlen, std::string(op) + msg);
+  return 1;
+}
+}  // namespace
+
+extern "C" {
+
+int32_t onnxq_cuda_available(char* err, size_t errlen) {
+  std::string why;
+  bool ok = false;
+  try {
+    ok = onnxq::cuda::available(&why);
+  } catch (...) {
+    why = "unknown error";
+  }
+  status(err, errlen, "[onnxq_cuda_available] ", ok ? "" : why);
+  return ok ? 1 : 0;
+}
+
+int32_t onnxq_cuda_info(char* out, size_t outlen) {
+  std::string text;
+  try {
+    text = onnxq::cuda::describe();
+  } catch (...) {
+    text = "unknown error";
+  }
+  if (out && outlen) {
+    size_t n = text.size() < outlen - 1 ? text.size() : outlen - 1;
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+  }
+  return onnxq::cuda::kernel_count();
+}
+
+int32_t onnxq_cuda_quantize(const char* dtype, const onnxq_modes* modes, const void* x,
+                            int32_t x_type, int32_t ndim, const int64_t* shape, int32_t axis,
+                            void* values, void* codes, void* scale, void* tenscale, uint8_t* meta,
+                            void* stream, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_quantize] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  if (modes && (modes->round_mode != 0 || modes->scale_mode != 0 || modes->nan_policy != 0 ||
+                modes->full_int_range != 0))
+    return status(err, errlen, op,
+                  "the CUDA kernels are compiled for the default modes only (round even, scale "
+                  "floor, nan element, symmetric ints); use the Triton or CPU engines");
+  return status(err, errlen, op,
+                onnxq::cuda::quantize(dtype, x, x_type, ndim, shape, axis, values, codes, scale,
+                                      tenscale, meta, stream));
+}
+
+int32_t onnxq_cuda_dequantize(const char* dtype, int32_t ndim, const int64_t* shape, int32_t axis,
+                              const void* codes, const void* scale, const void* tenscale,
+                              const uint8_t* meta, void* values, int32_t values_type,
+                              void* stream, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_dequantize] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  return status(err, errlen, op,
+                onnxq::cuda::dequantize(dtype, ndim, shape, axis, codes, scale, tenscale, meta,
+                                        values, values_type, stream));
+}
+
+int32_t onnxq_cuda_quantize_packed(const char* dtype, const onnxq_modes* modes, const void* x,
+                                   int32_t x_type, int32_t ndim, const int64_t* shape,
+                                   int32_t axis, void* q, void* scale, void* tenscale,
+                                   uint8_t* meta_packed, void* stream, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_quantize_packed] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  if (modes && (modes->round_mode != 0 || modes->scale_mode != 0 || modes->nan_policy != 0 ||
+                modes->full_int_range != 0))
+    return status(err, errlen, op, "the CUDA kernels are compiled for the default modes only");
+  return status(err, errlen, op,
+                onnxq::cuda::quantize_packed(dtype, x, x_type, ndim, shape, axis, q, scale,
+                                             tenscale, meta_packed, stream));
+}
+
+int32_t onnxq_cuda_dequantize_packed(const char* dtype, int32_t ndim, const int64_t* shape,
+                                     int32_t axis, const uint8_t* q, const void* scale,
+                                     const void* tenscale, const uint8_t* meta_packed,
+                                     void* values, int32_t values_type, void* stream, char* err,
+                                     size_t errlen) {
+  const char* op = "[onnxq_cuda_dequantize_packed] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  return status(err, errlen, op,
+                onnxq::cuda::dequantize_packed(dtype, ndim, shape, axis, q, scale, tenscale,
+                                               meta_packed, values, values_type, stream));
+}
+
+}  // extern "C"

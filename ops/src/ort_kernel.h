@@ -1,0 +1,71 @@
+// The custom ops' kernels: one Kernel per node, made from its attributes when the session is
+// created, and each op's compute on the CPU (ort_kernel_cpu.cc) and on the CUDA execution
+// provider (ort_kernel_cuda.cc). The ops' inputs and outputs come from the contract generated
+// from onnxq/graph/schemas.py (onnxq_op_contract.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_launch.h"
+#include "kernels.h"
+#include "onnxq_op_contract.h"  // generated from onnxq/graph/schemas.py
+#include "onnxruntime_c_api.h"
+#include "ort_io.h"
+#include "parse.h"
+
+namespace onnxq {
+namespace ort {
+
+// The ops in the order of the contract (onnxq/graph/schemas.py OPS, onnxq_op_contract.h).
+enum OpKind { kQuantize, kDequantize, kLookup };
+static_assert(contract::kOpCount == 3 && contract::op_index("QuantizeMX") == kQuantize &&
+                  contract::op_index("DequantizeMX") == kDequantize &&
+                  contract::op_index("CodebookLookup") == kLookup,
+              "schemas.py OPS and the custom ops disagree on the ops");
+inline const char* op_name(OpKind kind) { return contract::kOps[kind].name; }
+
+// Input and output positions, from the contract.
+constexpr int kInX = contract::input_index(kQuantize, "X");
+struct QuantizeOutputs {
+  int q, scale, zero, ts, meta, mask;
+};
+constexpr QuantizeOutputs kQOut{
+    contract::output_index(kQuantize, "Q"),        contract::output_index(kQuantize, "Scale"),
+    contract::output_index(kQuantize, "Zero"),     contract::output_index(kQuantize, "TenScale"),
+    contract::output_index(kQuantize, "Meta"),     contract::output_index(kQuantize, "Mask")};
+constexpr int kOutY = contract::output_index(kDequantize, "Y");
+static_assert(kInX >= 0 && kQOut.q >= 0 && kQOut.scale >= 0 && kQOut.zero >= 0 &&
+                  kQOut.ts >= 0 && kQOut.meta >= 0 && kQOut.mask >= 0 && kOutY >= 0 &&
+                  contract::output_index(kLookup, "Y") == kOutY,
+              "schemas.py OPS lacks an input or output the custom ops write");
+
+struct Kernel {
+  OpKind kind;
+  std::string op;
+  ParsedType parsed;
+  Format fmt;             // ready unless the dtype is a generic codebook (Table input)
+  bool fmt_ready = false;
+  int64_t axis = -1;
+  Modes modes;
+  std::vector<int64_t> shape;  // Dequantize / Lookup: X's shape
+  int out_type = kTF32;         // ONNX element type of Y
+  const cuda::AotFormat* gpu = nullptr;  // CUDA EP registrations: the embedded kernels' format
+};
+
+// Reads and checks the node's attributes (every op).
+void init_kernel(Kernel* k, const OrtKernelInfo* info);
+// The axis in [0, ndim); an OpError naming `x` and its shape otherwise.
+int normal_axis(int64_t axis, size_t ndim, const std::vector<int64_t>& shape, const char* x);
+void compute_quantize(const Kernel& k, OrtKernelContext* ctx);
+// DequantizeMX and CodebookLookup.
+void compute_dequantize(const Kernel& k, OrtKernelContext* ctx);
+
+// The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.
+void init_cuda_kernel(Kernel* k);
+void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx);
+void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx);
+
+}  // namespace ort
+}  // namespace onnxq

@@ -1,0 +1,320 @@
+// The custom ops on the CPU (ort_kernel.h): the node's attributes, then QuantizeMX,
+// DequantizeMX and CodebookLookup on the shared kernels of kernels.h, every input checked
+// against docs/ops.md.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ort_kernel.h"
+
+namespace onnxq {
+namespace ort {
+
+void init_kernel(Kernel* k, const OrtKernelInfo* info) {
+  std::string dtype;
+  if (!attr_string(info, "dtype", &dtype))
+    throw OpError("attribute 'dtype' (a preset such as 'mxfp4' or a data type code) is required");
+  std::string e = parse_dtype(dtype, &k->parsed);
+  if (!e.empty()) throw OpError("dtype " + quote_code(dtype) + ": " + e);
+  if (!k->parsed.generic_codebook) {
+    e = to_format(k->parsed, nullptr, &k->fmt);
+    if (!e.empty()) throw OpError("dtype " + quote_code(dtype) + ": " + e);
+    k->fmt_ready = true;
+  }
+  attr_int(info, "axis", &k->axis);
+  if (k->kind == kQuantize) {
+    std::string s;
+    if (k->parsed.generic_codebook)
+      throw OpError("dtype '" + dtype + "' is a generic codebook with no mappings; QuantizeMX " +
+                    "encodes presets and implicit codebooks (cb<I><M><desc>_...)");
+    if (attr_string(info, "round_mode", &s))
+      k->modes.round_mode = choice("round_mode", s, {"even", "away", "zero", "stochastic"});
+    if (attr_string(info, "scale_mode", &s))
+      k->modes.scale_mode = choice(
+          "scale_mode", s, {"floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"});
+    if (attr_string(info, "nan_policy", &s))
+      k->modes.nan_policy = choice("nan_policy", s, {"element", "block"});
+    if (attr_string(info, "int_range", &s))
+      k->modes.full_int_range = choice("int_range", s, {"symmetric", "full"}) == 1;
+    int64_t seed = 0;
+    if (attr_int(info, "seed", &seed)) k->modes.seed = static_cast<uint64_t>(seed);
+    if (k->fmt.codebook() && k->modes.round_mode == kStochastic)
+      throw OpError("codebooks round to the nearest table entry; round_mode 'stochastic' is " +
+                    std::string("not supported"));
+    return;
+  }
+  if (k->kind == kLookup && !k->fmt.codebook() && !k->parsed.generic_codebook)
+    throw OpError("dtype '" + dtype + "' is not a codebook; use DequantizeMX");
+  if (!attr_ints(info, "shape", &k->shape))
+    throw OpError("attribute 'shape' (the ints of X's shape) is required");
+  if (k->shape.empty()) throw OpError("attribute 'shape' is empty; X has at least one dim");
+  // count <= 2^40 / d before each product: no int64 overflow, whatever the dims.
+  constexpr int64_t kMaxCount = int64_t(1) << 40;
+  int64_t count = 1;
+  for (int64_t d : k->shape) {
+    if (d < 1 || count > kMaxCount / d)
+      throw OpError("attribute 'shape' " + shape_str(k->shape) +
+                    " must hold positive dims of a tensor of at most 2^40 elements; set it to " +
+                    "X's shape");
+    count *= d;
+  }
+  int64_t t = kTF32;
+  if (attr_int(info, "output_type", &t) && t != kTF32 && t != kTF16 && t != kTBF16)
+    throw OpError("attribute 'output_type' " + std::to_string(t) +
+                  " must be 1 (float), 10 (float16) or 16 (bfloat16)");
+  k->out_type = static_cast<int>(t);
+}
+
+int normal_axis(int64_t axis, size_t ndim, const std::vector<int64_t>& shape, const char* x) {
+  int64_t n = static_cast<int64_t>(ndim);
+  if (axis < -n || axis >= n)
+    throw OpError("axis " + std::to_string(axis) + " is out of range for " + x + " of shape " +
+                  shape_str(shape));
+  return static_cast<int>(axis < 0 ? axis + n : axis);
+}
+
+namespace {
+
+// Tile grid shape (layout.Tiling.tile_grid): X's shape with the tiled dims replaced by counts.
+std::vector<int64_t> grid_shape(const Geometry& g, const std::vector<int64_t>& shape, int axis,
+                                int64_t rows, int64_t cols) {
+  if (g.kind == 0) return {1};
+  std::vector<int64_t> out = shape;
+  int ndim = static_cast<int>(shape.size());
+  out[axis] = cols;
+  if (g.kind == 2) out[axis == ndim - 1 ? ndim - 2 : ndim - 1] = rows;
+  return out;
+}
+
+template <typename T>
+std::vector<T> buffer(int64_t n) {
+  return std::vector<T>(static_cast<size_t>(n > 0 ? n : 0));
+}
+
+// Input positions of DequantizeMX / CodebookLookup (-1: the op has no such input).
+struct Slots {
+  int q, scale, zero, ts, meta, mask, table;
+};
+constexpr Slots slots_of(OpKind op) {
+  using contract::input_index;
+  return {input_index(op, "Q"),        input_index(op, "Scale"), input_index(op, "Zero"),
+          input_index(op, "TenScale"), input_index(op, "Meta"),  input_index(op, "Mask"),
+          input_index(op, "Table")};
+}
+constexpr Slots kDequantSlots = slots_of(kDequantize);
+constexpr Slots kLookupSlots = slots_of(kLookup);
+static_assert(kDequantSlots.q >= 0 && kLookupSlots.q >= 0 && kLookupSlots.table >= 0,
+              "schemas.py OPS lacks an input the custom ops read");
+
+}  // namespace
+
+void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
+  In x = input(ctx, kInX, "X");
+  if (!x) throw OpError("input X is missing");
+  if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
+    throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type) +
+                  " of shape " + shape_str(x.shape));
+  if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
+  if (x.count == 0) throw OpError("cannot cast an empty tensor of shape " + shape_str(x.shape));
+  const Format& f = k.fmt;
+  int axis = normal_axis(k.axis, x.shape.size(), x.shape, "X");
+  Geometry g;
+  std::string e = make_geometry(f, x.shape, axis, &g);
+  if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
+  int bits = f.code_bits(), code_w = code_width(bits);
+  std::vector<uint8_t> codes, scale, zero, ts, mask;
+  int64_t nscale = g.scale_count(), nmeta = f.has_meta() ? g.meta_count() : 0;
+  const std::string why = "dtype '" + k.parsed.code + "'";
+  std::vector<int64_t> grid = grid_shape(g, x.shape, axis, g.nR, g.nC);
+  QuantizeIO io;
+  io.x = x.data;
+  io.x_type = float_kind(x.type);
+  // Without a mask every output's size is known: the kernels write Q (packed), Scale, Zero and
+  // TenScale in place.
+  bool direct = !f.sparse_m;
+  void* q = nullptr;
+  if (direct) {
+    q = output(ctx, kQOut.q, "Q", {packed_nbytes(x.count, bits)}, kU8, why);
+    if (!q) throw OpError("output Q is missing");
+    io.packed = static_cast<uint8_t*>(q);
+  } else {
+    codes = buffer<uint8_t>(x.count * code_w);
+    io.codes = codes.data();
+  }
+  auto field_out = [&](size_t index, const char* name, const std::vector<int64_t>& shape,
+                       int fbits, std::vector<uint8_t>* buf, int64_t count) -> void* {
+    if (direct) {
+      void* out = output(ctx, index, name, shape, code_type(fbits), why);
+      if (out) return out;
+    }
+    *buf = buffer<uint8_t>(count * code_width(fbits));
+    return buf->data();
+  };
+  if (f.scaled) {
+    io.scale = field_out(kQOut.scale, "Scale", grid, f.scale.bits, &scale, nscale);
+    if (f.has_zero) io.zero = field_out(kQOut.zero, "Zero", grid, f.zero.bits, &zero, nscale);
+    if (f.has_ts) io.tenscale = field_out(kQOut.ts, "TenScale", {1}, f.ts.bits, &ts, 1);
+    // Meta (packed) is written in place when the node names it; otherwise it is not made.
+    if (nmeta && f.meta_bits()) {
+      void* m = output(ctx, kQOut.meta, "Meta", {packed_nbytes(nmeta, f.meta_bits())}, kU8, why);
+      io.meta_packed = static_cast<uint8_t*>(m);
+    }
+    if (f.sparse_m) {
+      mask = buffer<uint8_t>(x.count);
+      io.mask = mask.data();
+    }
+  }
+  ParallelFor pf = session_parallel_for(ctx);
+  e = quantize(f, k.modes, x.shape, axis, io, pf);
+  if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
+
+  if (!direct) {
+    int64_t kept = x.count;
+    if (io.mask) kept = std::count_if(mask.begin(), mask.end(), [](uint8_t m) { return m != 0; });
+    q = output(ctx, kQOut.q, "Q", {packed_nbytes(kept, bits)}, kU8, why);
+    if (!q) throw OpError("output Q is missing");
+    pack_bits(codes.data(), code_w, x.count, bits, io.mask, static_cast<uint8_t*>(q), &pf);
+  }
+  auto field = [&](size_t index, const char* name, bool has, const std::vector<int64_t>& shape,
+                   int fbits, const std::vector<uint8_t>& data) {
+    if (!has) {
+      output(ctx, index, name, {0}, 0, why);  // a zero-size tensor when the node names it
+      return;
+    }
+    if (direct && data.empty()) return;  // written in place
+    void* out = output(ctx, index, name, shape, code_type(fbits), why);
+    if (out && !data.empty()) std::memcpy(out, data.data(), data.size());
+  };
+  field(kQOut.scale, "Scale", f.scaled, grid, f.scale.bits, scale);
+  field(kQOut.zero, "Zero", f.has_zero, grid, f.has_zero ? f.zero.bits : 8, zero);
+  field(kQOut.ts, "TenScale", f.has_ts, {1}, f.has_ts ? f.ts.bits : 8, ts);
+  if (!(f.scaled && nmeta && f.meta_bits()))
+    output(ctx, kQOut.meta, "Meta", {0}, kU8, why);  // zero-size when the node names it
+  void* mk = output(ctx, kQOut.mask, "Mask", {io.mask ? packed_nbytes(x.count, 1) : 0}, kU8, why);
+  if (mk && io.mask) pack_bits(mask.data(), 1, x.count, 1, nullptr, static_cast<uint8_t*>(mk));
+}
+
+void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
+  const Slots& s = k.kind == kLookup ? kLookupSlots : kDequantSlots;
+  const std::vector<int64_t>& shape = k.shape;
+  int axis = normal_axis(k.axis, shape.size(), shape, "the attribute shape");
+  Format table_fmt;
+  const Format* fp = &k.fmt;
+  In table = s.table >= 0 ? input(ctx, s.table, "Table") : In{};
+  if (table) {
+    int maps = 1 << k.parsed.fmt.cb_meta_bits, width = 1 << k.parsed.fmt.cb_index_bits;
+    if (table.type != kTF32)
+      throw OpError("input Table must be float, got " + type_name(table.type));
+    if (table.shape != std::vector<int64_t>{maps, width})
+      throw OpError("input Table has shape " + shape_str(table.shape) + "; dtype '" +
+                    k.parsed.code + "' needs " + shape_str({maps, width}) +
+                    " (2^meta_bits x 2^index_bits)");
+    const float* tv = static_cast<const float*>(table.data);
+    std::vector<double> values(tv, tv + table.count);
+    std::string e = to_format(k.parsed, &values, &table_fmt);
+    if (!e.empty()) throw OpError("dtype '" + k.parsed.code + "' with the Table input: " + e);
+    fp = &table_fmt;
+  } else if (!k.fmt_ready) {
+    throw OpError("dtype '" + k.parsed.code + "' is a generic codebook: the Table input " +
+                  "(2^meta_bits x 2^index_bits floats) is required");
+  }
+  const Format& f = *fp;
+  Geometry g;
+  std::string e = make_geometry(f, shape, axis, &g);
+  if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
+  // Every input as docs/ops.md states it: its type and exact shape; an input the data type
+  // does not have is left out or zero-size.
+  const std::string what = "dtype '" + k.parsed.code + "', shape " + shape_str(shape) +
+                           " and axis " + std::to_string(k.axis);
+  const std::string fix = "; pass the tensor that QuantizeMX (or onnxq.cast(..., mode='compress')) "
+                          "made for this dtype, shape and axis";
+  auto need = [&](int slot, const char* name, bool required) -> In {
+    In in = slot >= 0 ? input(ctx, slot, name) : In{};
+    if (required && !in) throw OpError(std::string("input ") + name + " is required for " + what + fix);
+    return in;
+  };
+  auto check_field = [&](const In& in, const char* name, int type,
+                         const std::vector<int64_t>& want, const char* layout) {
+    if (in.type != type || in.shape != want)
+      throw OpError(std::string("input ") + name + " is " + type_name(in.type) + " of shape " +
+                    shape_str(in.shape) + "; " + what + " need " + type_name(type) +
+                    " of shape " + shape_str(want) + " (" + layout + ")" + fix);
+  };
+  auto absent = [&](int slot, const char* name, const char* lacks) {
+    In in = slot >= 0 ? input(ctx, slot, name) : In{};
+    if (in && in.count != 0)
+      throw OpError(std::string("input ") + name + " " + shape_str(in.shape) + " is given but " +
+                    "dtype '" + k.parsed.code + "' has " + lacks + "; leave the input out (an " +
+                    "empty name) or pass a zero-size tensor");
+  };
+  const std::vector<int64_t> grid = grid_shape(g, shape, axis, g.nR, g.nC);
+  std::vector<uint8_t> mask;
+  int64_t kept = g.size;
+  if (f.sparse_m) {
+    In mk = need(s.mask, "Mask", true);
+    check_field(mk, "Mask", kU8, {packed_nbytes(g.size, 1)}, "one bit per element, packed");
+    mask = buffer<uint8_t>(g.size);
+    unpack_bits(static_cast<const uint8_t*>(mk.data), 1, g.size, nullptr, mask.data(), 1);
+    kept = std::count_if(mask.begin(), mask.end(), [](uint8_t m) { return m != 0; });
+  } else {
+    absent(s.mask, "Mask", "no N:M sparsity");
+  }
+  int bits = f.code_bits();
+  In q = need(s.q, "Q", true);
+  const std::string q_layout = std::to_string(kept) + " codes of " + std::to_string(bits) +
+                               " bits, packed";
+  check_field(q, "Q", kU8, {packed_nbytes(kept, bits)}, q_layout.c_str());
+  DequantizeIO io;
+  io.packed = static_cast<const uint8_t*>(q.data);  // unpacked by dequantize where it needs to
+  io.mask = f.sparse_m ? mask.data() : nullptr;
+  std::vector<uint8_t> meta;
+  const char* grid_layout = "the tile grid: the shape with the tiled dims replaced by tile counts";
+  if (f.scaled) {
+    In sc = need(s.scale, "Scale", true);
+    check_field(sc, "Scale", code_type(f.scale.bits), grid, grid_layout);
+    io.scale = sc.data;
+  } else {
+    absent(s.scale, "Scale", "no scale");
+  }
+  if (f.scaled && f.has_zero) {
+    In z = need(s.zero, "Zero", true);
+    check_field(z, "Zero", code_type(f.zero.bits), grid, grid_layout);
+    io.zero = z.data;
+  } else {
+    absent(s.zero, "Zero", "no zero point");
+  }
+  if (f.scaled && f.has_ts) {
+    In t = need(s.ts, "TenScale", true);
+    check_field(t, "TenScale", code_type(f.ts.bits), {1}, "one tensor scale");
+    io.tenscale = t.data;
+  } else {
+    absent(s.ts, "TenScale", "no tensor scale");
+  }
+  const int mbits = f.meta_bits();
+  if (f.scaled && f.has_meta() && mbits) {
+    int64_t nmeta = g.meta_count();
+    In m = need(s.meta, "Meta", true);
+    const std::string m_layout = std::to_string(nmeta) + " units of " + std::to_string(mbits) +
+                                 " bits, packed";
+    check_field(m, "Meta", kU8, {packed_nbytes(nmeta, mbits)}, m_layout.c_str());
+    io.meta_packed = static_cast<const uint8_t*>(m.data);
+  } else {
+    absent(s.meta, "Meta", "no meta bits");
+    if (f.scaled && f.has_meta()) {
+      meta = buffer<uint8_t>(g.meta_count());  // no meta bits: every mapping index is 0
+      io.meta = meta.data();
+    }
+  }
+  void* y = output(ctx, kOutY, "Y", shape, k.out_type,
+                   "output_type " + std::to_string(k.out_type));
+  if (!y) throw OpError("output Y is missing");
+  io.values = y;
+  io.values_type = float_kind(k.out_type);
+  e = dequantize(f, shape, axis, io, session_parallel_for(ctx));
+  if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
+}
+
+}  // namespace ort
+}  // namespace onnxq
