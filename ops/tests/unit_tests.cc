@@ -1,6 +1,6 @@
 // Unit tests of the library's parser (parse.h) and bit packing (kernels.h), without Python or
 // onnxruntime. Built as the CMake target onnxq_unit_tests (not part of `all`); run by
-// tests/test_cxx_units.py and, under ASan/UBSan, by .ci/sanitize. Prints the number of checks
+// tests/ops/test_cxx_units.py and, under ASan/UBSan, by .ci/sanitize. Prints the number of checks
 // and exits 1 when one fails.
 #include <algorithm>
 #include <cstdint>

@@ -13,7 +13,7 @@ import pytest
 
 from onnxq.graph import schemas
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = ROOT / "ops" / "gen_op_contract.py"
 SCHEMAS = ROOT / "onnxq" / "graph" / "schemas.py"
 
