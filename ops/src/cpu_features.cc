@@ -23,11 +23,6 @@ int simd_level(bool bmi2) {
   return 0;
 }
 
-bool simd_off() {
-  const char* simd = std::getenv("ONNXQ_SIMD");
-  return simd && std::string(simd) == "none";
-}
-
 bool stream_output(int64_t bytes) {
   const char* env = std::getenv("ONNXQ_DQ_STREAM");
   return env ? env[0] == '1' : bytes > (int64_t(8) << 20);

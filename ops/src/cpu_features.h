@@ -18,11 +18,8 @@ inline bool fpu_flushes() {
 
 // The widest instruction set this CPU has: 2 (AVX-512 F/BW/VL/DQ, and BMI2 where `bmi2`), 1
 // (AVX2), 0 (baseline x86-64 or another architecture). ONNXQ_SIMD=base|avx2|avx512 caps it (for
-// tests and comparisons); ONNXQ_SIMD=none is checked by each fast path's setup (simd_off).
+// tests and comparisons); ONNXQ_SIMD=none is checked by each fast path's setup.
 int simd_level(bool bmi2);
-
-// ONNXQ_SIMD=none: every fast path steps aside (the general path runs).
-bool simd_off();
 
 // Whether an output of `bytes` is written with streaming stores: ONNXQ_DQ_STREAM=0/1 forces it,
 // else outputs over 8 MiB (far larger than the caches, so the read for ownership is wasted).
