@@ -15,6 +15,7 @@ namespace onnxq {
 
 // Codes [i0, i1) (i0 a multiple of 8: the stream is byte aligned there) into the stream.
 void kern::pack_range(const void* codes, int width, int64_t i0, int64_t i1, int bits, uint8_t* out) {
+  if (i1 <= i0) return;  // an empty range may come with null buffers: no pointer arithmetic on them
   uint8_t* o = out + (i0 * bits) / 8;
   if (width == 1 && bits == 8) {
     std::memcpy(o, static_cast<const uint8_t*>(codes) + i0, static_cast<size_t>(i1 - i0));
@@ -73,6 +74,7 @@ namespace {
 // Codes [i0, i1) (i0 a multiple of 8) from the stream.
 void unpack_range(const uint8_t* stream, int bits, int64_t i0, int64_t i1, void* codes,
                   int width) {
+  if (i1 <= i0) return;  // as in pack_range
   const uint8_t* s = stream + (i0 * bits) / 8;
   if (width == 1 && bits == 8) {
     std::memcpy(static_cast<uint8_t*>(codes) + i0, s, static_cast<size_t>(i1 - i0));

@@ -2,9 +2,10 @@
 numpy reference, bit for bit: through the C ABI (one byte per code and per meta) and through an
 onnxruntime CodebookLookup node (packed codes and meta), on every instruction set the CPU has.
 
-The fast path (fast_impl.h, fk_cb_dequant_rows) takes float32 tensors tiled along the last axis
-whose units are multiples of 8 elements; tiles whose 2^s is no float32 (scales below 2^-149)
-send the cast to the general path, as do other shapes and axes (3 x 37 here).
+The fast path (ops/src/fast_rows_driver.inc, fk_cb_dequant_rows) takes float32 tensors tiled
+along the last axis whose units are multiples of 8 elements; tiles whose 2^s is no float32
+(scales below 2^-149) send the cast to the general path, as do other shapes and axes (3 x 37
+here).
 """
 
 from __future__ import annotations

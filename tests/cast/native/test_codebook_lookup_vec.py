@@ -1,5 +1,6 @@
-"""The vector codebook lookup (ops/src/fast_dequant.h `dqk_cb_rows`, AVX-512; fast_impl.h
-`fk_cb_dequant_rows` elsewhere) against the numpy reference (`onnxq.upcast`), bit for bit.
+"""The vector codebook lookup (ops/src/fast_dequant.inc `dqk_cb_rows`, AVX-512;
+fast_rows_driver.inc `fk_cb_dequant_rows` elsewhere) against the numpy reference
+(`onnxq.upcast`), bit for bit.
 
 Random codes and mappings straight into the packed streams (every code, every mapping), random
 scale codes with and without NaN tiles, on every instruction set, streaming stores on and off:

@@ -1,4 +1,4 @@
-"""The fast DequantizeMX / onnxq_dequantize path (ops/src/kernels.cc `fast_dequantize`).
+"""The fast DequantizeMX / onnxq_dequantize path (ops/src/dequantize_fast.cc `fast_dequantize`).
 
 Exponent-scaled (E8M0, MX9/MX6/MX4 shift bits) and float-scaled (NVFP4) data types with float or
 int elements of at most 8 bits and 1-D tiles are decoded by a table kernel that reads the codes
@@ -209,7 +209,7 @@ def test_pack_unpack_bits_capi(bits: int, count: int) -> None:
     assert np.array_equal(back, codes)
 
 
-# -- the vector kernels (float32 outputs, tiles along the last axis: ops/src/fast_dequant.h) ----
+# -- the vector kernels (float32 outputs, tiles along the last axis: ops/src/fast_dequant.inc) ----
 
 # Whole tiles, row tails, rows whose codes start inside a byte (70 * 5 bits...), rows longer than
 # one 4096-column segment, an odd number of 8-element tiles, one short row.
