@@ -65,8 +65,17 @@ import onnxq
 from tests.models.real import model_path
 
 FORMATS = (
-    "mxint8", "mxfp8e4", "mxfp6e2", "mxfp6e3", "mxfp4", "bfp16", "mx9", "mx6", "mx4", "nvfp4",
-)  # fmt: skip
+    "mxint8",
+    "mxfp8e4",
+    "mxfp6e2",
+    "mxfp6e3",
+    "mxfp4",
+    "bfp16",
+    "mx9",
+    "mx6",
+    "mx4",
+    "nvfp4",
+)
 MODELS = ("ppocr", "minilm", "silero")
 PYANNOTE = "pyannote.audio==4.0.7"
 
@@ -141,8 +150,11 @@ def add_static_value_info(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -
     import onnxruntime as ort
 
     inferred = onnx.shape_inference.infer_shapes(model)
-    elem = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info
-            if v.type.HasField("tensor_type")}  # fmt: skip
+    elem = {
+        v.name: v.type.tensor_type.elem_type
+        for v in inferred.graph.value_info
+        if v.type.HasField("tensor_type")
+    }
     known = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
     names = [o for n in model.graph.node for o in n.output if o and o in elem and o not in known]
     probe = onnx.ModelProto()
@@ -176,8 +188,9 @@ def inline_if(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> int:
         return 0
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    probe.graph.output.extend(onnx.helper.make_tensor_value_info(n.input[0], onnx.TensorProto.BOOL,
-                                                                 None) for n in ifs)  # fmt: skip
+    probe.graph.output.extend(
+        onnx.helper.make_tensor_value_info(n.input[0], onnx.TensorProto.BOOL, None) for n in ifs
+    )
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -416,9 +429,11 @@ def minilm_task(data: Path, seq: int) -> SimTask:
 
 def eval_minilm(run: Runner, task: SimTask, ref: np.ndarray | None) -> tuple[dict[str, float], Any]:
     emb = np.concatenate(
-        [run({"input_ids": task.ids[i : i + 1], "attention_mask": task.mask[i : i + 1]})[0]
-         for i in range(len(task.ids))]
-    )  # fmt: skip
+        [
+            run({"input_ids": task.ids[i : i + 1], "attention_mask": task.mask[i : i + 1]})[0]
+            for i in range(len(task.ids))
+        ]
+    )
     unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
     iu = np.triu_indices(len(emb), 1)
     res = {"spearman": spearman((unit @ unit.T)[iu], task.human[iu])}
@@ -506,25 +521,47 @@ def build_spec(name: str, args: argparse.Namespace) -> Spec:
         task = ocr_task(model, args.lines, args.width, args.noise, args.seed)
         fixed = fix_shapes(model, {"x": (1, 3, 48, args.width)})
         add_static_value_info(fixed, {"x": task.images[:1]})
-        return Spec(name, f"PP-OCRv6 rec, {args.lines} rendered lines, CER (lower is better)",
-                    ("cer",), fixed, task, eval_ocr)  # fmt: skip
+        return Spec(
+            name,
+            f"PP-OCRv6 rec, {args.lines} rendered lines, CER (lower is better)",
+            ("cer",),
+            fixed,
+            task,
+            eval_ocr,
+        )
     if name == "minilm":
         task = minilm_task(args.data, args.seq)
-        fixed = fix_shapes(_minilm_output(model), {"input_ids": (1, args.seq),
-                                                   "attention_mask": (1, args.seq)})  # fmt: skip
+        fixed = fix_shapes(
+            _minilm_output(model), {"input_ids": (1, args.seq), "attention_mask": (1, args.seq)}
+        )
         add_static_value_info(fixed, {"input_ids": task.ids[:1], "attention_mask": task.mask[:1]})
-        return Spec(name, "paraphrase-MiniLM-L3-v2, Lee 50 docs: Spearman / mean cosine to float",
-                    ("spearman", "cos_to_float"), fixed, task, eval_minilm)  # fmt: skip
+        return Spec(
+            name,
+            "paraphrase-MiniLM-L3-v2, Lee 50 docs: Spearman / mean cosine to float",
+            ("spearman", "cos_to_float"),
+            fixed,
+            task,
+            eval_minilm,
+        )
     if name == "silero":
         task = vad_task(args.data)
         fixed = fix_shapes(model, {"input": (1, 576), "state": (2, 1, 128)})
-        feed = {"input": task.audio[None, :576], "state": np.zeros((2, 1, 128), np.float32),
-                "sr": np.array(16000, np.int64)}  # fmt: skip
+        feed = {
+            "input": task.audio[None, :576],
+            "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64),
+        }
         if not args.keep_if:
             inline_if(fixed, feed)  # the 16 kHz branch
         add_static_value_info(fixed, feed)
-        return Spec(name, "Silero VAD, pyannote sample (937 frames): frame F1",
-                    ("f1",), fixed, task, eval_vad)  # fmt: skip
+        return Spec(
+            name,
+            "Silero VAD, pyannote sample (937 frames): frame F1",
+            ("f1",),
+            fixed,
+            task,
+            eval_vad,
+        )
     raise KeyError(name)
 
 
@@ -563,8 +600,11 @@ def _jobs(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
 
     A preset's recipe sets its own weight and activation formats, so it runs once, as w+a.
     """
-    jobs = [(fmt, mode, {"weights": fmt, "activations": fmt if mode == "w+a" else None})
-            for fmt in args.formats for mode in args.modes]  # fmt: skip
+    jobs = [
+        (fmt, mode, {"weights": fmt, "activations": fmt if mode == "w+a" else None})
+        for fmt in args.formats
+        for mode in args.modes
+    ]
     jobs += [(p.label, "w+a", {"recipe": p.recipe()}) for p in args.presets]
     return jobs
 
@@ -575,8 +615,16 @@ def run_model(spec: Spec, args: argparse.Namespace) -> list[dict[str, Any]]:
     base, ref = spec.evaluate(make_runner(spec.model, args.threads), spec.task, None)
     if spec.name == "minilm":
         base["cos_to_float"] = 1.0
-    rows.append({"model": spec.name, "format": "float", "mode": "float", **base,
-                 "skipped_activations": 0, "seconds": time.perf_counter() - t0})  # fmt: skip
+    rows.append(
+        {
+            "model": spec.name,
+            "format": "float",
+            "mode": "float",
+            **base,
+            "skipped_activations": 0,
+            "seconds": time.perf_counter() - t0,
+        }
+    )
     _log(f"{spec.name} float: {base}")
     for label, mode, kwargs in _jobs(args):
         t0 = time.perf_counter()
@@ -588,8 +636,9 @@ def run_model(spec: Spec, args: argparse.Namespace) -> list[dict[str, Any]]:
                 warnings.simplefilter("ignore")
                 # Runs with the custom-op library (make_runner): NVFP4 activations, which
                 # have no standard-ONNX fallback, are measured too.
-                q = onnxq.quantize_model(spec.model, weight_storage="fake",
-                                         custom_ops_only=True, **kwargs)  # fmt: skip
+                q = onnxq.quantize_model(
+                    spec.model, weight_storage="fake", custom_ops_only=True, **kwargs
+                )
             meta = _meta(q)
             row["quantized"] = json.loads(meta.get("onnxq_quantized", "{}"))
             row["skipped_activations"] = len(json.loads(meta.get("onnxq_skipped", "[]")))
@@ -655,8 +704,12 @@ def markdown(specs: dict[str, Spec], rows: list[dict[str, Any]], modes: Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    p.add_argument("--formats", nargs="*", default=list(FORMATS),
-                   help="onnxq format names (none: only the float and preset rows)")  # fmt: skip
+    p.add_argument(
+        "--formats",
+        nargs="*",
+        default=list(FORMATS),
+        help="onnxq format names (none: only the float and preset rows)",
+    )
     p.add_argument(
         "--presets",
         nargs="*",
@@ -666,10 +719,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="deployment recipes (onnxq.graph.recipe.deployment_recipe) as extra w+a rows;\n"
         "BLOCK replaces the BFP16 block size (bfp16-deploy:8)",
     )
-    p.add_argument("--modes", nargs="+", choices=("w", "w+a"), default=["w", "w+a"],
-                   help="w: weights only; w+a: weights and activations")  # fmt: skip
-    p.add_argument("--data", type=Path, default=Path("~/.cache/onnxq-bench"),
-                   help="cache for downloaded/extracted data (default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=("w", "w+a"),
+        default=["w", "w+a"],
+        help="w: weights only; w+a: weights and activations",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=Path("~/.cache/onnxq-bench"),
+        help="cache for downloaded/extracted data (default %(default)s)",
+    )
     p.add_argument("--lines", type=int, default=50, help="PP-OCR: number of text lines")
     p.add_argument("--width", type=int, default=480, help="PP-OCR: fixed input width")
     p.add_argument("--noise", type=float, default=0.04, help="PP-OCR: noise std (0-1 scale)")
@@ -699,8 +761,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(table + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "rows": rows}, indent=1) + "\n")  # fmt: skip
+        args.json.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
+            + "\n"
+        )
     return 0
 
 

@@ -46,8 +46,14 @@ FORMATS = [
 # bfp16 block 8 is Quark's DEFAULT_BFP_PARAMS; MX6/MX9 its DEFAULT_MICROEXPONENTS_PARAMS with
 # bit_width 13/16; MXFP*/MXINT8 its DEFAULT_MICROSCALING_PARAMS with the element dtype.
 _BFP = {"axis": 1, "rounding_mode": 2}
-_PRIME = {"bfp_method": "to_bfp_prime", "axis": 1, "block_size": 16, "sub_block_size": 2,
-          "sub_block_shift_bits": 1, "rounding_mode": 2}  # fmt: skip
+_PRIME = {
+    "bfp_method": "to_bfp_prime",
+    "axis": 1,
+    "block_size": 16,
+    "sub_block_size": 2,
+    "sub_block_shift_bits": 1,
+    "rounding_mode": 2,
+}
 _MX = {"axis": 1, "block_size": 32, "rounding_mode": 2}
 QUARK = {
     "int8_e8m0_t8": (
@@ -98,9 +104,11 @@ def quark_session(name: str, shape: tuple[int, ...]) -> Callable[[np.ndarray], A
     op, attrs = QUARK[name]
     node = helper.make_node(op, ["x"], ["y"], domain="com.amd.quark", **attrs)
     graph = helper.make_graph(
-        [node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [node],
+        "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
-    )  # fmt: skip
+    )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.amd.quark", 1)]
     )
@@ -108,8 +116,9 @@ def quark_session(name: str, shape: tuple[int, ...]) -> Callable[[np.ndarray], A
     so.register_custom_ops_library(get_library_path("CPU"))
     sess = ort.InferenceSession(
         onnx._serialize(model) if hasattr(onnx, "_serialize") else model.SerializeToString(),
-        so, providers=["CPUExecutionProvider"],
-    )  # fmt: skip
+        so,
+        providers=["CPUExecutionProvider"],
+    )
     return lambda x: sess.run(None, {"x": x})[0]
 
 
@@ -143,10 +152,11 @@ def qdq_model(name: str, shape: tuple[int, ...], parts: bool = False) -> Any:
     if parts:
         return (quant, dequant), names
     graph = helper.make_graph(
-        [quant, dequant], "qdq",
+        [quant, dequant],
+        "qdq",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
-    )  # fmt: skip
+    )
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )
@@ -198,13 +208,22 @@ def main() -> None:
     copy_alloc = best(lambda: x.copy(), args.repeat)
     cpu = cpu_name()
     print(f"CPU: {cpu} ({os.cpu_count()} logical cores); tensor {shape} float32")
-    print(f"np.copyto: {copy * 1e3:.2f} ms; other columns as multiples of it "
-          f"(x.copy(), allocating: {copy_alloc / copy:.1f}x)")  # fmt: skip
-    print(f"{'format':<26} {'native':>8} {'out=':>8} {'ort':>8} {'ort run':>8} {'reference':>10} "
-          f"{'quark':>8} {'quark/native':>13}")  # fmt: skip
-    results: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "shape": list(shape),
-                               "copyto_s": copy, "copy_alloc_s": copy_alloc,
-                               "formats": {}}  # fmt: skip
+    print(
+        f"np.copyto: {copy * 1e3:.2f} ms; other columns as multiples of it "
+        f"(x.copy(), allocating: {copy_alloc / copy:.1f}x)"
+    )
+    print(
+        f"{'format':<26} {'native':>8} {'out=':>8} {'ort':>8} {'ort run':>8} {'reference':>10} "
+        f"{'quark':>8} {'quark/native':>13}"
+    )
+    results: dict[str, Any] = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "shape": list(shape),
+        "copyto_s": copy,
+        "copy_alloc_s": copy_alloc,
+        "formats": {},
+    }
     for name in args.formats or FORMATS:
         row: dict[str, float | None] = {}
         row["native_s"] = best(lambda n=name: onnxq.cast(x, n, backend="native"), args.repeat)
@@ -229,9 +248,11 @@ def main() -> None:
             return "-" if v is None else f"{v / copy:.1f}x"
 
         q_over_n = "-" if row["quark_s"] is None else f"{row['quark_s'] / row['native_s']:.0f}x"
-        print(f"{name:<26} {ratio('native_s'):>8} {ratio('native_out_s'):>8} {ratio('ort_s'):>8} "
-              f"{ratio('ort_run_s'):>8} {ratio('reference_s'):>10} {ratio('quark_s'):>8} "
-              f"{q_over_n:>13}")  # fmt: skip
+        print(
+            f"{name:<26} {ratio('native_s'):>8} {ratio('native_out_s'):>8} {ratio('ort_s'):>8} "
+            f"{ratio('ort_run_s'):>8} {ratio('reference_s'):>10} {ratio('quark_s'):>8} "
+            f"{q_over_n:>13}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

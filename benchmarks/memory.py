@@ -54,8 +54,11 @@ def generate(folder: Path, layers: int, dim: int, seed: int = 0) -> tuple[Path, 
     def external(name: str, dims: list[int], offset: int, length: int) -> TensorProto:
         t = TensorProto(name=name, dims=dims, data_type=TensorProto.FLOAT)
         t.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", location), ("offset", str(offset)),
-                           ("length", str(length))):  # fmt: skip
+        for key, value in (
+            ("location", location),
+            ("offset", str(offset)),
+            ("length", str(length)),
+        ):
             t.external_data.add(key=key, value=value)
         return t
 
@@ -88,11 +91,12 @@ def generate(folder: Path, layers: int, dim: int, seed: int = 0) -> tuple[Path, 
                 nodes.append(helper.make_node("Relu", [f"a{i}"], [out], name=f"relu{i}"))
             x = out
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, dim])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, dim])],
         initializer=inits,
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     path.write_bytes(model.SerializeToString())
@@ -128,8 +132,11 @@ def child(args: argparse.Namespace) -> None:
 
 
 def _files(out: Path) -> dict[str, int]:
-    return {f.name: f.stat().st_size for f in sorted(out.parent.iterdir())
-            if f.name.startswith(out.name)}  # fmt: skip
+    return {
+        f.name: f.stat().st_size
+        for f in sorted(out.parent.iterdir())
+        if f.name.startswith(out.name)
+    }
 
 
 def main() -> int:
@@ -161,8 +168,10 @@ def main() -> int:
         t0 = time.perf_counter()
         model, total, largest = generate(work, args.layers, args.dim)
         gen_s = time.perf_counter() - t0
-        print(f"model: {model} ({args.layers} x {args.dim}x{args.dim} float32, generated in "
-              f"{gen_s:.1f} s)")  # fmt: skip
+        print(
+            f"model: {model} ({args.layers} x {args.dim}x{args.dim} float32, generated in "
+            f"{gen_s:.1f} s)"
+        )
         print(f"total weight bytes:   {total:>14,d} ({total / MiB:,.0f} MiB)")
         print(f"largest tensor bytes: {largest:>14,d} ({largest / MiB:,.0f} MiB)")
         me = [sys.executable, os.path.abspath(__file__)]
@@ -179,8 +188,10 @@ def main() -> int:
         base = run("baseline", None)["vmhwm"]
         print(f"child baseline (imports only): {base / MiB:,.0f} MiB")
         print()
-        header = (f"{'case':<14} {'peak RSS MiB':>12} {'peak/largest':>12} "
-                  f"{'(peak-base)/largest':>19} {'wall s':>7}  output files")  # fmt: skip
+        header = (
+            f"{'case':<14} {'peak RSS MiB':>12} {'peak/largest':>12} "
+            f"{'(peak-base)/largest':>19} {'wall s':>7}  output files"
+        )
         print(header)
         for case in [c for c in args.cases.split(",") if c]:
             out = work / f"out-{case}.onnx"
@@ -189,8 +200,10 @@ def main() -> int:
             ratio = peak / largest
             above = (peak - base) / largest
             files = ", ".join(f"{k} {v / MiB:,.1f} MiB" for k, v in _files(out).items())
-            print(f"{case:<14} {peak / MiB:>12,.0f} {ratio:>12.2f} {above:>19.2f} "
-                  f"{r['wall_s']:>7.1f}  {files}")  # fmt: skip
+            print(
+                f"{case:<14} {peak / MiB:>12,.0f} {ratio:>12.2f} {above:>19.2f} "
+                f"{r['wall_s']:>7.1f}  {files}"
+            )
             if peak > base + args.factor * largest:
                 failed = True
                 print(f"  NOT BOUNDED: peak exceeds baseline + {args.factor:g} x largest tensor")

@@ -81,11 +81,13 @@ def main() -> None:
         outs = [n for n in names if n]
         q_model = helper.make_model(
             helper.make_graph(
-                [q_node], "q",
+                [q_node],
+                "q",
                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                 [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in outs],
-            ), opset_imports=opsets,
-        )  # fmt: skip
+            ),
+            opset_imports=opsets,
+        )
         q_sess = session(q_model)
         q_vals = dict(zip(outs, q_sess.run(outs, {"x": x}), strict=True))
         q_bind = q_sess.io_binding()
@@ -98,12 +100,16 @@ def main() -> None:
         dq_in = [n for n in dq_node.input if n]
         dq_model = helper.make_model(
             helper.make_graph(
-                [dq_node], "dq",
-                [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, list(q_vals[n].shape))
-                 for n in dq_in],
+                [dq_node],
+                "dq",
+                [
+                    helper.make_tensor_value_info(n, TensorProto.UNDEFINED, list(q_vals[n].shape))
+                    for n in dq_in
+                ],
                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
-            ), opset_imports=opsets,
-        )  # fmt: skip
+            ),
+            opset_imports=opsets,
+        )
         for vi, n in zip(dq_model.graph.input, dq_in, strict=True):
             vi.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(q_vals[n].dtype)
         dq_sess = session(dq_model)
@@ -127,9 +133,13 @@ def main() -> None:
             else best(lambda n=name: onnxq.cast(x, n, backend="native"), args.repeat)
         )
         cols = [t_q, t_dq, t_qdq, t_run, t_nat]
-        print(f"{name:<26} " + " ".join(
-            f"{'-':>{w + 1}}" if t is None else f"{t / copy:>{w}.2f}x"
-            for t, w in zip(cols, [6, 7, 6, 7, 6], strict=True)))  # fmt: skip
+        print(
+            f"{name:<26} "
+            + " ".join(
+                f"{'-':>{w + 1}}" if t is None else f"{t / copy:>{w}.2f}x"
+                for t, w in zip(cols, [6, 7, 6, 7, 6], strict=True)
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -228,8 +228,10 @@ def test_good_external_data_still_loads(tmp_path: Path) -> None:
     (folder / "link.data").symlink_to(folder / "sub" / "w.data")  # a link that stays inside
     inline = _model("unused")
     inline.graph.initializer[0].CopyFrom(numpy_helper.from_array(values.reshape(W_SHAPE), "w"))
-    want = {t.name: numpy_helper.to_array(t) for t in
-            quantize_model(inline, weights="mxfp4").graph.initializer}  # fmt: skip
+    want = {
+        t.name: numpy_helper.to_array(t)
+        for t in quantize_model(inline, weights="mxfp4").graph.initializer
+    }
     for location in ("sub/w.data", "./sub/w.data", "link.data"):
         path = folder / "m.onnx"
         path.write_bytes(_model(location, "64", str(W_BYTES)).SerializeToString())
@@ -396,8 +398,9 @@ def test_load_refuses_hostile_manifest(case: str, export_dir: Path, tmp_path: Pa
 
 def test_untouched_export_loads(export_dir: Path) -> None:
     loaded = ex.load(export_dir)
-    assert list(loaded) == [t["name"] for t in json.loads((export_dir / "manifest.json")
-                                                          .read_text())["tensors"]]  # fmt: skip
+    assert list(loaded) == [
+        t["name"] for t in json.loads((export_dir / "manifest.json").read_text())["tensors"]
+    ]
 
 
 def test_load_reads_only_declared_blobs(export_dir: Path, tmp_path: Path) -> None:
@@ -414,8 +417,12 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "onnxq", *args],
-        capture_output=True, text=True, timeout=120, env=env, cwd=cwd,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=cwd,
+    )
 
 
 def _refused(done: subprocess.CompletedProcess[str], pattern: str) -> None:
@@ -439,8 +446,9 @@ def test_cli_refuses_hostile_external_data(case: str, tmp_path: Path) -> None:
     path.write_bytes(build(folder, tmp_path).SerializeToString())
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    done = _cli("quantize", str(path), "-o", str(out_dir / "q.onnx"), "--weights", "mxfp4",
-                cwd=tmp_path)  # fmt: skip
+    done = _cli(
+        "quantize", str(path), "-o", str(out_dir / "q.onnx"), "--weights", "mxfp4", cwd=tmp_path
+    )
     _refused(done, pattern)
     assert list(out_dir.iterdir()) == []  # no output, no staging folder, no copied secret
 
@@ -470,8 +478,9 @@ def test_cli_accepts_contained_external_data(tmp_path: Path) -> None:
     _good_data(folder)
     path = folder / "m.onnx"
     path.write_bytes(_model("w.data").SerializeToString())
-    done = _cli("quantize", str(path), "-o", str(tmp_path / "q.onnx"), "--weights", "mxfp4",
-                cwd=tmp_path)  # fmt: skip
+    done = _cli(
+        "quantize", str(path), "-o", str(tmp_path / "q.onnx"), "--weights", "mxfp4", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert onnx.load(str(tmp_path / "q.onnx")).graph.node
 

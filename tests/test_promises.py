@@ -90,8 +90,13 @@ def test_cli_save_honours_the_umask(tmp_path: Path) -> None:
     onnx.save(model, src)
     out = tmp_path / "o.npz"
     code = "import os, sys; os.umask(0o027); from onnxq.cli import main; sys.exit(main())"
-    done = subprocess.run([sys.executable, "-c", code, "run", str(src), "--save", str(out)],
-                          env=_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, "run", str(src), "--save", str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert out.stat().st_mode & 0o777 == 0o640
 
@@ -110,8 +115,9 @@ with _output.new_file(Path(sys.argv[1])) as (f, path):
 
 
 def _holder(target: Path) -> tuple[subprocess.Popen[str], Path]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(target)], env=_env(),
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(target)], env=_env(), stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     return proc, Path(proc.stdout.readline().strip())
 
@@ -167,8 +173,9 @@ def test_a_run_killed_during_the_commit_keeps_model_and_data_paired(
     out = tmp_path / "q.onnx"
     quantize_model(src, out, weights="mxfp4")
     first = _weights(out)
-    done = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(src), str(out), where],
-                          env=_env(), timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_RUN, str(src), str(out), where], env=_env(), timeout=120
+    )
     assert done.returncode == -signal.SIGKILL
     second = _weights(out)  # whichever model is there loads with its own data
     want = quantize_model(model, weights="mxint8") if where == "after the model" else None
@@ -183,8 +190,11 @@ def test_a_run_killed_during_the_commit_keeps_model_and_data_paired(
     # The next run cleans up what the killed one left: one model, one data file.
     quantize_model(src, out, weights="mxfp4")
     left = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("m.onnx"))
-    assert len(left) == 2 and left[0] == "q.onnx" and re.fullmatch(r"q\.onnx(\.[0-9a-f]{8})?\.data",
-                                                                   left[1]), left  # fmt: skip
+    assert (
+        len(left) == 2
+        and left[0] == "q.onnx"
+        and re.fullmatch(r"q\.onnx(\.[0-9a-f]{8})?\.data", left[1])
+    ), left
 
 
 def test_an_existing_data_file_is_never_replaced(tmp_path: Path) -> None:
@@ -214,8 +224,12 @@ def test_readme_bfp_zero_block_exponent_matches_the_code_and_layouts_doc() -> No
 def test_quantize_help_and_readme_document_custom_ops_only() -> None:
     from onnxq import cli
 
-    helps = textwrap.dedent(cli.build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
-                            .choices["quantize"].format_help())  # fmt: skip
+    helps = textwrap.dedent(
+        cli.build_parser()
+        ._subparsers._group_actions[0]  # type: ignore[union-attr]
+        .choices["quantize"]
+        .format_help()
+    )
     assert "--custom-ops-only" in helps and "--allow-empty" in helps
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "--custom-ops-only" in readme and "custom_ops_only" in readme

@@ -36,8 +36,11 @@ def _cxx_sources() -> list[Path]:
 
 
 def test_no_python_module_is_over_the_limit() -> None:
-    long = {name: n for name, p in _modules().items()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}  # fmt: skip
+    long = {
+        name: n
+        for name, p in _modules().items()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
 
 
@@ -107,9 +110,11 @@ def cxx_function_lengths(text: str) -> list[tuple[int, int]]:
 
 def test_the_cxx_function_scanner_sees_functions() -> None:
     body = "\n".join(["  x += 1;"] * 130)
-    text = ("namespace a {\nstruct S { int f(int y) {\n return y; } };\n"
-            f"static int g(int x) {{\n  if (x) {{ x = 2; }}\n{body}\n  return x;\n}}\n"
-            "const int t[] = {1, 2};\n}\n")  # fmt: skip
+    text = (
+        "namespace a {\nstruct S { int f(int y) {\n return y; } };\n"
+        f"static int g(int x) {{\n  if (x) {{ x = 2; }}\n{body}\n  return x;\n}}\n"
+        "const int t[] = {1, 2};\n}\n"
+    )
     lengths = cxx_function_lengths(text)
     assert [n for _, n in lengths] == [2, 134]
 
@@ -137,8 +142,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                       for a in node.names]  # fmt: skip
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            ]
         else:
             continue
         found.update(t for t in targets if t in modules and t != name)
@@ -185,6 +191,11 @@ def test_onnxq_modules_import_one_way() -> None:
 def test_each_module_imports_alone(name: str) -> None:
     if name.startswith("onnxq.cast.triton") or name in ("onnxq.cast.aot", "onnxq.cast.triton_pack"):
         pytest.importorskip("triton")
-    run = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", f"import {name}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]

@@ -360,10 +360,25 @@ def quantize(
     shape = (ctypes.c_int64 * x.ndim)(*x.shape)
     err = ctypes.create_string_buffer(1024)
     status = lib.onnxq_quantize(
-        ctypes.byref(packed.struct), ctypes.byref(modes), _ptr(x), _FLOAT_CODES[x.dtype], x.ndim,
-        shape, axis, _ptr(values), _FLOAT_CODES[out_dtype], _ptr(codes), _ptr(scale),
-        _ptr(zero), _ptr(tenscale), _ptr(meta), _ptr(mask), nthreads, err, len(err),
-    )  # fmt: skip
+        ctypes.byref(packed.struct),
+        ctypes.byref(modes),
+        _ptr(x),
+        _FLOAT_CODES[x.dtype],
+        x.ndim,
+        shape,
+        axis,
+        _ptr(values),
+        _FLOAT_CODES[out_dtype],
+        _ptr(codes),
+        _ptr(scale),
+        _ptr(zero),
+        _ptr(tenscale),
+        _ptr(meta),
+        _ptr(mask),
+        nthreads,
+        err,
+        len(err),
+    )
     _check(status, err)
     return Encoded(
         values=values,
@@ -431,10 +446,22 @@ def dequantize(
     dims = (ctypes.c_int64 * len(shape))(*shape)
     err = ctypes.create_string_buffer(1024)
     status = lib.onnxq_dequantize(
-        ctypes.byref(packed.struct), len(shape), dims, axis, _ptr(c), _ptr(sc), _ptr(zp),
-        _ptr(ts), _ptr(mt), _ptr(mk), _ptr(values), _FLOAT_CODES[out_dtype], nthreads, err,
+        ctypes.byref(packed.struct),
+        len(shape),
+        dims,
+        axis,
+        _ptr(c),
+        _ptr(sc),
+        _ptr(zp),
+        _ptr(ts),
+        _ptr(mt),
+        _ptr(mk),
+        _ptr(values),
+        _FLOAT_CODES[out_dtype],
+        nthreads,
+        err,
         len(err),
-    )  # fmt: skip
+    )
     _check(status, err)
     return values
 

@@ -127,8 +127,11 @@ class ScaleSpec:
 
     def __post_init__(self) -> None:
         where = f"scale {self.name!r}"
-        for role, spec in (("scale", self.scale), ("zero point", self.zero),
-                           ("tensor scale", self.tenscale)):  # fmt: skip
+        for role, spec in (
+            ("scale", self.scale),
+            ("zero point", self.zero),
+            ("tensor scale", self.tenscale),
+        ):
             if spec is not None and not spec.is_codebook and spec.bits > limits.MAX_SCALE_BITS:
                 raise ValueError(
                     f"{where}: a {role} has at most {limits.MAX_SCALE_BITS} bits; "

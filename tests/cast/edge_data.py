@@ -27,9 +27,26 @@ def edge_data(shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:
     elif kind == "special":
         x = rng.standard_normal(n) * np.exp2(rng.integers(-140, 128, n))
         specials = np.array(
-            [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 3.4028235e38, -3.4028235e38,
-             2.0**-149, -(2.0**-149), 2.0**-126, 1 - 2**-24, 448.0, 464.0, 6.0, 7.0, 0.25],
-        )  # fmt: skip
+            [
+                0.0,
+                -0.0,
+                np.inf,
+                -np.inf,
+                np.nan,
+                -np.nan,
+                3.4028235e38,
+                -3.4028235e38,
+                2.0**-149,
+                -(2.0**-149),
+                2.0**-126,
+                1 - 2**-24,
+                448.0,
+                464.0,
+                6.0,
+                7.0,
+                0.25,
+            ],
+        )
         where = rng.integers(0, n, max(1, n // 3))
         x[where] = rng.choice(specials, where.size)
     elif kind == "huge":  # tiles whose scale saturates at the top of E8M0

@@ -131,8 +131,14 @@ def _near_max(dtype, seed: int) -> np.ndarray:
     return x.astype(dtype)
 
 
-PRESETS = [*onnxq.datatypes(), "cb41fi_e2m2fnuz_e8m0_t32", "cb42fi012_e2m2fnuz_e8m0_t16s4",
-           "e11m10", "e8m10", "e5m2"]  # fmt: skip
+PRESETS = [
+    *onnxq.datatypes(),
+    "cb41fi_e2m2fnuz_e8m0_t32",
+    "cb42fi012_e2m2fnuz_e8m0_t16s4",
+    "e11m10",
+    "e8m10",
+    "e5m2",
+]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # stochastic rounding of Inf
@@ -166,8 +172,11 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from onnxq.graph import functions as fallback  # noqa: E402
 
-_ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
-               "bfloat16": TensorProto.BFLOAT16}  # fmt: skip
+_ONNX_TYPES = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
+}
 
 
 def _fallback_model(name: str, x: np.ndarray, attrs: dict) -> tuple[onnx.ModelProto, bool]:

@@ -19,8 +19,12 @@ import onnxq
 
 custom_ops = pytest.importorskip("quark.onnx.operators.custom_ops")
 
-_PRIME = {"bfp_method": "to_bfp_prime", "block_size": 16, "sub_block_size": 2,
-          "sub_block_shift_bits": 1}  # fmt: skip
+_PRIME = {
+    "bfp_method": "to_bfp_prime",
+    "block_size": 16,
+    "sub_block_size": 2,
+    "sub_block_shift_bits": 1,
+}
 # onnxq data type -> (Quark op, attributes); rounding_mode 2 is Quark's round half to even.
 QUARK: dict[str, tuple[str, dict[str, Any]]] = {
     "int8_e8m0_t8": (
@@ -44,9 +48,11 @@ def quark(name: str, x: np.ndarray) -> np.ndarray:
     )
     shape = list(x.shape)
     graph = helper.make_graph(
-        [node], "quark", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [node],
+        "quark",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-    )  # fmt: skip
+    )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.amd.quark", 1)]
     )

@@ -95,8 +95,11 @@ def _standin_quantize(
     if weights is None:
         raise ValueError("nothing to quantize: pass a weight format")
     inits = {t.name: t for t in m.graph.initializer}
-    todo = [n.input[1] for n in m.graph.node
-            if n.op_type == "MatMul" and n.input[1] in inits and n.name not in exclude]  # fmt: skip
+    todo = [
+        n.input[1]
+        for n in m.graph.node
+        if n.op_type == "MatMul" and n.input[1] in inits and n.name not in exclude
+    ]
     new_nodes = []
     for k, name in enumerate(todo):
         w = numpy_helper.to_array(inits[name])
@@ -109,10 +112,19 @@ def _standin_quantize(
             q = onnxq.cast(w, weights, axis=0, mode="compress")
             stored = [(f"{name}.q", q.data), (f"{name}.scale", q.scale)]
             m.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in stored)
-            new_nodes.append(helper.make_node(
-                "DequantizeMX", [n for n, _ in stored], [name], name=f"{name}.dq", domain="onnxq",
-                dtype=weights, axis=0, shape=list(w.shape), output_type=TensorProto.FLOAT,
-            ))  # fmt: skip
+            new_nodes.append(
+                helper.make_node(
+                    "DequantizeMX",
+                    [n for n, _ in stored],
+                    [name],
+                    name=f"{name}.dq",
+                    domain="onnxq",
+                    dtype=weights,
+                    axis=0,
+                    shape=list(w.shape),
+                    output_type=TensorProto.FLOAT,
+                )
+            )
         if progress is not None:
             progress(k + 1, len(todo), name)
     nodes = [*new_nodes, *m.graph.node]
@@ -162,8 +174,14 @@ def _run(
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = ["-c", script] if script is not None else ["-m", "onnxq"]
-    done = subprocess.run([sys.executable, *command, *argv], capture_output=True, text=True,
-                          timeout=300, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, *command, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -182,14 +200,25 @@ def test_version_names_onnxq_and_its_runtimes(capsys: pytest.CaptureFixture[str]
     ("argv", "words"),
     [
         ([], ["quantize", "run", "compare", "inspect", "formats", "--version"]),
-        (["quantize"], ["--weights", "--activations", "--recipe", "--storage", "--target",
-                        "--calibration", "--overwrite", "-o OUT"]),
+        (
+            ["quantize"],
+            [
+                "--weights",
+                "--activations",
+                "--recipe",
+                "--storage",
+                "--target",
+                "--calibration",
+                "--overwrite",
+                "-o OUT",
+            ],
+        ),
         (["run"], ["--inputs", "--save", "--batch", "--dim", "--seed"]),
         (["compare"], ["FLOAT", "QUANT", "--inputs", "--layers"]),
         (["inspect"], ["MODEL"]),
         (["formats"], ["presets"]),
     ],
-)  # fmt: skip
+)
 def test_help_explains_every_option(
     argv: list[str], words: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -243,8 +272,9 @@ def test_quantize_fake_storage_keeps_float_weights(
 def test_quantize_overwrite_replaces_the_input_only_when_asked(
     tiny: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = _run(["quantize", str(tiny), "-o", str(tiny), "--weights", "mxfp4",
-                         "--overwrite"], capsys)  # fmt: skip
+    code, _, err = _run(
+        ["quantize", str(tiny), "-o", str(tiny), "--weights", "mxfp4", "--overwrite"], capsys
+    )
     assert code == 0, err
     assert any(n.op_type == "DequantizeMX" for n in onnx.load(str(tiny)).graph.node)
 
@@ -298,8 +328,17 @@ def test_compare_reports_cosine_sqnr_error_and_top1(
     code, out, err = _run(["compare", str(tiny), str(quantized), "--batch", "16"], capsys)
     assert code == 0, err
     header, _, row = out.splitlines()[:3]
-    assert header.split() == ["output", "shape", "cosine", "SQNR", "dB", "max", "abs", "err",
-                              "top-1"]  # fmt: skip
+    assert header.split() == [
+        "output",
+        "shape",
+        "cosine",
+        "SQNR",
+        "dB",
+        "max",
+        "abs",
+        "err",
+        "top-1",
+    ]
     name, shape, cos, sqnr, err_, top1 = row.split()
     assert (name, shape) == ("probs", "16x10")
     assert 0.9 < float(cos) <= 1.0 and 5 < float(sqnr) < 60 and float(err_) > 0
@@ -433,8 +472,9 @@ def test_recipe_naming_no_node_is_refused(
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"weights": "mxfp4", "exclude": [exclude]}))
     out_path = tmp_path / "out.onnx"
-    code, out, err = _run(["quantize", str(tiny), "-o", str(out_path), "--recipe", str(recipe)],
-                          capsys)  # fmt: skip
+    code, out, err = _run(
+        ["quantize", str(tiny), "-o", str(out_path), "--recipe", str(recipe)], capsys
+    )
     _assert_refused(code, out, err, word, exclude)
     assert not out_path.exists()
 
@@ -464,8 +504,9 @@ def test_unwritable_output_folder_is_refused(
         folder.chmod(0o500)
         out_path = folder / "q.onnx"
     try:
-        code, out, err = _run(["quantize", str(tiny), "-o", str(out_path), "--weights", "mxfp4"],
-                              capsys)  # fmt: skip
+        code, out, err = _run(
+            ["quantize", str(tiny), "-o", str(out_path), "--weights", "mxfp4"], capsys
+        )
     finally:
         if where == "read-only folder":
             out_path.parent.chmod(0o700)
@@ -487,19 +528,43 @@ def test_unwritable_save_path_is_refused_before_running(
     [
         (["quantize", "{tiny}", "--weights", "mxfp4"], "-o/--output"),
         (["quantize", "{tiny}", "-o", "{tmp}/o.onnx"], "nothing to quantize"),
-        (["quantize", "{tiny}", "-o", "{tmp}/o.onnx", "--weights", "mxfp4", "--recipe",
-          "{tmp}/none.yaml"], "--recipe"),
-        (["quantize", "{tiny}", "-o", "{tmp}/o.onnx", "--weights", "mxfp4", "--calibration",
-          "{tmp}/none"], "--calibration"),
-        (["quantize", "{tiny}", "-o", "{tmp}/o.onnx", "--weights", "mxfp4", "--storage", "zip"],
-         "invalid choice"),
+        (
+            [
+                "quantize",
+                "{tiny}",
+                "-o",
+                "{tmp}/o.onnx",
+                "--weights",
+                "mxfp4",
+                "--recipe",
+                "{tmp}/none.yaml",
+            ],
+            "--recipe",
+        ),
+        (
+            [
+                "quantize",
+                "{tiny}",
+                "-o",
+                "{tmp}/o.onnx",
+                "--weights",
+                "mxfp4",
+                "--calibration",
+                "{tmp}/none",
+            ],
+            "--calibration",
+        ),
+        (
+            ["quantize", "{tiny}", "-o", "{tmp}/o.onnx", "--weights", "mxfp4", "--storage", "zip"],
+            "invalid choice",
+        ),
         (["run", "{tiny}", "--inputs", "{tmp}/none.npz"], "--inputs"),
         (["run", "{tiny}", "--inputs", "{tiny}"], "not a readable .npz"),
         (["run", "{tiny}", "--dim", "N"], "NAME=SIZE"),
         (["frobnicate"], "invalid choice"),
         ([], "required"),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments_are_refused_in_one_line(
     argv: list[str], word: str, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -534,8 +599,9 @@ sys.exit(cli.main(sys.argv[1:]))
 
 def test_unexpected_failure_is_one_line_with_status_1(tiny: Path, tmp_path: Path) -> None:
     out_path = tmp_path / "o.onnx"
-    code, out, err = _run(["quantize", str(tiny), "-o", str(out_path), "--weights", "mxfp4"],
-                          script=_BROKEN_QUANTIZER)  # fmt: skip
+    code, out, err = _run(
+        ["quantize", str(tiny), "-o", str(out_path), "--weights", "mxfp4"], script=_BROKEN_QUANTIZER
+    )
     assert code == cli.EXIT_FAILURE and out == ""
     assert err.splitlines() == [
         "onnxq: internal error: RuntimeError: boom second line "
@@ -551,8 +617,12 @@ def test_console_script_and_python_m(tiny: Path) -> None:
         pytest.skip("the onnxq console script is not installed (pip install -e .)")
     done = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("onnxq ")
-    bad = subprocess.run([sys.executable, "-m", "onnxq", "inspect", str(tiny) + ".missing"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "onnxq", "inspect", str(tiny) + ".missing"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and bad.stdout == ""
     assert len(bad.stderr.splitlines()) == 1 and "does not exist" in bad.stderr
 
@@ -569,10 +639,14 @@ def _real(name: str) -> Path:
 def test_missing_real_model_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
     real = pytest.importorskip("tests.models.real")
     fake = real.RealModel(
-        name="fake", title="a fake model", distribution="onnxq-no-such-package",
-        module="onnxq_no_such_module", path="m.onnx", pip_args=("onnxq-no-such-package",),
+        name="fake",
+        title="a fake model",
+        distribution="onnxq-no-such-package",
+        module="onnxq_no_such_module",
+        path="m.onnx",
+        pip_args=("onnxq-no-such-package",),
         licence="none",
-    )  # fmt: skip
+    )
     monkeypatch.setitem(real.REAL_MODELS, "fake", fake)
     with pytest.raises(real.MissingModelError, match=r"python -m pip install onnxq-no-such"):
         real.model_path("fake")

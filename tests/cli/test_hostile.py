@@ -40,11 +40,12 @@ def _tiny() -> onnx.ModelProto:
         helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
     ]
     graph = helper.make_graph(
-        nodes, "tiny",
+        nodes,
+        "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
         [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     return model
@@ -61,10 +62,11 @@ def _static() -> onnx.ModelProto:
 def _relu_only() -> onnx.ModelProto:
     """A model with no op the quantizer targets."""
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "relu",
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "relu",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     return model
@@ -92,9 +94,12 @@ def _dq_node(**attrs: object) -> onnx.ModelProto:
     scale = numpy_helper.from_array(np.full(1, 127, np.uint8), "s")
     node = helper.make_node("DequantizeMX", ["q", "s"], ["w"], name="dq", domain="onnxq", **attrs)
     graph = helper.make_graph(
-        [node], "dq", [], [helper.make_tensor_value_info("w", TensorProto.FLOAT, None)],
+        [node],
+        "dq",
+        [],
+        [helper.make_tensor_value_info("w", TensorProto.FLOAT, None)],
         [q, scale],
-    )  # fmt: skip
+    )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )
@@ -111,8 +116,13 @@ def _npz(path: Path, **arrays: object) -> None:
 def ins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder of good and bad inputs (read-only for every case)."""
     d = tmp_path_factory.mktemp("hostile_inputs")
-    for name, model in (("tiny", _tiny()), ("static", _static()), ("relu", _relu_only()),
-                        ("foreign", _foreign_op()), ("dangling", _dangling())):  # fmt: skip
+    for name, model in (
+        ("tiny", _tiny()),
+        ("static", _static()),
+        ("relu", _relu_only()),
+        ("foreign", _foreign_op()),
+        ("dangling", _dangling()),
+    ):
         onnx.save(model, str(d / f"{name}.onnx"))
     broken = {
         "dq_type": _dq_node(dtype="mxfp4", axis=-1, shape=[16], output_type=999),
@@ -130,14 +140,22 @@ def ins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, model in broken.items():
         onnx.save(model, str(d / f"{name}.onnx"))
     onnxq.quantize_model(str(d / "tiny.onnx"), str(d / "q.onnx"), weights="mxfp4")
-    onnxq.quantize_model(str(d / "tiny.onnx"), str(d / "fake.onnx"), weights="mxfp4",
-                         weight_storage="fake")  # fmt: skip
-    onnxq.quantize_model(str(d / "tiny.onnx"), str(d / "std.onnx"), weights="mxint8",
-                         target="standard")  # fmt: skip
-    onnxq.quantize_model(str(d / "tiny.onnx"), str(d / "cb.onnx"),
-                         weights="cb41fi_e2m2fnuz_e8m0_t32")  # fmt: skip
-    onnx.save(_tiny(), str(d / "ext.onnx"), save_as_external_data=True,
-              location="ext.onnx.data", size_threshold=0)  # fmt: skip
+    onnxq.quantize_model(
+        str(d / "tiny.onnx"), str(d / "fake.onnx"), weights="mxfp4", weight_storage="fake"
+    )
+    onnxq.quantize_model(
+        str(d / "tiny.onnx"), str(d / "std.onnx"), weights="mxint8", target="standard"
+    )
+    onnxq.quantize_model(
+        str(d / "tiny.onnx"), str(d / "cb.onnx"), weights="cb41fi_e2m2fnuz_e8m0_t32"
+    )
+    onnx.save(
+        _tiny(),
+        str(d / "ext.onnx"),
+        save_as_external_data=True,
+        location="ext.onnx.data",
+        size_threshold=0,
+    )
     tiny = (d / "tiny.onnx").read_bytes()
     (d / "truncated.onnx").write_bytes(tiny[: len(tiny) // 2])
     (d / "empty.onnx").write_bytes(b"")
@@ -403,12 +421,19 @@ CASES: list[tuple[str, list[str], int, str]] = [
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     env.pop("ONNXQ_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "onnxq", *argv], capture_output=True,
-                          text=True, timeout=TIMEOUT, cwd=cwd, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "onnxq", *argv],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=cwd,
+        env=env,
+    )
 
 
-@pytest.mark.parametrize(("argv", "status", "word"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "status", "word"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_bad_input_exits_2_in_one_line_and_writes_nothing(
     argv: list[str], status: int, word: str, ins: Path, tmp_path: Path
 ) -> None:
@@ -466,9 +491,14 @@ def test_closed_stdout_stops_quietly_with_status_141(
     read, write = os.pipe()
     os.close(read)  # nobody will read: the first write fails with EPIPE
     try:
-        done = subprocess.run([sys.executable, "-m", "onnxq", *args], stdout=write,
-                              stderr=subprocess.PIPE, text=True, timeout=TIMEOUT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "onnxq", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     finally:
         os.close(write)
     assert done.stderr == ""

@@ -39,9 +39,12 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build = tmp_path_factory.mktemp("onnxq_host_build")
     env = {**os.environ, "PYTHON": sys.executable}
     proc = subprocess.run(
-        ["sh", str(BUILD_SCRIPT), str(build)], capture_output=True, text=True, env=env,
+        ["sh", str(BUILD_SCRIPT), str(build)],
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=300,
-    )  # fmt: skip
+    )
     if proc.returncode != 0:
         if "headers" in proc.stderr or "fetch_ort_headers" in proc.stderr:
             pytest.skip(f"onnxruntime headers unavailable: {proc.stderr.strip()[-300:]}")
@@ -85,8 +88,10 @@ def _compare(host: Path, model: Path, inputs: dict[str, np.ndarray], work: Path)
         assert got.tobytes() == np.ascontiguousarray(want).tobytes(), f"{model.name}: {name}"
 
 
-FORMATS = {"w-mxfp4": {"weights": "mxfp4"}, "w-mxfp4-a-mxfp8e4": {
-    "weights": "mxfp4", "activations": "mxfp8e4"}}  # fmt: skip
+FORMATS = {
+    "w-mxfp4": {"weights": "mxfp4"},
+    "w-mxfp4-a-mxfp8e4": {"weights": "mxfp4", "activations": "mxfp8e4"},
+}
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -119,11 +124,14 @@ def _identity_model(inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
     to_onnx = helper.np_dtype_to_tensor_dtype
     nodes = [helper.make_node("Identity", [n], [f"{n}/out"]) for n in inputs]
     graph = helper.make_graph(
-        nodes, "identity",
+        nodes,
+        "identity",
         [helper.make_tensor_value_info(n, to_onnx(v.dtype), v.shape) for n, v in inputs.items()],
-        [helper.make_tensor_value_info(f"{n}/out", to_onnx(v.dtype), v.shape)
-         for n, v in inputs.items()],
-    )  # fmt: skip
+        [
+            helper.make_tensor_value_info(f"{n}/out", to_onnx(v.dtype), v.shape)
+            for n, v in inputs.items()
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     return model
@@ -148,8 +156,9 @@ def test_npy_types_and_headers(host: Path, tmp_path: Path) -> None:
         with open(path, "wb") as f:  # alternate format 1.0 and 2.0 headers
             np.lib.format.write_array(f, value, version=(1, 0) if i % 2 else (2, 0))
         args += ["--input", f"{name}={path}"]
-    proc = subprocess.run([*args, "--output-dir", str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [*args, "--output-dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     for name, value in inputs.items():
         path = tmp_path / "out" / f"{name}_out.npy"
@@ -192,10 +201,21 @@ def test_missing_library(host: Path, tmp_path: Path, mlp_model: tuple[Path, dict
     path, inputs = mlp_model
     np.save(tmp_path / "x.npy", inputs["x"])
     proc = subprocess.run(
-        [str(host), "--model", str(path), "--ops", str(tmp_path / "libnope.so"),
-         "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            str(host),
+            "--model",
+            str(path),
+            "--ops",
+            str(tmp_path / "libnope.so"),
+            "--input",
+            f"x={tmp_path / 'x.npy'}",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     _assert_one_line_error(proc, "custom-op library not found", "libnope.so")
 
 
@@ -204,10 +224,21 @@ def test_not_a_library(host: Path, tmp_path: Path, mlp_model: tuple[Path, dict])
     (tmp_path / "libbad.so").write_text("not a library\n")
     np.save(tmp_path / "x.npy", inputs["x"])
     proc = subprocess.run(
-        [str(host), "--model", str(path), "--ops", str(tmp_path / "libbad.so"),
-         "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            str(host),
+            "--model",
+            str(path),
+            "--ops",
+            str(tmp_path / "libbad.so"),
+            "--input",
+            f"x={tmp_path / 'x.npy'}",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     _assert_one_line_error(proc, "cannot register the custom-op library")
 
 
@@ -236,10 +267,21 @@ def test_wrong_input_names(host: Path, tmp_path: Path, mlp_model: tuple[Path, di
     bad = tmp_path / "bad.npy"
     bad.write_bytes(b"hello")
     proc = subprocess.run(
-        [str(host), "--model", str(path), "--ops", runtime.library_path(),
-         "--input", f"x={bad}", "--output-dir", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            str(host),
+            "--model",
+            str(path),
+            "--ops",
+            runtime.library_path(),
+            "--input",
+            f"x={bad}",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     _assert_one_line_error(proc, "not a .npy file")
 
 

@@ -70,9 +70,11 @@ def _quantize_model(code: str) -> bytes:
 
     node = helper.make_node("QuantizeMX", ["x"], ["q"], domain="onnxq", dtype=code)
     graph = helper.make_graph(
-        [node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 32))],
+        [node],
+        "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 32))],
         [helper.make_tensor_value_info("q", TensorProto.UINT8, None)],
-    )  # fmt: skip
+    )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )
@@ -104,8 +106,14 @@ def test_onnxruntime_session(code: str, result: str, detail: str) -> None:
 # Codes that hung or blew up before the limits (C++ searched down from 2^2046 one code at a
 # time; Python built 2^9999999998). A subprocess with a timeout, so a regression fails instead
 # of stalling the suite; no timing is asserted.
-HOSTILE = ["e11m20b0", "e11m52b0_e8m0_t32", "e9999999999m2", "e" + "9" * 4000 + "m2_e8m0_t32",
-           "int8_e8m0_t" + "9" * 100000, "mxfp4" + " x" * 1_000_000]  # fmt: skip
+HOSTILE = [
+    "e11m20b0",
+    "e11m52b0_e8m0_t32",
+    "e9999999999m2",
+    "e" + "9" * 4000 + "m2_e8m0_t32",
+    "int8_e8m0_t" + "9" * 100000,
+    "mxfp4" + " x" * 1_000_000,
+]
 
 
 def test_hostile_codes_are_refused_promptly() -> None:
@@ -180,11 +188,12 @@ def _gemm(path: Path) -> None:
 
     weight = np.random.default_rng(0).standard_normal((8, 32)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], "g",
+        [helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 32))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4, 8))],
         [numpy_helper.from_array(weight, "w")],
-    )  # fmt: skip
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
@@ -209,14 +218,25 @@ def test_cli_inspect_refuses_a_hostile_dtype_attribute(tmp_path: Path, dtype: st
     from onnx import TensorProto, helper, numpy_helper
 
     node = helper.make_node(
-        "DequantizeMX", ["q", "s"], ["y"], domain="onnxq", dtype=dtype, axis=-1, shape=[32],
+        "DequantizeMX",
+        ["q", "s"],
+        ["y"],
+        domain="onnxq",
+        dtype=dtype,
+        axis=-1,
+        shape=[32],
         output_type=TensorProto.FLOAT,
-    )  # fmt: skip
+    )
     graph = helper.make_graph(
-        [node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, (32,))],
-        [numpy_helper.from_array(np.zeros(16, np.uint8), "q"),
-         numpy_helper.from_array(np.full(1, 127, np.uint8), "s")],
-    )  # fmt: skip
+        [node],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (32,))],
+        [
+            numpy_helper.from_array(np.zeros(16, np.uint8), "q"),
+            numpy_helper.from_array(np.full(1, 127, np.uint8), "s"),
+        ],
+    )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )
@@ -237,9 +257,11 @@ def test_string_attributes_keep_an_embedded_nul() -> None:
         "QuantizeMX", ["x"], ["q"], domain="onnxq", dtype="mxfp4", round_mode="even\x00stochastic"
     )
     graph = helper.make_graph(
-        [node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 32))],
+        [node],
+        "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 32))],
         [helper.make_tensor_value_info("q", TensorProto.UINT8, None)],
-    )  # fmt: skip
+    )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )

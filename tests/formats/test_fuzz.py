@@ -54,8 +54,11 @@ SUFFIX = st.sampled_from(["", "", "", "fn", "fnuz", "inuz", "ieee", "fnu"])
 SMALL = st.integers(0, 12).map(str) | st.sampled_from(["20", "23", "52", "1023", "1055", "99999"])
 FLOAT = st.builds(
     lambda e, m, b, sfx: f"e{e}m{m}{'' if b is None else 'b' + b}{sfx}",
-    SMALL, SMALL, st.none() | st.none() | SMALL, SUFFIX,
-)  # fmt: skip
+    SMALL,
+    SMALL,
+    st.none() | st.none() | SMALL,
+    SUFFIX,
+)
 NUMBER = st.one_of(
     FLOAT,
     st.builds(lambda u, n: f"{u}int{n}", st.sampled_from(["", "u"]), SMALL | st.just("32")),
@@ -103,10 +106,12 @@ def mutated(draw: st.DrawFn) -> str:
 
 CODEBOOK = st.builds(
     lambda ib, mb, desc, compute, rest: f"cb{ib}{mb}{desc}_{compute}_{rest}",
-    st.integers(0, 9), st.integers(0, 5),
+    st.integers(0, 9),
+    st.integers(0, 5),
     st.sampled_from(["", "f", "i", "fi", "f0e", "ie", "p1", "s335", "f01", "q"]),
-    NUMBER, st.sampled_from(["e8m0_t8s4", "e8m0_t32", "e8m0", "lab_e8m0_t16s2", "float32_t8"]),
-)  # fmt: skip
+    NUMBER,
+    st.sampled_from(["e8m0_t8s4", "e8m0_t32", "e8m0", "lab_e8m0_t16s2", "float32_t8"]),
+)
 
 
 def _python(code: str) -> dict[str, int] | str:

@@ -90,8 +90,9 @@ def test_minmax_scale_and_bits(fmt: str, tmp_path: Path) -> None:
     ref = np.asarray(onnxq.cast(x, fmt))
     np.testing.assert_array_equal(_run_x(one, x).view(np.uint32), ref.view(np.uint32))
     # A directory of .npz files gives the same model as the iterable.
-    from_dir = quantize_model(model, activations=fmt, calibration=_save_npz(tmp_path, samples),
-                              target="standard")  # fmt: skip
+    from_dir = quantize_model(
+        model, activations=fmt, calibration=_save_npz(tmp_path, samples), target="standard"
+    )
     assert _calibration(from_dir) == cal
     assert from_dir.graph == q.graph
 
@@ -99,8 +100,7 @@ def test_minmax_scale_and_bits(fmt: str, tmp_path: Path) -> None:
 def test_uint8_zero_point() -> None:
     model, _ = builders.mlp()
     samples = [{"x": s["x"] + np.float32(1.5)} for s in _samples()]  # asymmetric range
-    q = quantize_model(model, activations="uint8_tensor", calibration=samples,
-                       target="standard")  # fmt: skip
+    q = quantize_model(model, activations="uint8_tensor", calibration=samples, target="standard")
     rec = _calibration(q)["tensors"]["x"]
     xs = np.concatenate([s["x"] for s in samples])
     lo, hi = np.minimum(xs.min(), np.float32(0)), np.maximum(xs.max(), np.float32(0))
@@ -121,8 +121,9 @@ def test_percentile_is_below_minmax_with_outliers() -> None:
     samples[3]["x"][1, 7] = 60.0  # one outlier
     kw = {"activations": "int8_tensor", "calibration": samples, "target": "standard"}
     minmax = _calibration(quantize_model(model, **kw))["tensors"]["x"]
-    pct = _calibration(quantize_model(model, calibration_method="percentile", percentile=99.0,
-                                      **kw))  # fmt: skip
+    pct = _calibration(
+        quantize_model(model, calibration_method="percentile", percentile=99.0, **kw)
+    )
     assert pct["method"] == "percentile" and pct["percentile"] == 99.0
     rec = pct["tensors"]["x"]
     assert minmax["amax"] == 60.0 and rec["observed_amax"] == 60.0
@@ -148,8 +149,13 @@ def test_range_observer_percentile_is_bounded_and_close() -> None:
 
 def test_standard_target_runs_and_tracks_the_float_model() -> None:
     model, inputs = builders.mlp()
-    q = quantize_model(model, weights="mxint8", activations="int8_tensor", target="standard",
-                       calibration=_samples())  # fmt: skip
+    q = quantize_model(
+        model,
+        weights="mxint8",
+        activations="int8_tensor",
+        target="standard",
+        calibration=_samples(),
+    )
     assert not any(n.domain == "onnxq" for n in q.graph.node)
     assert sum(n.op_type == "QuantizeLinear" for n in q.graph.node) == 3  # x, h0, h1
     onnx.checker.check_model(q, full_check=True)
@@ -170,8 +176,7 @@ def test_external_data_model_and_zero_range(tmp_path: Path) -> None:
     onnx.save(model, src, save_as_external_data=True, location="m.data", size_threshold=0)
     out = tmp_path / "q.onnx"
     zeros = [{"x": np.zeros((4, 64), np.float32)}]
-    q = quantize_model(src, out, activations="int8_tensor", calibration=zeros,
-                       target="standard")  # fmt: skip
+    q = quantize_model(src, out, activations="int8_tensor", calibration=zeros, target="standard")
     rec = _calibration(q)["tensors"]
     assert rec["x"]["scale"] == 0.0 and rec["h0"]["amax"] > 0  # h0 = relu(b0) is not zero
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -192,8 +197,10 @@ def test_onnxq_target_uses_the_same_static_pair() -> None:
     # no standard-ONNX fallback: only when asked for) and standard refuses.
     with pytest.raises(NotImplementedError, match="--calibration DIR"):
         quantize_model(model, activations="fp8e4_tensor")
-    assert "QuantizeMX" in [n.op_type for n in quantize_model(
-        model, activations="fp8e4_tensor", custom_ops_only=True).graph.node]  # fmt: skip
+    assert "QuantizeMX" in [
+        n.op_type
+        for n in quantize_model(model, activations="fp8e4_tensor", custom_ops_only=True).graph.node
+    ]
     with pytest.raises(NotImplementedError, match="--calibration"):
         quantize_model(model, activations="fp8e4_tensor", target="standard")
 

@@ -22,8 +22,14 @@ from onnxq.graph import functions as fallback
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # 1/-0 in the evaluator
 
-_DQ_INPUTS = {"Q": "data", "Scale": "scale", "Zero": "zero", "TenScale": "tenscale",
-              "Meta": "meta", "Mask": "mask"}  # fmt: skip
+_DQ_INPUTS = {
+    "Q": "data",
+    "Scale": "scale",
+    "Zero": "zero",
+    "TenScale": "tenscale",
+    "Meta": "meta",
+    "Mask": "mask",
+}
 _CB_INPUTS = {"Q": "data", "Meta": "meta", "Scale": "scale"}
 _NP_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
 
@@ -72,9 +78,15 @@ def _decoder_model(q, op: str = "DequantizeMX", table: np.ndarray | None = None,
     while ins and not ins[-1]:
         ins.pop()
     node = helper.make_node(
-        op, ins, ["Y"], domain="onnxq", dtype=q.dtype.code, axis=q.axis, shape=list(q.shape),
+        op,
+        ins,
+        ["Y"],
+        domain="onnxq",
+        dtype=q.dtype.code,
+        axis=q.axis,
+        shape=list(q.shape),
         output_type=out,
-    )  # fmt: skip
+    )
     infos = [_tensor_info(k, v) for k, v in feeds.items()]
     y = helper.make_tensor_value_info("Y", out, list(q.shape))
     return _model([node], infos, [y]), feeds
@@ -227,16 +239,19 @@ _QUANT_CASES = [
 
 
 def _roundtrip_model(dtype: str, shape: tuple[int, ...], axis: int, attrs: dict):
-    probe = onnxq.cast(np.ones(shape, np.float32), dtype, mode="compress", axis=axis,
-                       backend="reference")  # fmt: skip
+    probe = onnxq.cast(
+        np.ones(shape, np.float32), dtype, mode="compress", axis=axis, backend="reference"
+    )
     has_meta = probe.meta is not None
     # All six outputs named (empty for absent): onnx's function shape inference needs them.
     outs = ["Q", "S", "", "", "M" if has_meta else "", ""]
-    quant = helper.make_node("QuantizeMX", ["X"], outs, domain="onnxq", dtype=dtype, axis=axis,
-                             **attrs)  # fmt: skip
+    quant = helper.make_node(
+        "QuantizeMX", ["X"], outs, domain="onnxq", dtype=dtype, axis=axis, **attrs
+    )
     ins = ["Q", "S", "", "", "M"] if has_meta else ["Q", "S"]
-    dequant = helper.make_node("DequantizeMX", ins, ["Y"], domain="onnxq", dtype=dtype,
-                               axis=axis, shape=list(shape))  # fmt: skip
+    dequant = helper.make_node(
+        "DequantizeMX", ins, ["Y"], domain="onnxq", dtype=dtype, axis=axis, shape=list(shape)
+    )
     outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, list(shape))]
     outputs += [_tensor_info("Q", probe.data), _tensor_info("S", probe.scale)]
     if has_meta:
@@ -260,8 +275,9 @@ def test_quantize_roundtrip(dtype: str, shape: tuple[int, ...], axis: int, attrs
 def test_quantize_float16_input() -> None:
     x = _data((3, 40), seed=11).astype(np.float16)
     q = onnxq.cast(x, "mxfp4", mode="compress", backend="reference")
-    node = helper.make_node("QuantizeMX", ["X"], ["Q", "S", "", "", "", ""], domain="onnxq",
-                            dtype="mxfp4")  # fmt: skip
+    node = helper.make_node(
+        "QuantizeMX", ["X"], ["Q", "S", "", "", "", ""], domain="onnxq", dtype="mxfp4"
+    )
     model = _model(
         [node],
         [helper.make_tensor_value_info("X", TensorProto.FLOAT16, [3, 40])],
@@ -304,8 +320,10 @@ def test_equal_nodes_share_one_function() -> None:
     ]  # fmt: skip
     infos = []
     for i in range(2):
-        infos += [helper.make_tensor_value_info(f"q{i}", TensorProto.UINT8, [32]),
-                  helper.make_tensor_value_info(f"s{i}", TensorProto.UINT8, [2, 1])]  # fmt: skip
+        infos += [
+            helper.make_tensor_value_info(f"q{i}", TensorProto.UINT8, [32]),
+            helper.make_tensor_value_info(f"s{i}", TensorProto.UINT8, [2, 1]),
+        ]
     outs = [helper.make_tensor_value_info(f"y{i}", 1, [2, 32]) for i in range(2)]
     model = _model(nodes, infos, outs)
     assert len(model.functions) == 1

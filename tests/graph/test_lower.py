@@ -28,8 +28,17 @@ from onnxq.graph.recipe import Recipe
 from tests.models import builders
 
 CODEBOOK = "cb41fi_e2m2fnuz_e8m0_t32"
-FORMATS = ["mxfp8e4", "mxint8", "mxfp4", "mxfp6e2", "mx6", "nvfp4", CODEBOOK,
-           "int4_e8m0_t32", "int8_float32_t0"]  # fmt: skip
+FORMATS = [
+    "mxfp8e4",
+    "mxint8",
+    "mxfp4",
+    "mxfp6e2",
+    "mx6",
+    "nvfp4",
+    CODEBOOK,
+    "int4_e8m0_t32",
+    "int8_float32_t0",
+]
 DEQUANTIZE_LINEAR = {"mxfp8e4", "mxint8", "int4_e8m0_t32", "int8_float32_t0"}
 # The reference evaluator runs the recurrent models' loops in Python: slow, skipped there.
 REFERENCE = ("mlp", "cnn", "if_constant", "embedding", "transformer")
@@ -69,8 +78,9 @@ def _expose(model: onnx.ModelProto, infos: dict[str, onnx.ValueInfoProto]) -> on
 
 def _run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     names = [o.name for o in model.graph.output]
-    session = ort.InferenceSession(model.SerializeToString(), _no_opt(),
-                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    session = ort.InferenceSession(
+        model.SerializeToString(), _no_opt(), providers=["CPUExecutionProvider"]
+    )
     return dict(zip(names, session.run(names, inputs), strict=True))
 
 
@@ -110,17 +120,33 @@ def test_standard_target_matches_onnxq_target_bit_for_bit(name: str, weights: st
     # And against the cast engine directly.
     for entry in plan(model, Recipe(weights=onnxq.datatype(weights))).weights:
         out = entry.tensor if entry.tensor in infos else f"{entry.tensor}__w"
-        expected = onnxq.cast(numpy_helper.to_array(entry.source.tensor), entry.dtype,
-                              axis=entry.axis)  # fmt: skip
+        expected = onnxq.cast(
+            numpy_helper.to_array(entry.source.tensor), entry.dtype, axis=entry.axis
+        )
         assert np.array_equal(_bits(got[out]), _bits(expected)), entry.tensor
 
 
 @pytest.mark.parametrize(
     "dtype",
-    ["mxfp8e4", "mxfp8e5", "mxint8", "bfp16", "int4_e8m0_t32", "mxfp4", "mxfp6e2", "mx9",
-     "mx4", "nvfp4", "e4m3fn_e8m0_t16_t16", "int8_e8m0_t16n2m4", "uint4_bfloat16_bfloat16_t0_t32",
-     "float16_e8m0_t32", "int12_e8m0_t32", "e4m3fn"],
-)  # fmt: skip
+    [
+        "mxfp8e4",
+        "mxfp8e5",
+        "mxint8",
+        "bfp16",
+        "int4_e8m0_t32",
+        "mxfp4",
+        "mxfp6e2",
+        "mx9",
+        "mx4",
+        "nvfp4",
+        "e4m3fn_e8m0_t16_t16",
+        "int8_e8m0_t16n2m4",
+        "uint4_bfloat16_bfloat16_t0_t32",
+        "float16_e8m0_t32",
+        "int12_e8m0_t32",
+        "e4m3fn",
+    ],
+)
 @pytest.mark.parametrize("output_type", [TensorProto.FLOAT, TensorProto.FLOAT16])
 def test_lower_weight_is_exact_for_tiny_and_tail_tiles(dtype: str, output_type: int) -> None:
     rng = np.random.default_rng(7)
@@ -198,8 +224,9 @@ def test_optimized_sessions_agree_when_dequantize_linear_is_folded(name: str) ->
     for m in (std, ref):
         options = ort.SessionOptions()
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-        session = ort.InferenceSession(m.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])  # fmt: skip
+        session = ort.InferenceSession(
+            m.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
         results.append(session.run(None, inputs))
     for a, b in zip(*results, strict=True):
         assert np.array_equal(_bits(a), _bits(b))

@@ -36,9 +36,13 @@ def _python(code: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str
     try:
         return subprocess.run(
             [sys.executable, "-c", code, *args],
-            capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=env,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"the process did not finish in {TIMEOUT} s (hung at exit?): {code!r}")
 

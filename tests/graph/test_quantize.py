@@ -32,8 +32,13 @@ runtime = pytest.importorskip("onnxq.runtime")
 
 CODEBOOK = "cb41fi_e2m2fnuz_e8m0_t32"
 # (weights, activations): every pair has function fallbacks for all its nodes.
-CASES = [("mxfp4", None), ("mxfp8e4", "mxfp8e4"), ("mx6", "mxfp4"), ("bfp16", "bfp16"),
-         (CODEBOOK, "mx6")]  # fmt: skip
+CASES = [
+    ("mxfp4", None),
+    ("mxfp8e4", "mxfp8e4"),
+    ("mx6", "mxfp4"),
+    ("bfp16", "bfp16"),
+    (CODEBOOK, "mx6"),
+]
 SMALL = ("mlp", "cnn", "if_constant", "embedding", "transformer")
 
 
@@ -59,10 +64,18 @@ def _no_opt() -> ort.SessionOptions:
 def _run_three(model: onnx.ModelProto, inputs: dict[str, np.ndarray], small: bool) -> list[dict]:
     exposed, _ = _expose(model)
     names = [o.name for o in exposed.graph.output]
-    results = [dict(zip(names, runtime.session(exposed, sess_options=_no_opt()).run(names, inputs),
-                        strict=True))]  # fmt: skip
-    plain = ort.InferenceSession(exposed.SerializeToString(), _no_opt(),
-                                 providers=["CPUExecutionProvider"])  # fmt: skip
+    results = [
+        dict(
+            zip(
+                names,
+                runtime.session(exposed, sess_options=_no_opt()).run(names, inputs),
+                strict=True,
+            )
+        )
+    ]
+    plain = ort.InferenceSession(
+        exposed.SerializeToString(), _no_opt(), providers=["CPUExecutionProvider"]
+    )
     results.append(dict(zip(names, plain.run(names, inputs), strict=True)))
     if small:
         with np.errstate(all="ignore"):
@@ -152,13 +165,19 @@ def test_weights_in_subgraphs_constants_transposes_and_shared_ones_are_found() -
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("mlp", {"w0": 0, "w1": 0, "head_w": 1}), ("cnn", {"conv0_w": 1, "conv1_w": 1, "deconv_w": 0}),
-     ("lstm", {"W": 2, "R": 2}), ("gru", {"W": 2, "R": 2}), ("embedding", {"table": 1, "proj": 0})],
-)  # fmt: skip
+    [
+        ("mlp", {"w0": 0, "w1": 0, "head_w": 1}),
+        ("cnn", {"conv0_w": 1, "conv1_w": 1, "deconv_w": 0}),
+        ("lstm", {"W": 2, "R": 2}),
+        ("gru", {"W": 2, "R": 2}),
+        ("embedding", {"table": 1, "proj": 0}),
+    ],
+)
 def test_weight_tiles_run_along_the_reduction_axis(name: str, expected: dict[str, int]) -> None:
     model, _ = builders.BUILDERS[name]()
-    the_plan = plan(model, Recipe(weights=onnxq.datatype("mxfp4"),
-                                  activations=onnxq.datatype("mxfp8")))  # fmt: skip
+    the_plan = plan(
+        model, Recipe(weights=onnxq.datatype("mxfp4"), activations=onnxq.datatype("mxfp8"))
+    )
     assert {w.tensor: w.axis for w in the_plan.weights} == expected
     acts = {a.tensor: a.axis for a in the_plan.activations}
     if name == "cnn":
@@ -256,15 +275,22 @@ def test_recipe_overrides_excludes_and_yaml(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("recipe", "message"),
-    [({"weigths": "mxfp4"}, "unknown key 'weigths'"),
-     ({"weights": "mxfp5"}, "recipe.weights: unknown format 'mxfp5'"),
-     ({"weights": "mxfp4", "exclude": ["nope*"]}, "pattern 'nope\\*' matches no node"),
-     ({"weights": "mxfp4", "node_overrides": {"layer9/matmul": {"weights": "mx6"}}},
-      "node 'layer9/matmul' does not exist"),
-     ({"weights": "mxfp4", "add_op_types": ["Softmax"]}, "op type 'Softmax' is not supported"),
-     ({"weights": "mxfp4", "node_overrides": {"head": {"round": "even"}}}, "unknown key 'round'"),
-     ({"round_mode": "up"}, "recipe.round_mode: unknown round_mode 'up'")],
-)  # fmt: skip
+    [
+        ({"weigths": "mxfp4"}, "unknown key 'weigths'"),
+        ({"weights": "mxfp5"}, "recipe.weights: unknown format 'mxfp5'"),
+        ({"weights": "mxfp4", "exclude": ["nope*"]}, "pattern 'nope\\*' matches no node"),
+        (
+            {"weights": "mxfp4", "node_overrides": {"layer9/matmul": {"weights": "mx6"}}},
+            "node 'layer9/matmul' does not exist",
+        ),
+        ({"weights": "mxfp4", "add_op_types": ["Softmax"]}, "op type 'Softmax' is not supported"),
+        (
+            {"weights": "mxfp4", "node_overrides": {"head": {"round": "even"}}},
+            "unknown key 'round'",
+        ),
+        ({"round_mode": "up"}, "recipe.round_mode: unknown round_mode 'up'"),
+    ],
+)
 def test_bad_recipes_raise_naming_the_key(recipe: dict, message: str) -> None:
     model, _ = builders.mlp()
     with pytest.raises(ValueError, match=message):

@@ -29,9 +29,14 @@ def _save_external(model: onnx.ModelProto, path: Path) -> None:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # onnx.save_model converts the model it is given
     onnx.save_model(
-        copy, path, save_as_external_data=True, all_tensors_to_one_file=True,
-        location=f"{path.name}.data", size_threshold=0, convert_attribute=True,
-    )  # fmt: skip
+        copy,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data",
+        size_threshold=0,
+        convert_attribute=True,
+    )
 
 
 def _load(path: Path) -> onnx.ModelProto:
@@ -99,8 +104,10 @@ def test_external_input_round_trips_lazily(
     assert _external_count(returned) > 0
     assert all(
         e.value == "q.onnx.data"
-        for t in all_tensors(returned) for e in t.external_data if e.key == "location"
-    )  # fmt: skip
+        for t in all_tensors(returned)
+        for e in t.external_data
+        if e.key == "location"
+    )
     written = _load(out)  # external data loaded from beside the output
     assert _external_count(onnx.load(str(out), load_external_data=False)) > 0
     got, want = _tensors(written), _tensors(expected)
@@ -145,8 +152,12 @@ def test_overwrite_in_place_keeps_a_valid_model(tmp_path: Path, lazy: list[int])
     # and the replaced model's m.onnx.data is removed after the commit.
     files = sorted(f.name for f in tmp_path.iterdir())
     assert len(files) == 2 and files[0] == "m.onnx" and files[1].startswith("m.onnx."), files
-    assert {e.value for t in onnx.load(path, load_external_data=False).graph.initializer
-            for e in t.external_data if e.key == "location"} == {files[1]}  # fmt: skip
+    assert {
+        e.value
+        for t in onnx.load(path, load_external_data=False).graph.initializer
+        for e in t.external_data
+        if e.key == "location"
+    } == {files[1]}
     onnx.checker.check_model(str(path), full_check=True)
     want = _tensors(quantize_model(model, weights="mxfp4"))
     got = _tensors(_load(path))

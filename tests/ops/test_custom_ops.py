@@ -49,9 +49,15 @@ def _model(
         "QuantizeMX", ["x"], names, domain="onnxq", dtype=dt, axis=axis, **qattrs
     )
     deq = helper.make_node(
-        "DequantizeMX", names, ["y"], domain="onnxq", dtype=dt, axis=axis, shape=list(shape),
+        "DequantizeMX",
+        names,
+        ["y"],
+        domain="onnxq",
+        dtype=dt,
+        axis=axis,
+        shape=list(shape),
         output_type=xtype,
-    )  # fmt: skip
+    )
     outputs = [helper.make_tensor_value_info("y", xtype, shape)] + [
         helper.make_tensor_value_info(n, elem, None)
         for n, (elem, _) in zip(names, types, strict=False)
@@ -124,8 +130,13 @@ def _check(dt: str, x: np.ndarray, axis: int, **qattrs: Any) -> None:
         assert np.array_equal(_bits(y), _bits(want)), dt
     c = onnxq.cast(x, dt, axis=axis, mode="compress", **qattrs)
     assert np.array_equal(got["q"], c.data), dt
-    for name, field in (("scale", c.scale), ("zero", c.zero), ("tenscale", c.tenscale),
-                        ("meta", c.meta), ("mask", c.mask)):  # fmt: skip
+    for name, field in (
+        ("scale", c.scale),
+        ("zero", c.zero),
+        ("tenscale", c.tenscale),
+        ("meta", c.meta),
+        ("mask", c.mask),
+    ):
         if field is None:
             assert name not in got, (dt, name)
         else:
@@ -239,8 +250,10 @@ def test_threads_match_serial() -> None:
             parallel = list(pool.map(lambda x: sess.run(names, {"x": x}), xs))
             for a, b in zip(serial, parallel, strict=True):
                 for u, v in zip(a, b, strict=True):
-                    assert np.array_equal(_bits(u) if u.dtype.kind == "f" else u,
-                                          _bits(v) if v.dtype.kind == "f" else v)  # fmt: skip
+                    assert np.array_equal(
+                        _bits(u) if u.dtype.kind == "f" else u,
+                        _bits(v) if v.dtype.kind == "f" else v,
+                    )
 
 
 # -- errors: onnxruntime errors whose message starts with [OpName], never a crash ------------
@@ -260,15 +273,20 @@ def _session_error(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None =
     raise AssertionError("no error")
 
 
-def _declared(dt: str, shape: tuple[int, ...], xtype: int = TensorProto.FLOAT, **attrs: Any
-              ) -> onnx.ModelProto:  # fmt: skip
+def _declared(
+    dt: str, shape: tuple[int, ...], xtype: int = TensorProto.FLOAT, **attrs: Any
+) -> onnx.ModelProto:
     """A QuantizeMX-only model whose outputs are all declared uint8 (so the kernel runs)."""
     node = helper.make_node("QuantizeMX", ["x"], ["q", "s"], domain="onnxq", dtype=dt, **attrs)
     graph = helper.make_graph(
-        [node], "q", [helper.make_tensor_value_info("x", xtype, shape)],
-        [helper.make_tensor_value_info("q", TensorProto.UINT8, None),
-         helper.make_tensor_value_info("s", TensorProto.UINT8, None)],
-    )  # fmt: skip
+        [node],
+        "q",
+        [helper.make_tensor_value_info("x", xtype, shape)],
+        [
+            helper.make_tensor_value_info("q", TensorProto.UINT8, None),
+            helper.make_tensor_value_info("s", TensorProto.UINT8, None),
+        ],
+    )
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )
@@ -303,17 +321,21 @@ def test_uint8_input() -> None:
     assert "[QuantizeMX] input X must be float, float16 or bfloat16, got uint8" in msg, msg
 
 
-def _dequant_model(dt: str, shape: list[int], scale_type: int = TensorProto.UINT8,
-                   **attrs: Any) -> onnx.ModelProto:  # fmt: skip
+def _dequant_model(
+    dt: str, shape: list[int], scale_type: int = TensorProto.UINT8, **attrs: Any
+) -> onnx.ModelProto:
     node = helper.make_node(
         "DequantizeMX", ["q", "s"], ["y"], domain="onnxq", dtype=dt, shape=shape, **attrs
     )
     graph = helper.make_graph(
-        [node], "d",
-        [helper.make_tensor_value_info("q", TensorProto.UINT8, None),
-         helper.make_tensor_value_info("s", scale_type, None)],
+        [node],
+        "d",
+        [
+            helper.make_tensor_value_info("q", TensorProto.UINT8, None),
+            helper.make_tensor_value_info("s", scale_type, None),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-    )  # fmt: skip
+    )
     return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )

@@ -37,13 +37,35 @@ DECODE_DTYPES = [
     ("CodebookLookup", "cb41fi_e2m2fnuz_e8m0_t8s4"),
     ("CodebookLookup", "cb41_e2m2fnuz_e8m0_t8s4"),  # generic: needs the Table input
 ]
-QUANT_DTYPES = ["mxfp4", "mx6", "nvfp4", "uint4_block32", "e2m1fnuz_e8m0_t32n2m4",
-                "int8_e8m0_t8_t4", "e4m3fn", "cb41fi_e2m2fnuz_e8m0_t8s4"]  # fmt: skip
-ELEM_TYPES = [np.uint8, np.uint16, np.uint32, np.int8, np.int32, np.int64, np.float32,
-              np.float16, np.float64]  # fmt: skip
+QUANT_DTYPES = [
+    "mxfp4",
+    "mx6",
+    "nvfp4",
+    "uint4_block32",
+    "e2m1fnuz_e8m0_t32n2m4",
+    "int8_e8m0_t8_t4",
+    "e4m3fn",
+    "cb41fi_e2m2fnuz_e8m0_t8s4",
+]
+ELEM_TYPES = [
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.int8,
+    np.int32,
+    np.int64,
+    np.float32,
+    np.float16,
+    np.float64,
+]
 HUGE = [2**31, 2**32, 2**40, 2**62, 2**63 - 1]
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def _dims(draw: Any, max_rank: int = 3) -> list[int]:
@@ -66,8 +88,14 @@ def _valid(op: str, dt: str, shape: tuple[int, ...], axis: int) -> dict[str, np.
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     real = "cb41fi_e2m2fnuz_e8m0_t8s4" if dt == "cb41_e2m2fnuz_e8m0_t8s4" else dt
     q = onnxq.cast(x, real, axis=axis, mode="compress", backend="reference")
-    fields = {"Q": q.data, "Scale": q.scale, "Zero": q.zero, "TenScale": q.tenscale,
-              "Meta": q.meta, "Mask": q.mask}  # fmt: skip
+    fields = {
+        "Q": q.data,
+        "Scale": q.scale,
+        "Zero": q.zero,
+        "TenScale": q.tenscale,
+        "Meta": q.meta,
+        "Mask": q.mask,
+    }
     feeds = {k: np.ascontiguousarray(v) for k, v in fields.items() if v is not None}
     if dt != real:
         feeds["Table"] = np.linspace(-6, 6, 32, dtype=np.float32).reshape(2, 16)
@@ -90,8 +118,11 @@ def test_fuzz_decode_ops(data: st.DataObject) -> None:
     feeds: dict[str, np.ndarray | None] = dict(_valid(op, dt, shape, -1))
     attrs: dict[str, Any] = {"dtype": dt, "shape": list(shape)}
     for _ in range(data.draw(st.integers(1, 3))):
-        what = data.draw(st.sampled_from(["drop", "random", "reshape", "cut", "add",
-                                          "shape", "axis", "output_type"]))  # fmt: skip
+        what = data.draw(
+            st.sampled_from(
+                ["drop", "random", "reshape", "cut", "add", "shape", "axis", "output_type"]
+            )
+        )
         slot = data.draw(st.sampled_from(SLOTS[op]))
         if what == "drop":
             feeds[slot] = None
@@ -122,14 +153,18 @@ def test_fuzz_quantize(data: st.DataObject) -> None:
         x = _random_array(data.draw)
     else:  # floats of a random shape, NaN payloads and huge values included
         shape = tuple(data.draw(st.lists(st.integers(0, 40), min_size=0, max_size=3)))
-        bits = data.draw(st.sampled_from([0x7FC00000, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001,
-                                          0x7F7FFFFF, 0x00000001, 0x3F800000]))  # fmt: skip
+        bits = data.draw(
+            st.sampled_from(
+                [0x7FC00000, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0x7F7FFFFF, 0x00000001, 0x3F800000]
+            )
+        )
         x = np.full(shape, bits, np.uint32).view(np.float32)
     attrs: dict[str, Any] = {"dtype": dt}
     if data.draw(st.booleans()):
         attrs["axis"] = data.draw(st.one_of(st.integers(-4, 3), st.sampled_from(HUGE)))
     names = ["Q", "Scale", "Zero", "TenScale", "Meta", "Mask"][: data.draw(st.integers(1, 6))]
     kinds = [TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.FLOAT]
-    outputs = [(n, data.draw(st.sampled_from(kinds)) if n != "Q" else TensorProto.UINT8)
-               for n in names]  # fmt: skip
+    outputs = [
+        (n, data.draw(st.sampled_from(kinds)) if n != "Q" else TensorProto.UINT8) for n in names
+    ]
     _check("QuantizeMX", run_op("QuantizeMX", {"X": x}, attrs, outputs), None)

@@ -54,16 +54,25 @@ def session_options() -> Any:
     return options
 
 
-def op_model(op: str, feeds: dict[str, np.ndarray | None], attrs: dict[str, Any],
-             outputs: list[tuple[str, int]]) -> onnx.ModelProto:  # fmt: skip
+def op_model(
+    op: str,
+    feeds: dict[str, np.ndarray | None],
+    attrs: dict[str, Any],
+    outputs: list[tuple[str, int]],
+) -> onnx.ModelProto:
     """One node of `op`; feeds by input name (None or missing: left out), shapes dynamic."""
     slots = SLOTS.get(op, ("X",))
     names = [name if feeds.get(name) is not None else "" for name in slots]
     while names and not names[-1]:
         names.pop()
     empty = [k for k, v in attrs.items() if isinstance(v, list) and not v]
-    node = helper.make_node(op, names, [n for n, _ in outputs], domain="onnxq",
-                            **{k: v for k, v in attrs.items() if k not in empty})  # fmt: skip
+    node = helper.make_node(
+        op,
+        names,
+        [n for n, _ in outputs],
+        domain="onnxq",
+        **{k: v for k, v in attrs.items() if k not in empty},
+    )
     for k in empty:  # helper.make_node cannot type an empty list
         node.attribute.append(onnx.AttributeProto(name=k, type=onnx.AttributeProto.INTS))
     inputs = [
@@ -79,8 +88,12 @@ def op_model(op: str, feeds: dict[str, np.ndarray | None], attrs: dict[str, Any]
     )
 
 
-def run_op(op: str, feeds: dict[str, np.ndarray | None], attrs: dict[str, Any],
-           outputs: list[tuple[str, int]]) -> list[np.ndarray] | str:  # fmt: skip
+def run_op(
+    op: str,
+    feeds: dict[str, np.ndarray | None],
+    attrs: dict[str, Any],
+    outputs: list[tuple[str, int]],
+) -> list[np.ndarray] | str:
     """The outputs, or the error message (onnxruntime raises its own exception types)."""
     model = op_model(op, feeds, attrs, outputs)
     try:
@@ -116,13 +129,20 @@ def encoded(dt: str, shape: tuple[int, ...] = SHAPE, axis: int = -1) -> dict[str
     """The inputs QuantizeMX makes for a seeded tensor (onnxq.cast compress mode)."""
     x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
     q = onnxq.cast(x, dt, axis=axis, mode="compress", backend="reference")
-    fields = {"Q": q.data, "Scale": q.scale, "Zero": q.zero, "TenScale": q.tenscale,
-              "Meta": q.meta, "Mask": q.mask}  # fmt: skip
+    fields = {
+        "Q": q.data,
+        "Scale": q.scale,
+        "Zero": q.zero,
+        "TenScale": q.tenscale,
+        "Meta": q.meta,
+        "Mask": q.mask,
+    }
     return {k: np.ascontiguousarray(v) for k, v in fields.items() if v is not None}
 
 
-def dequant(dt: str, feeds: dict[str, np.ndarray | None], op: str = "DequantizeMX",
-            **attrs: Any) -> list[np.ndarray] | str:  # fmt: skip
+def dequant(
+    dt: str, feeds: dict[str, np.ndarray | None], op: str = "DequantizeMX", **attrs: Any
+) -> list[np.ndarray] | str:
     attrs = {"dtype": dt, "shape": list(SHAPE), **attrs}
     return run_op(op, feeds, attrs, [("Y", TensorProto.FLOAT)])
 
@@ -267,9 +287,13 @@ DEQUANT_CASES: list[
     [c[1:] for c in DEQUANT_CASES],
     ids=[c[0] for c in DEQUANT_CASES],
 )
-def test_hostile_decode_inputs(op: str, dt: str, make: Callable[[], dict[str, Any]],
-                               attrs: dict[str, Any], needle: str | tuple[str, ...]
-                               ) -> None:  # fmt: skip
+def test_hostile_decode_inputs(
+    op: str,
+    dt: str,
+    make: Callable[[], dict[str, Any]],
+    attrs: dict[str, Any],
+    needle: str | tuple[str, ...],
+) -> None:
     message = op_error(op, dequant(dt, make(), op, **attrs), ort_may_refuse=True)
     needles = needle if isinstance(needle, tuple) else (needle,)
     assert any(n in message for n in (*needles, ORT_TYPE_ERROR)), message
@@ -293,8 +317,9 @@ def test_missing_attributes() -> None:
 # -- QuantizeMX ------------------------------------------------------------------------------
 
 
-def quant(x: np.ndarray, dt: str, outputs: list[tuple[str, int]] | None = None,
-          **attrs: Any) -> list[np.ndarray] | str:  # fmt: skip
+def quant(
+    x: np.ndarray, dt: str, outputs: list[tuple[str, int]] | None = None, **attrs: Any
+) -> list[np.ndarray] | str:
     outs = outputs or [("Q", TensorProto.UINT8), ("Scale", TensorProto.UINT8)]
     return run_op("QuantizeMX", {"X": x}, {"dtype": dt, **attrs}, outs)
 
@@ -320,8 +345,9 @@ QUANT_CASES: list[tuple[str, np.ndarray, str, dict[str, Any], str]] = [
 @pytest.mark.parametrize(
     ("x", "dt", "attrs", "needle"), [c[1:] for c in QUANT_CASES], ids=[c[0] for c in QUANT_CASES]
 )
-def test_hostile_quantize_inputs(x: np.ndarray, dt: str, attrs: dict[str, Any],
-                                 needle: str) -> None:  # fmt: skip
+def test_hostile_quantize_inputs(
+    x: np.ndarray, dt: str, attrs: dict[str, Any], needle: str
+) -> None:
     message = op_error("QuantizeMX", quant(x, dt, **attrs), ort_may_refuse=True)
     needles = needle if isinstance(needle, tuple) else (needle,)
     assert any(n in message for n in (*needles, ORT_TYPE_ERROR)), message
@@ -350,8 +376,21 @@ def test_quantize_every_output_of_a_sparse_type() -> None:
 NAN_BITS = [0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FC00001, 0x7FFFFFFF, 0xFFFFFFFF, 0xFFC12345]
 
 
-@pytest.mark.parametrize("dt", ["mxfp4", "mxfp6", "mxfp8", "mxint8", "mx6", "mx9", "nvfp4",
-                                "bfp16", "cb41fi_e2m2fnuz_e8m0_t8s4", "e4m3fn"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dt",
+    [
+        "mxfp4",
+        "mxfp6",
+        "mxfp8",
+        "mxint8",
+        "mx6",
+        "mx9",
+        "nvfp4",
+        "bfp16",
+        "cb41fi_e2m2fnuz_e8m0_t8s4",
+        "e4m3fn",
+    ],
+)
 @pytest.mark.parametrize("policy", ["element", "block"])
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 def test_nan_payloads_match_reference(dt: str, policy: str) -> None:
@@ -366,8 +405,9 @@ def test_nan_payloads_match_reference(dt: str, policy: str) -> None:
     native = onnxq.cast(x, dt, backend="native", nan_policy=policy)
     want = onnxq.cast(x, dt, backend="reference", nan_policy=policy)
     assert np.array_equal(np.asarray(native).view(np.uint32), np.asarray(want).view(np.uint32))
-    got = run_op("QuantizeMX", {"X": x}, {"dtype": dt, "nan_policy": policy},
-                 [("Q", TensorProto.UINT8)])  # fmt: skip
+    got = run_op(
+        "QuantizeMX", {"X": x}, {"dtype": dt, "nan_policy": policy}, [("Q", TensorProto.UINT8)]
+    )
     assert not isinstance(got, str), got
     ref = onnxq.cast(x, dt, mode="compress", backend="reference", nan_policy=policy)
     assert np.array_equal(got[0], ref.data)

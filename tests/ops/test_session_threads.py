@@ -46,16 +46,26 @@ def _model() -> tuple[onnx.ModelProto, list[str]]:
             names.pop()
         nodes.append(helper.make_node("QuantizeMX", [f"x{i}"], names, domain="onnxq", dtype=dt))
         if onnxq.datatype(dt).code.startswith("cb"):
-            deq = helper.make_node("CodebookLookup", [names[0], names[4], names[1]], [f"y{i}"],
-                                   domain="onnxq", dtype=dt, shape=list(SHAPE))  # fmt: skip
+            deq = helper.make_node(
+                "CodebookLookup",
+                [names[0], names[4], names[1]],
+                [f"y{i}"],
+                domain="onnxq",
+                dtype=dt,
+                shape=list(SHAPE),
+            )
         else:
-            deq = helper.make_node("DequantizeMX", names, [f"y{i}"], domain="onnxq", dtype=dt,
-                                   shape=list(SHAPE))  # fmt: skip
+            deq = helper.make_node(
+                "DequantizeMX", names, [f"y{i}"], domain="onnxq", dtype=dt, shape=list(SHAPE)
+            )
         nodes.append(deq)
         inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, SHAPE))
         outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, SHAPE))
-        outputs += [helper.make_tensor_value_info(n, elem, None)
-                    for n, (elem, _) in zip(names, types, strict=False) if n]  # fmt: skip
+        outputs += [
+            helper.make_tensor_value_info(n, elem, None)
+            for n, (elem, _) in zip(names, types, strict=False)
+            if n
+        ]
     graph = helper.make_graph(nodes, "threads", inputs, outputs)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]

@@ -141,8 +141,11 @@ def _run_child(dtypes: list[str], use_ort: bool, levels: list[str]) -> list[str]
     try:
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, json.dumps([dtypes, LENGTHS, use_ort, levels])],
-            capture_output=True, text=True, timeout=LIMIT_S, env=env,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"the casts of {dtypes} ({levels}) did not finish in {LIMIT_S} s")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -85,9 +85,14 @@ def _lookup_session(name: str, shape: tuple[int, ...]):
         helper.make_tensor_value_info(n, TensorProto.UINT8, None) for n in ("q", "meta", "scale")
     ]
     node = helper.make_node(
-        "CodebookLookup", ["q", "meta", "scale"], ["y"], domain="onnxq", dtype=name, axis=-1,
+        "CodebookLookup",
+        ["q", "meta", "scale"],
+        ["y"],
+        domain="onnxq",
+        dtype=name,
+        axis=-1,
         shape=list(shape),
-    )  # fmt: skip
+    )
     return _one_node_session(
         node, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)]
     )

@@ -91,9 +91,15 @@ def _session(q: onnxq.QTensor):
     while not names[-1]:
         names.pop()
     node = helper.make_node(
-        "DequantizeMX", names, ["y"], domain="onnxq", dtype=q.dtype.name, axis=q.axis,
-        shape=list(q.shape), output_type=TensorProto.FLOAT,
-    )  # fmt: skip
+        "DequantizeMX",
+        names,
+        ["y"],
+        domain="onnxq",
+        dtype=q.dtype.name,
+        axis=q.axis,
+        shape=list(q.shape),
+        output_type=TensorProto.FLOAT,
+    )
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(q.shape))
     graph = helper.make_graph([node], "dq", inputs, [y])
     model = helper.make_model(

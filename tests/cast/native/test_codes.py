@@ -117,10 +117,14 @@ def _session_outputs(name: str, x: np.ndarray, **attrs) -> dict[str, np.ndarray]
     names = [n if elem else "" for n, (elem, _) in zip(q_out, types, strict=True)]
     while names and not names[-1]:
         names.pop()
-    node = helper.make_node("QuantizeMX", ["x"], names, domain="onnxq", dtype=name, axis=-1,
-                            **attrs)  # fmt: skip
-    outs = [helper.make_tensor_value_info(n, elem, None)
-            for n, (elem, _) in zip(names, types, strict=False) if n]  # fmt: skip
+    node = helper.make_node(
+        "QuantizeMX", ["x"], names, domain="onnxq", dtype=name, axis=-1, **attrs
+    )
+    outs = [
+        helper.make_tensor_value_info(n, elem, None)
+        for n, (elem, _) in zip(names, types, strict=False)
+        if n
+    ]
     graph = helper.make_graph(
         [node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)], outs
     )

@@ -23,10 +23,32 @@ import onnxq
 from onnxq import runtime
 from onnxq.cast import native
 
-FAST = ["mxfp4", "mxfp4e2", "mxfp6", "mxfp6e3", "mxfp8e4", "mxfp8e5", "mxint8", "mxint4",
-        "mx9", "mx6", "mx4", "bfp16", "bfp8", "nvfp4"]  # fmt: skip
-SHAPES = [((3, 70), -1), ((3, 70), 0), ((37, 5), 0), ((2, 33, 3), 1), ((2, 33, 3), 0),
-          ((2, 3, 33), 2), ((1, 1), 0), ((4, 64), -1)]  # fmt: skip
+FAST = [
+    "mxfp4",
+    "mxfp4e2",
+    "mxfp6",
+    "mxfp6e3",
+    "mxfp8e4",
+    "mxfp8e5",
+    "mxint8",
+    "mxint4",
+    "mx9",
+    "mx6",
+    "mx4",
+    "bfp16",
+    "bfp8",
+    "nvfp4",
+]
+SHAPES = [
+    ((3, 70), -1),
+    ((3, 70), 0),
+    ((37, 5), 0),
+    ((2, 33, 3), 1),
+    ((2, 33, 3), 0),
+    ((2, 3, 33), 2),
+    ((1, 1), 0),
+    ((4, 64), -1),
+]
 OUT = {
     np.dtype(np.float32): TensorProto.FLOAT,
     np.dtype(np.float16): TensorProto.FLOAT16,
@@ -69,8 +91,13 @@ def _session_dequant(q: onnxq.QTensor, out: np.dtype) -> np.ndarray:
     import onnxruntime as ort
 
     names, feeds, inputs = [], {}, []
-    for name, v in (("q", q.data), ("scale", q.scale), ("zero", q.zero),
-                    ("tenscale", q.tenscale), ("meta", q.meta)):  # fmt: skip
+    for name, v in (
+        ("q", q.data),
+        ("scale", q.scale),
+        ("zero", q.zero),
+        ("tenscale", q.tenscale),
+        ("meta", q.meta),
+    ):
         if v is None:
             names.append("")
             continue
@@ -80,9 +107,15 @@ def _session_dequant(q: onnxq.QTensor, out: np.dtype) -> np.ndarray:
     while names and not names[-1]:
         names.pop()
     node = helper.make_node(
-        "DequantizeMX", names, ["y"], domain="onnxq", dtype=q.dtype.name, axis=q.axis,
-        shape=list(q.shape), output_type=OUT[out],
-    )  # fmt: skip
+        "DequantizeMX",
+        names,
+        ["y"],
+        domain="onnxq",
+        dtype=q.dtype.name,
+        axis=q.axis,
+        shape=list(q.shape),
+        output_type=OUT[out],
+    )
     graph = helper.make_graph(
         [node], "dq", inputs, [helper.make_tensor_value_info("y", OUT[out], list(q.shape))]
     )
@@ -111,8 +144,9 @@ def _want(q: onnxq.QTensor, out: Any) -> np.ndarray:
 @pytest.mark.parametrize("out", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize(("shape", "axis"), SHAPES)
 @pytest.mark.parametrize("dt", FAST)
-def test_session_matches_reference(dt: str, shape: tuple[int, ...], axis: int, out: Any,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_session_matches_reference(
+    dt: str, shape: tuple[int, ...], axis: int, out: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     q = _random_q(dt, shape, axis, hash((dt, shape, axis)) % 1000)
     want = _bits(_want(q, out))
     got = _bits(_session_dequant(q, np.dtype(out)))
@@ -154,8 +188,9 @@ def test_all_nan_and_extreme_scales() -> None:
 @pytest.mark.parametrize("out", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize(("shape", "axis"), SHAPES)
 @pytest.mark.parametrize("dt", FAST)
-def test_capi_matches_reference(dt: str, shape: tuple[int, ...], axis: int, out: Any,
-                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_capi_matches_reference(
+    dt: str, shape: tuple[int, ...], axis: int, out: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """onnxq_dequantize (unpacked codes, one byte each) takes the same fast path."""
     from onnxq.cast.api import _expand
 
@@ -192,20 +227,45 @@ def test_pack_unpack_bits_capi(bits: int, count: int) -> None:
     out = np.full(max(nbytes, 1), 0xAB, np.uint8)
     err = ctypes.create_string_buffer(256)
     p = ctypes.c_void_p
-    lib.onnxq_pack_bits.argtypes = [p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32, p, p,
-                                    ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p,
-                                    ctypes.c_size_t]  # fmt: skip
-    lib.onnxq_unpack_bits.argtypes = [p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int64, p, p,
-                                      ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]  # fmt: skip
+    lib.onnxq_pack_bits.argtypes = [
+        p,
+        ctypes.c_int32,
+        ctypes.c_int64,
+        ctypes.c_int32,
+        p,
+        p,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
+    lib.onnxq_unpack_bits.argtypes = [
+        p,
+        ctypes.c_int64,
+        ctypes.c_int32,
+        ctypes.c_int64,
+        p,
+        p,
+        ctypes.c_int32,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
     k = ctypes.c_int64(0)
-    assert lib.onnxq_pack_bits(codes.ctypes.data, width, count, bits, None, out.ctypes.data,
-                               ctypes.byref(k), err, 256) == 0  # fmt: skip
+    assert (
+        lib.onnxq_pack_bits(
+            codes.ctypes.data, width, count, bits, None, out.ctypes.data, ctypes.byref(k), err, 256
+        )
+        == 0
+    )
     assert k.value == count
     if bits <= 32:
         assert np.array_equal(out[:nbytes], packing.pack_bits(codes, bits))
     back = np.zeros(count, dtype)
-    assert lib.onnxq_unpack_bits(out.ctypes.data, nbytes, bits, count, None, back.ctypes.data,
-                                 width, err, 256) == 0  # fmt: skip
+    assert (
+        lib.onnxq_unpack_bits(
+            out.ctypes.data, nbytes, bits, count, None, back.ctypes.data, width, err, 256
+        )
+        == 0
+    )
     assert np.array_equal(back, codes)
 
 
@@ -228,8 +288,9 @@ def _all_scales(q: onnxq.QTensor, seed: int) -> onnxq.QTensor:
 
 @pytest.mark.parametrize("simd", ["avx512", "avx2", "base"])
 @pytest.mark.parametrize("dt", VEC)
-def test_vector_kernels_match_reference(dt: str, simd: str,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_vector_kernels_match_reference(
+    dt: str, simd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every instruction set, streaming stores on and off, session (packed codes) and C ABI
     (one byte a code), bit for bit with the reference, all scale codes."""
     from onnxq.cast.api import _expand
@@ -306,9 +367,15 @@ def _dq_nodes(q: onnxq.QTensor) -> list[tuple[Any, dict[str, np.ndarray]]]:
     for k in names:
         ordered[slots[k]] = k
     node = helper.make_node(
-        "DequantizeMX", ordered, ["y"], domain="onnxq", dtype=q.dtype.name, axis=q.axis,
-        shape=list(q.shape), output_type=TensorProto.FLOAT,
-    )  # fmt: skip
+        "DequantizeMX",
+        ordered,
+        ["y"],
+        domain="onnxq",
+        dtype=q.dtype.name,
+        axis=q.axis,
+        shape=list(q.shape),
+        output_type=TensorProto.FLOAT,
+    )
     graph = helper.make_graph(
         [node], "dq", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(q.shape))]
     )

@@ -73,9 +73,15 @@ def test_fast_scale_modes_and_full_int_range(
         for full in (False, True):
             for rm in (RoundMode.EVEN, RoundMode.AWAY, RoundMode.ZERO):
                 _check(
-                    x, name, simd, monkeypatch, axis=-1, scale_mode=sm, round_mode=rm,
+                    x,
+                    name,
+                    simd,
+                    monkeypatch,
+                    axis=-1,
+                    scale_mode=sm,
+                    round_mode=rm,
                     full_int_range=full,
-                )  # fmt: skip
+                )
 
 
 @pytest.mark.parametrize("simd", SIMD)

@@ -100,9 +100,12 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     """Bit equality, every NaN counted equal (the casts canonicalize NaN anyway)."""
     a32, b32 = np.asarray(a).astype(np.float32), np.asarray(b).astype(np.float32)
     nan = np.isnan(a32)
-    return bool(np.array_equal(nan, np.isnan(b32)) and np.array_equal(
-        np.where(nan, 0, a32).view(np.uint32), np.where(nan, 0, b32).view(np.uint32)
-    ))  # fmt: skip
+    return bool(
+        np.array_equal(nan, np.isnan(b32))
+        and np.array_equal(
+            np.where(nan, 0, a32).view(np.uint32), np.where(nan, 0, b32).view(np.uint32)
+        )
+    )
 
 
 @settings(

@@ -115,12 +115,15 @@ def check(
     """Compare the engine with the reference for one input, dtype, axis and keyword set."""
     dt = datatype(dt) if isinstance(dt, str) else dt
     compare(
-        x, dtype, modes,
+        x,
+        dtype,
+        modes,
         lambda xn, mode: cast(xn, dt, mode=mode, axis=axis, backend="reference", **kw),
         lambda xt, mode: triton_cast(xt, dt, mode, axis, **kw),
-        triton_upcast, ("float32", dtype),
+        triton_upcast,
+        ("float32", dtype),
         lambda mode: f"{dt.name} {dtype} {x.shape} axis {axis} {mode} {kw}",
-    )  # fmt: skip
+    )
 
 
 # -- on a GPU: a larger tensor first ---------------------------------------------------------
@@ -282,11 +285,19 @@ def test_supports_and_refusals() -> None:
     x = torch.ones(4, 32, device=DEV)
     with pytest.raises(NotImplementedError, match="stochastic"):
         tcb.quantize(
-            x, datatype(PRESET), axis=1, round_mode=RoundMode.STOCHASTIC,
-            scale_mode=ScaleMode.FLOOR, nan_policy=NanPolicy.ELEMENT,
-        )  # fmt: skip
+            x,
+            datatype(PRESET),
+            axis=1,
+            round_mode=RoundMode.STOCHASTIC,
+            scale_mode=ScaleMode.FLOOR,
+            nan_policy=NanPolicy.ELEMENT,
+        )
     with pytest.raises(NotImplementedError, match="2-D"):
         tcb.quantize(
-            torch.ones(8, 8, device=DEV), datatype("cb41fi_e2m2fnuz_e8m0_t4_t8"), axis=1,
-            round_mode=RoundMode.EVEN, scale_mode=ScaleMode.FLOOR, nan_policy=NanPolicy.ELEMENT,
-        )  # fmt: skip
+            torch.ones(8, 8, device=DEV),
+            datatype("cb41fi_e2m2fnuz_e8m0_t4_t8"),
+            axis=1,
+            round_mode=RoundMode.EVEN,
+            scale_mode=ScaleMode.FLOOR,
+            nan_policy=NanPolicy.ELEMENT,
+        )

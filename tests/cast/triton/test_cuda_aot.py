@@ -126,9 +126,13 @@ def _python(script: str, **env: str) -> subprocess.CompletedProcess[str]:
     their support module sets TRITON_INTERPRET=1 here, which compiling must not see."""
     base = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-        env=dict(base, **env), cwd=ROOT, timeout=600,
-    )  # fmt: skip
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        env=dict(base, **env),
+        cwd=ROOT,
+        timeout=600,
+    )
 
 
 @pytest.mark.parametrize(
@@ -450,9 +454,13 @@ _NO_DRIVER = textwrap.dedent(
 def _run_without_driver() -> dict:
     env = dict(os.environ, ONNXQ_LIBCUDA="/nonexistent/libcuda.so.1")
     proc = subprocess.run(
-        [sys.executable, "-c", _NO_DRIVER], capture_output=True, text=True, env=env,
-        cwd=ROOT, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-c", _NO_DRIVER],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -502,9 +510,22 @@ def test_modes_other_than_the_defaults_are_refused() -> None:
     err = ctypes.create_string_buffer(512)
     shape = (ctypes.c_int64 * 1)(32)
     rc = lib.onnxq_cuda_quantize(
-        b"mxfp4", ctypes.byref(modes), 4096, 0, 1, shape, -1, 8192, None, None, None, None,
-        None, err, 512,
-    )  # fmt: skip
+        b"mxfp4",
+        ctypes.byref(modes),
+        4096,
+        0,
+        1,
+        shape,
+        -1,
+        8192,
+        None,
+        None,
+        None,
+        None,
+        None,
+        err,
+        512,
+    )
     assert rc == 1 and "default modes only" in err.value.decode()
 
 
@@ -525,10 +546,30 @@ def _gpu_ready() -> tuple[bool, str]:
 gpu = pytest.mark.skipif(not _gpu_ready()[0], reason=f"GPU path not testable: {_gpu_ready()[1]}")
 
 SPECIALS = np.array(
-    [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 2.0**-126, 2.0**-149, -(2.0**-140), 2.0**127,
-     3.4e38, 6.0, 5.99, 448.0, 0.5, 1 - 2**-24, 1e-30, 65504.0, -7.0e4],
+    [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1.0,
+        -1.0,
+        2.0**-126,
+        2.0**-149,
+        -(2.0**-140),
+        2.0**127,
+        3.4e38,
+        6.0,
+        5.99,
+        448.0,
+        0.5,
+        1 - 2**-24,
+        1e-30,
+        65504.0,
+        -7.0e4,
+    ],
     dtype=np.float32,
-)  # fmt: skip
+)
 SHAPES = [(7, 96), (3, 5, 40), (1, 33), (64, 128), (5, 1)]
 # The launcher runs the fast kernel (onnxq/cast/triton_fast.py) where the last axis is a multiple
 # of the tile (96 and 128 for every preset) and the general kernels elsewhere (40 for the 32-long
@@ -643,11 +684,13 @@ def test_quantize_and_dequantize_equal_the_reference(preset: str, ftype: str, ge
         # dequantize the reference's codes, into every float type
         for otype in TYPES:
             y = cuda_aot.dequantize(
-                preset, _to_torch(q.data.astype(np.uint8)), _to_torch(q.scale),
+                preset,
+                _to_torch(q.data.astype(np.uint8)),
+                _to_torch(q.scale),
                 tenscale=None if q.tenscale is None else _to_torch(q.tenscale.astype(np.uint32)),
                 meta=None if q.meta is None else _to_torch(q.meta),
                 out_dtype=getattr(torch, otype),
-            )  # fmt: skip
+            )
             want = onnxq.upcast(q, _np_dtype(otype))
             np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=f"{where} {otype}")
 
@@ -709,14 +752,40 @@ def test_gpu_refuses_host_memory_and_wrong_dtypes() -> None:
     out = torch.empty(4, 32, device="cuda")
     shape = (ctypes.c_int64 * 2)(4, 32)
     rc = lib.onnxq_cuda_quantize(
-        b"mxfp4", None, host.ctypes.data, 0, 2, shape, -1, out.data_ptr(), None, None, None,
-        None, None, err, 512,
-    )  # fmt: skip
+        b"mxfp4",
+        None,
+        host.ctypes.data,
+        0,
+        2,
+        shape,
+        -1,
+        out.data_ptr(),
+        None,
+        None,
+        None,
+        None,
+        None,
+        err,
+        512,
+    )
     assert rc == 1 and "x is not CUDA device memory" in err.value.decode()
     rc = lib.onnxq_cuda_quantize(
-        b"mxfp4", None, out.data_ptr(), 0, 2, shape, -1, host.ctypes.data, None, None, None,
-        None, None, err, 512,
-    )  # fmt: skip
+        b"mxfp4",
+        None,
+        out.data_ptr(),
+        0,
+        2,
+        shape,
+        -1,
+        host.ctypes.data,
+        None,
+        None,
+        None,
+        None,
+        None,
+        err,
+        512,
+    )
     assert rc == 1 and "values is not CUDA device memory" in err.value.decode()
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         cuda_aot.quantize(torch.zeros(4, 32, dtype=torch.int32, device="cuda"), "mxfp4")
@@ -776,11 +845,14 @@ def test_packed_layouts_equal_compress_mode(preset: str, general_only) -> None:
                         _bits(got["tenscale"]), q.tenscale.view(np.int32), err_msg=where
                     )
             y = cuda_aot.dequantize_packed(
-                preset, shape, _to_torch(q.data), _to_torch(q.scale),
+                preset,
+                shape,
+                _to_torch(q.data),
+                _to_torch(q.scale),
                 tenscale=None if q.tenscale is None else _to_torch(q.tenscale.astype(np.uint32)),
                 meta=None if q.meta is None else _to_torch(q.meta),
                 out_dtype=getattr(torch, ftype),
-            )  # fmt: skip
+            )
             want = onnxq.upcast(q, _np_dtype(ftype))
             np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=where)
 
@@ -818,10 +890,20 @@ def test_misaligned_buffers_and_unwanted_meta(preset: str) -> None:
     arr = (ctypes.c_int64 * 2)(*shape)
     for x_in in (xa, xt):  # fast, general
         _call(
-            _lib().onnxq_cuda_quantize_packed, onnxq.datatype(preset).code.encode(), None,
-            x_in.data_ptr(), 0, 2, arr, -1, qbuf.data_ptr(), sbuf.data_ptr(),
-            tbuf.data_ptr() if c.tenscale is not None else None, None, _stream(xa.device, None),
-        )  # fmt: skip
+            _lib().onnxq_cuda_quantize_packed,
+            onnxq.datatype(preset).code.encode(),
+            None,
+            x_in.data_ptr(),
+            0,
+            2,
+            arr,
+            -1,
+            qbuf.data_ptr(),
+            sbuf.data_ptr(),
+            tbuf.data_ptr() if c.tenscale is not None else None,
+            None,
+            _stream(xa.device, None),
+        )
         torch.cuda.synchronize()
         np.testing.assert_array_equal(_bits(qbuf), c.data)
         np.testing.assert_array_equal(_bits(sbuf), c.scale)
@@ -858,9 +940,11 @@ def test_onnxruntime_cuda_ops_equal_the_reference(preset: str) -> None:
                          dtype=preset, shape=shape),
     ]  # fmt: skip
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-    )  # fmt: skip
+    )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )

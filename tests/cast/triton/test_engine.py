@@ -97,11 +97,15 @@ def triton_upcast(q: QTensor, out: torch.dtype) -> torch.Tensor:
 def check(x: np.ndarray, dt: str, dtype: str = "float32", *, modes=("virtual", "actual"), **kw):
     """Compare the Triton engine with the reference for one input, dtype and keyword set."""
     compare(
-        x, dtype, modes,
+        x,
+        dtype,
+        modes,
         lambda xn, mode: cast(xn, dt, mode=mode, backend="reference", **kw),
         lambda xt, mode: triton_cast(xt, dt, mode, **kw),
-        triton_upcast, ("float32", dtype), lambda mode: f"{dt} {dtype} {mode} {kw}",
-    )  # fmt: skip
+        triton_upcast,
+        ("float32", dtype),
+        lambda mode: f"{dt} {dtype} {mode} {kw}",
+    )
 
 
 # -- on a GPU: big tensors first (the GPU check has a time budget) ----------------------------
@@ -152,10 +156,16 @@ def test_every_round_mode(name: str, round_mode: str) -> None:
 @pytest.mark.parametrize(
     "name",
     [
-        "mxfp8e4", "mxfp6e2", "mxint8", "mx9", "nvfp4", "int8_channel", "uint8_channel",
+        "mxfp8e4",
+        "mxfp6e2",
+        "mxint8",
+        "mx9",
+        "nvfp4",
+        "int8_channel",
+        "uint8_channel",
         "e4m3fn_e8m0_t4n2m4_t8",
     ],
-)  # fmt: skip
+)
 def test_nan_policies(name: str, nan_policy: str) -> None:
     x = sample((5, 64), seed=7)
     x[0, 3] = np.nan

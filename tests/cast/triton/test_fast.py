@@ -24,8 +24,21 @@ from onnxq.formats.datatype import datatype
 from onnxq.formats.modes import RoundMode
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-FAST = ["mxfp8e4", "mxfp8e5", "mxfp6e2", "mxfp6e3", "mxfp4", "mxint8", "mxint4", "bfp16",
-        "bfp8", "mx9", "mx6", "mx4", "nvfp4"]  # fmt: skip
+FAST = [
+    "mxfp8e4",
+    "mxfp8e5",
+    "mxfp6e2",
+    "mxfp6e3",
+    "mxfp4",
+    "mxint8",
+    "mxint4",
+    "bfp16",
+    "bfp8",
+    "mx9",
+    "mx6",
+    "mx4",
+    "nvfp4",
+]
 FLOAT_FAST = ["mxfp8e4", "mxfp8e5", "mxfp6e2", "mxfp6e3", "mxfp4", "nvfp4"]
 
 
@@ -63,11 +76,15 @@ def check(x: np.ndarray, name: str, dtype: str, modes=("virtual", "actual", "com
     rmode = RoundMode.parse(kw.get("round_mode", "even"))
     assert tf.fast_plan(tuple(x.shape), datatype(name), x.ndim - 1, rmode) is not None, name
     compare(
-        x, dtype, modes,
+        x,
+        dtype,
+        modes,
         lambda xn, mode: cast(xn, name, mode=mode, backend="reference", **kw),
         lambda xt, mode: cast(xt, name, mode=mode, backend="triton", **kw),
-        upcast_triton, (dtype,), lambda mode: f"{name} {dtype} {mode} {kw}",
-    )  # fmt: skip
+        upcast_triton,
+        (dtype,),
+        lambda mode: f"{name} {dtype} {mode} {kw}",
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -79,8 +96,9 @@ def test_presets_on_hostile_tiles(name: str, dtype: str) -> None:
     check(hostile(shape, tile, seed=len(name)), name, dtype)
 
 
-@pytest.mark.parametrize("scale_mode", ["floor", "ceil", "midmax", "option3", "topbinade",
-                                        "rceil", "even"])  # fmt: skip
+@pytest.mark.parametrize(
+    "scale_mode", ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
+)
 def test_scale_modes(scale_mode: str) -> None:
     for name in ("mxfp8e4", "mxfp6e3", "mxfp4", "mxint8"):
         x = hostile((16, 64), 32, seed=3)
