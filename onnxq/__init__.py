@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from onnxq._version import __version__
 from onnxq.formats import (
     Codebook,
     DataType,
@@ -15,8 +16,6 @@ from onnxq.formats import (
     register,
     scale,
 )
-
-__version__ = "0.1.0"
 
 # The cast engine needs numpy; the format language does not. Import the engine eagerly when
 # numpy is there: binding `cast` here, after the subpackage `onnxq.cast` has loaded, keeps the

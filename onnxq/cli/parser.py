@@ -11,7 +11,7 @@ import importlib.metadata
 import sys
 from typing import Any, NoReturn
 
-import onnxq
+from onnxq._version import __version__
 from onnxq.cli import commands
 from onnxq.cli.common import PROG, UsageError
 from onnxq.cli.inputs import count
@@ -39,7 +39,7 @@ def _version() -> str:
             parts.append(f"{dist} {importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{dist} missing")
-    return f"{PROG} {onnxq.__version__} ({', '.join(parts)})"
+    return f"{PROG} {__version__} ({', '.join(parts)})"
 
 
 def _add_input_options(p: argparse.ArgumentParser) -> None:

@@ -278,7 +278,7 @@ def export(
             whose values the layout cannot hold), or a non-empty ``out_dir`` without
             ``overwrite``.
     """
-    import onnxq
+    from onnxq._version import __version__
 
     weights, others = _find(_as_model(model))
     if others:
@@ -333,7 +333,7 @@ def export(
                     offset += len(raw)
                 tensors.append(entry)
             manifest = {
-                "onnxq_version": onnxq.__version__,
+                "onnxq_version": __version__,
                 "manifest_version": MANIFEST_VERSION,
                 "data_file": DATA_FILE,
                 "alignment": _ALIGN,

@@ -66,7 +66,7 @@ def load(out_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
             the folder or not a regular file, sizes that do not match the format and shape),
             a blob outside the data file or whose sha256 does not match.
     """
-    import onnxq
+    from onnxq._version import __version__
 
     folder = Path(out_dir)
     path = folder / MANIFEST
@@ -90,11 +90,11 @@ def load(out_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         raise LoadError(
             f"{where}: 'onnxq_version' must be a string and 'manifest_version' an integer"
         )
-    if _version_tuple(written) > _version_tuple(onnxq.__version__) or version > MANIFEST_VERSION:
+    if _version_tuple(written) > _version_tuple(__version__) or version > MANIFEST_VERSION:
         raise LoadError(
             f"{str(path)!r} was written by onnxq {written} (manifest version "
             f"{version}), newer than this onnxq "
-            f"{onnxq.__version__}; upgrade onnxq to read it"
+            f"{__version__}; upgrade onnxq to read it"
         )
     tensors = manifest.get("tensors")
     if not isinstance(tensors, list):

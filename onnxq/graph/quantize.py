@@ -49,7 +49,7 @@ import onnx
 import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxq import __version__
+from onnxq._version import __version__
 from onnxq.cast.api import QTensor, cast
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
