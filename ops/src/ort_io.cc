@@ -113,12 +113,12 @@ int choice(const std::string& name, const std::string& value,
 
 // -- tensors ------------------------------------------------------------------------------
 
-In input(OrtKernelContext* ctx, size_t index, const char* name) {
+namespace {
+
+// The In of value `v` (an empty In when v is null).
+In describe(const OrtValue* v, const char* name) {
   In in;
-  size_t n = 0;
-  check(g_api->KernelContext_GetInputCount(ctx, &n), "counting inputs");
-  if (index >= n) return in;
-  check(g_api->KernelContext_GetInput(ctx, index, &in.v), std::string("reading input ") + name);
+  in.v = v;
   if (!in.v) return in;
   int is_tensor = 0;
   check(g_api->IsTensor(in.v, &is_tensor), std::string("reading input ") + name);
@@ -141,6 +141,35 @@ In input(OrtKernelContext* ctx, size_t index, const char* name) {
         std::string("reading input ") + name);
   in.data = data;
   return in;
+}
+
+}  // namespace
+
+In input(OrtKernelContext* ctx, size_t index, const char* name) {
+  size_t n = 0;
+  check(g_api->KernelContext_GetInputCount(ctx, &n), "counting inputs");
+  if (index >= n) return In{};
+  const OrtValue* v = nullptr;
+  check(g_api->KernelContext_GetInput(ctx, index, &v), std::string("reading input ") + name);
+  return describe(v, name);
+}
+
+bool constant_inputs(const OrtKernelInfo* info, std::vector<In>* out) {
+  size_t n = 0;
+  check(g_api->KernelInfo_GetInputCount(info, &n), "counting inputs");
+  out->assign(n, In{});
+  for (size_t i = 0; i < n; ++i) {
+    size_t size = 0;
+    check(g_api->KernelInfo_GetInputName(info, i, nullptr, &size), "reading an input name");
+    if (size <= 1) continue;  // an empty name: the node leaves this optional input out
+    int is_constant = 0;
+    const OrtValue* v = nullptr;
+    check(g_api->KernelInfoGetConstantInput_tensor(info, i, &is_constant, &v),
+          "reading a constant input");
+    if (!is_constant || !v) return false;
+    (*out)[i] = describe(v, "(constant)");
+  }
+  return true;
 }
 
 void* output(OrtKernelContext* ctx, size_t index, const char* name,

@@ -52,12 +52,19 @@ struct Kernel {
   std::vector<int64_t> shape;  // Dequantize / Lookup: X's shape
   int out_type = kTF32;         // ONNX element type of Y
   const cuda::AotFormat* gpu = nullptr;  // CUDA EP registrations: the embedded kernels' format
+  // Dequantize / Lookup on the CPU: Y decoded once at session creation when every input is a
+  // constant initializer (in the output type); empty: decode on every Run.
+  std::vector<uint8_t> const_y;
 };
 
 // Reads and checks the node's attributes (every op).
 void init_kernel(Kernel* k, const OrtKernelInfo* info);
 // The axis in [0, ndim); an OpError naming `x` and its shape otherwise.
 int normal_axis(int64_t axis, size_t ndim, const std::vector<int64_t>& shape, const char* x);
+// DequantizeMX and CodebookLookup on the CPU: decodes Y into Kernel::const_y when every input
+// is constant and ONNXQ_CONST_DECODE is not 0; leaves it empty on any error (the Runs then
+// decode and report it).
+void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept;
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx);
 // DequantizeMX and CodebookLookup.
 void compute_dequantize(const Kernel& k, OrtKernelContext* ctx);

@@ -3,7 +3,9 @@
 // against docs/ops.md.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -196,13 +198,16 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   if (mk && io.mask) pack_bits(mask.data(), 1, x.count, 1, nullptr, static_cast<uint8_t*>(mk));
 }
 
-void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
-  const Slots& s = k.kind == kLookup ? kLookupSlots : kDequantSlots;
-  const std::vector<int64_t>& shape = k.shape;
-  int axis = normal_axis(k.axis, shape.size(), shape, "the attribute shape");
-  Format table_fmt;
+namespace {
+
+// Input `slot` of the node, by its contract name (the Run's or the constant initializers').
+using InputFn = std::function<In(int slot, const char* name)>;
+
+// The node's Format: the dtype's, or the one the Table input gives a generic codebook.
+const Format& node_format(const Kernel& k, const Slots& s, const InputFn& get,
+                          Format* table_fmt) {
   const Format* fp = &k.fmt;
-  In table = s.table >= 0 ? input(ctx, s.table, "Table") : In{};
+  In table = s.table >= 0 ? get(s.table, "Table") : In{};
   if (table) {
     int maps = 1 << k.parsed.fmt.cb_meta_bits, width = 1 << k.parsed.fmt.cb_index_bits;
     if (table.type != kTF32)
@@ -213,14 +218,24 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
                     " (2^meta_bits x 2^index_bits)");
     const float* tv = static_cast<const float*>(table.data);
     std::vector<double> values(tv, tv + table.count);
-    std::string e = to_format(k.parsed, &values, &table_fmt);
+    std::string e = to_format(k.parsed, &values, table_fmt);
     if (!e.empty()) throw OpError("dtype '" + k.parsed.code + "' with the Table input: " + e);
-    fp = &table_fmt;
+    fp = table_fmt;
   } else if (!k.fmt_ready) {
     throw OpError("dtype '" + k.parsed.code + "' is a generic codebook: the Table input " +
                   "(2^meta_bits x 2^index_bits floats) is required");
   }
-  const Format& f = *fp;
+  return *fp;
+}
+
+// Checks every input against docs/ops.md and decodes Y into the buffer y_out() gives.
+void decode(const Kernel& k, const InputFn& get, const std::function<void*()>& y_out,
+            const ParallelFor& pf) {
+  const Slots& s = k.kind == kLookup ? kLookupSlots : kDequantSlots;
+  const std::vector<int64_t>& shape = k.shape;
+  int axis = normal_axis(k.axis, shape.size(), shape, "the attribute shape");
+  Format table_fmt;
+  const Format& f = node_format(k, s, get, &table_fmt);
   Geometry g;
   std::string e = make_geometry(f, shape, axis, &g);
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
@@ -231,7 +246,7 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
   const std::string fix = "; pass the tensor that QuantizeMX (or onnxq.cast(..., mode='compress')) "
                           "made for this dtype, shape and axis";
   auto need = [&](int slot, const char* name, bool required) -> In {
-    In in = slot >= 0 ? input(ctx, slot, name) : In{};
+    In in = slot >= 0 ? get(slot, name) : In{};
     if (required && !in) throw OpError(std::string("input ") + name + " is required for " + what + fix);
     return in;
   };
@@ -243,7 +258,7 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
                     " of shape " + shape_str(want) + " (" + layout + ")" + fix);
   };
   auto absent = [&](int slot, const char* name, const char* lacks) {
-    In in = slot >= 0 ? input(ctx, slot, name) : In{};
+    In in = slot >= 0 ? get(slot, name) : In{};
     if (in && in.count != 0)
       throw OpError(std::string("input ") + name + " " + shape_str(in.shape) + " is given but " +
                     "dtype '" + k.parsed.code + "' has " + lacks + "; leave the input out (an " +
@@ -307,13 +322,52 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
       io.meta = meta.data();
     }
   }
-  void* y = output(ctx, kOutY, "Y", shape, k.out_type,
-                   "output_type " + std::to_string(k.out_type));
-  if (!y) throw OpError("output Y is missing");
-  io.values = y;
+  io.values = y_out();
   io.values_type = float_kind(k.out_type);
-  e = dequantize(f, shape, axis, io, session_parallel_for(ctx));
+  e = dequantize(f, shape, axis, io, pf);
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
+}
+
+}  // namespace
+
+void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept {
+  try {
+    const char* env = std::getenv("ONNXQ_CONST_DECODE");
+    if (env && std::string(env) == "0") return;
+    std::vector<In> ins;
+    if (!constant_inputs(info, &ins)) return;
+    int64_t count = 1;
+    for (int64_t d : k->shape) count *= d;  // init_kernel bounds it by 2^40
+    std::vector<uint8_t> y(static_cast<size_t>(count) * (k->out_type == kTF32 ? 4 : 2));
+    InputFn get = [&ins](int slot, const char*) {
+      return slot < static_cast<int>(ins.size()) ? ins[slot] : In{};
+    };
+    decode(*k, get, [&y]() -> void* { return y.data(); }, default_parallel_for(0));
+    k->const_y = std::move(y);
+  } catch (...) {
+    k->const_y.clear();  // the Runs decode, and report what went wrong
+  }
+}
+
+void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
+  auto y_out = [&]() -> void* {
+    void* y = output(ctx, kOutY, "Y", k.shape, k.out_type,
+                     "output_type " + std::to_string(k.out_type));
+    if (!y) throw OpError("output Y is missing");
+    return y;
+  };
+  ParallelFor pf = session_parallel_for(ctx);
+  if (k.const_y.empty()) {
+    decode(k, [ctx](int slot, const char* name) { return input(ctx, slot, name); }, y_out, pf);
+    return;
+  }
+  // Decoded at session creation: copy it, in 64 KiB chunks over the session's threads.
+  uint8_t* y = static_cast<uint8_t*>(y_out());
+  const uint8_t* src = k.const_y.data();
+  const int64_t size = static_cast<int64_t>(k.const_y.size()), chunk = int64_t(1) << 16;
+  pf((size + chunk - 1) / chunk, [&](int64_t b, int64_t e) {
+    std::memcpy(y + b * chunk, src + b * chunk, std::min(e * chunk, size) - b * chunk);
+  });
 }
 
 }  // namespace ort
