@@ -62,8 +62,8 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info);
 // The axis in [0, ndim); an OpError naming `x` and its shape otherwise.
 int normal_axis(int64_t axis, size_t ndim, const std::vector<int64_t>& shape, const char* x);
 // DequantizeMX and CodebookLookup on the CPU: decodes Y into Kernel::const_y when every input
-// is constant and ONNXQ_CONST_DECODE is not 0; leaves it empty on any error (the Runs then
-// decode and report it).
+// is constant (ONNXQ_CONST_DECODE: 0 never, 1 always, else when copying Y beats decoding it);
+// leaves it empty on any error (the Runs then decode and report it).
 void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept;
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx);
 // DequantizeMX and CodebookLookup.

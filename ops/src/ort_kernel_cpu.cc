@@ -2,6 +2,7 @@
 // DequantizeMX and CodebookLookup on the shared kernels of kernels.h, every input checked
 // against docs/ops.md.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -330,10 +331,29 @@ void decode(const Kernel& k, const InputFn& get, const std::function<void*()>& y
 
 }  // namespace
 
+namespace {
+
+// Whether copying `y` is faster than decoding it (which took `decode_s` on one thread): times a
+// copy of up to 8 MiB of it, once, and scales that to its size.
+bool copy_beats_decode(const std::vector<uint8_t>& y, double decode_s) {
+  const size_t sample = std::min<size_t>(y.size(), size_t(8) << 20);
+  std::vector<uint8_t> to(sample, 1);  // touched: no page faults in the timing
+  auto t0 = std::chrono::steady_clock::now();
+  std::memcpy(to.data(), y.data(), sample);
+  std::chrono::duration<double> copy = std::chrono::steady_clock::now() - t0;
+  if (to[sample / 2] != y[sample / 2]) return false;  // keeps the copy from being elided
+  return decode_s > 1.5 * copy.count() * static_cast<double>(y.size()) / sample;
+}
+
+}  // namespace
+
 void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept {
   try {
+    // 0: never; 1: always; otherwise when a copy of Y beats decoding it (cheap formats decode
+    // at memory speed, faster than a copy of their floats).
     const char* env = std::getenv("ONNXQ_CONST_DECODE");
-    if (env && std::string(env) == "0") return;
+    const std::string mode = env ? env : "";
+    if (mode == "0") return;
     std::vector<In> ins;
     if (!constant_inputs(info, &ins)) return;
     int64_t count = 1;
@@ -342,8 +362,11 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept {
     InputFn get = [&ins](int slot, const char*) {
       return slot < static_cast<int>(ins.size()) ? ins[slot] : In{};
     };
-    decode(*k, get, [&y]() -> void* { return y.data(); }, default_parallel_for(0));
-    k->const_y = std::move(y);
+    auto t0 = std::chrono::steady_clock::now();
+    decode(*k, get, [&y]() -> void* { return y.data(); },
+           default_parallel_for(mode == "1" ? 0 : 1));
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+    if (mode == "1" || copy_beats_decode(y, took.count())) k->const_y = std::move(y);
   } catch (...) {
     k->const_y.clear();  // the Runs decode, and report what went wrong
   }
