@@ -333,13 +333,23 @@ void decode(const Kernel& k, const InputFn& get, const std::function<void*()>& y
 
 namespace {
 
-// Whether copying `y` is faster than decoding it (which took `decode_s` on one thread): times a
-// copy of up to 8 MiB of it, once, and scales that to its size.
-bool copy_beats_decode(const std::vector<uint8_t>& y, double decode_s) {
-  const size_t sample = std::min<size_t>(y.size(), size_t(8) << 20);
+constexpr int64_t kCopyChunk = int64_t(1) << 16;
+
+// Copies `size` bytes in 64 KiB chunks over `pf`.
+void parallel_copy(uint8_t* to, const uint8_t* from, int64_t size, const ParallelFor& pf) {
+  pf((size + kCopyChunk - 1) / kCopyChunk, [&](int64_t b, int64_t e) {
+    std::memcpy(to + b * kCopyChunk, from + b * kCopyChunk,
+                std::min(e * kCopyChunk, size) - b * kCopyChunk);
+  });
+}
+
+// Whether copying `y` is faster than decoding it (which took `decode_s` over `pf`): times a
+// copy of up to 16 MiB of it over `pf`, once, and scales that to its size.
+bool copy_beats_decode(const std::vector<uint8_t>& y, double decode_s, const ParallelFor& pf) {
+  const size_t sample = std::min<size_t>(y.size(), size_t(16) << 20);
   std::vector<uint8_t> to(sample, 1);  // touched: no page faults in the timing
   auto t0 = std::chrono::steady_clock::now();
-  std::memcpy(to.data(), y.data(), sample);
+  parallel_copy(to.data(), y.data(), static_cast<int64_t>(sample), pf);
   std::chrono::duration<double> copy = std::chrono::steady_clock::now() - t0;
   if (to[sample / 2] != y[sample / 2]) return false;  // keeps the copy from being elided
   return decode_s > 1.5 * copy.count() * static_cast<double>(y.size()) / sample;
@@ -362,11 +372,11 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept {
     InputFn get = [&ins](int slot, const char*) {
       return slot < static_cast<int>(ins.size()) ? ins[slot] : In{};
     };
+    ParallelFor pf = default_parallel_for(0);
     auto t0 = std::chrono::steady_clock::now();
-    decode(*k, get, [&y]() -> void* { return y.data(); },
-           default_parallel_for(mode == "1" ? 0 : 1));
+    decode(*k, get, [&y]() -> void* { return y.data(); }, pf);
     std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
-    if (mode == "1" || copy_beats_decode(y, took.count())) k->const_y = std::move(y);
+    if (mode == "1" || copy_beats_decode(y, took.count(), pf)) k->const_y = std::move(y);
   } catch (...) {
     k->const_y.clear();  // the Runs decode, and report what went wrong
   }
@@ -384,13 +394,9 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
     decode(k, [ctx](int slot, const char* name) { return input(ctx, slot, name); }, y_out, pf);
     return;
   }
-  // Decoded at session creation: copy it, in 64 KiB chunks over the session's threads.
-  uint8_t* y = static_cast<uint8_t*>(y_out());
-  const uint8_t* src = k.const_y.data();
-  const int64_t size = static_cast<int64_t>(k.const_y.size()), chunk = int64_t(1) << 16;
-  pf((size + chunk - 1) / chunk, [&](int64_t b, int64_t e) {
-    std::memcpy(y + b * chunk, src + b * chunk, std::min(e * chunk, size) - b * chunk);
-  });
+  // Decoded at session creation: copy it over the session's threads.
+  parallel_copy(static_cast<uint8_t*>(y_out()), k.const_y.data(),
+                static_cast<int64_t>(k.const_y.size()), pf);
 }
 
 }  // namespace ort
