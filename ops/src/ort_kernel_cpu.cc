@@ -329,10 +329,6 @@ void decode(const Kernel& k, const InputFn& get, const std::function<void*()>& y
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
 }
 
-}  // namespace
-
-namespace {
-
 constexpr int64_t kCopyChunk = int64_t(1) << 16;
 
 // Copies `size` bytes in 64 KiB chunks over `pf`.
