@@ -364,6 +364,7 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept {
     if (!constant_inputs(info, &ins)) return;
     int64_t count = 1;
     for (int64_t d : k->shape) count *= d;  // init_kernel bounds it by 2^40
+    if (count == 0) return;  // nothing to keep (and no sample to time a copy with)
     std::vector<uint8_t> y(static_cast<size_t>(count) * (k->out_type == kTF32 ? 4 : 2));
     InputFn get = [&ins](int slot, const char*) {
       return slot < static_cast<int>(ins.size()) ? ins[slot] : In{};
