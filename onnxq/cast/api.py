@@ -24,7 +24,7 @@ from onnxq.cast.backends import choose_for_array
 from onnxq.cast.numpy_path import cast_array, check_input, check_out, upcast_array
 from onnxq.cast.numpy_path import expand as _expand  # noqa: F401  (tests and tools import it)
 from onnxq.cast.qtensor import QTensor
-from onnxq.cast.request import Metric, as_datatype, resolve
+from onnxq.cast.request import Metric, resolve
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import Backend, CastMode, NanPolicy, RoundMode, ScaleMode
 
@@ -84,28 +84,18 @@ def cast(
         ValueError: empty input, bad axis, unknown mode or malformed dtype code.
         NotImplementedError: the requested backend or mode cannot do this cast.
     """
-    if _is_torch(x):  # torch stays optional: imported only when a tensor comes in
-        from onnxq.cast.torch_bridge import cast_torch
+    torch_input = _is_torch(x)
+    if torch_input:  # torch stays optional: imported only when a tensor comes in
+        from onnxq.cast.torch_bridge import cast_torch, check_tensor
 
         if out is not None:
             raise TypeError("out= takes numpy arrays; for torch tensors assign the result")
-        return cast_torch(
-            x,
-            as_datatype(dtype),
-            mode=mode,
-            axis=axis,
-            round_mode=round_mode,
-            scale_mode=scale_mode,
-            nan_policy=nan_policy,
-            seed=seed,
-            backend=backend,
-            metric=metric,
-            int_range=int_range,
-        )
-    x = check_input(x)
+        check_tensor(x)
+    else:
+        x = check_input(x)
     request = resolve(
         dtype,
-        x.shape,
+        tuple(x.shape),
         mode=mode,
         axis=axis,
         round_mode=round_mode,
@@ -116,6 +106,8 @@ def cast(
         metric=metric,
         int_range=int_range,
     )
+    if torch_input:
+        return cast_torch(x, request)
     chosen = choose_for_array(request)
     if out is not None:
         check_out(out, x, request.mode)

@@ -20,9 +20,8 @@ import torch
 
 from onnxq.cast.backends import BACKENDS, choose_for_tensor, warn_once
 from onnxq.cast.numpy_path import cast_array, upcast_array
-from onnxq.cast.request import resolve
-from onnxq.formats.datatype import DataType
-from onnxq.formats.modes import Backend, CastMode, NanPolicy, RoundMode, ScaleMode
+from onnxq.cast.request import CastRequest
+from onnxq.formats.modes import Backend, CastMode
 
 __all__ = ["cast_torch", "upcast_torch"]
 
@@ -47,7 +46,7 @@ def _to_torch(a: np.ndarray | None, device: torch.device) -> torch.Tensor | None
     return torch.from_numpy(a).to(device)
 
 
-def _check(x: torch.Tensor) -> None:
+def check_tensor(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"cast expects a numpy array or a torch tensor, got {type(x).__name__}")
     if x.dtype not in _FLOATS:
@@ -61,41 +60,13 @@ def _check(x: torch.Tensor) -> None:
         raise ValueError("cannot cast a 0-D scalar; reshape it to (1,)")
 
 
-def cast_torch(
-    x: torch.Tensor,
-    dt: DataType,
-    *,
-    mode: CastMode | str | None,
-    axis: int,
-    round_mode: RoundMode | str | None,
-    scale_mode: ScaleMode | str | None,
-    nan_policy: NanPolicy | str | None,
-    seed: int | None,
-    backend: Backend | str | None,
-    metric: Any,
-    int_range: str,
-) -> Any:
-    """`onnxq.cast` for a torch tensor (see the module doc for the backend rules).
+def cast_torch(x: torch.Tensor, request: CastRequest) -> Any:
+    """`onnxq.cast` for a checked torch tensor and its resolved request (module doc: backends).
 
     Raises:
-        TypeError: an unsupported dtype.
-        ValueError: empty input, bad axis, a CPU tensor with ``backend="triton"``.
+        ValueError: a CPU tensor with ``backend="triton"``.
         NotImplementedError: ``backend="triton"`` for a cast Triton does not implement.
     """
-    _check(x)
-    request = resolve(
-        dt,
-        tuple(x.shape),
-        mode=mode,
-        axis=axis,
-        round_mode=round_mode,
-        scale_mode=scale_mode,
-        nan_policy=nan_policy,
-        seed=seed,
-        backend=backend,
-        metric=metric,
-        int_range=int_range,
-    )
     chosen = choose_for_tensor(x, request)
     if chosen is Backend.TRITON:
         from onnxq.cast import triton as tk
@@ -104,7 +75,9 @@ def cast_torch(
         if request.mode is CastMode.VIRTUAL:
             return enc.values
         fields = {f.name: getattr(enc, f.name) for f in dataclasses.fields(enc)}
-        return tk.to_qtensor(fields, x, dt, request.axis, request.mode, packed=enc.packed)
+        return tk.to_qtensor(
+            fields, x, request.dtype, request.axis, request.mode, packed=enc.packed
+        )
     result = cast_array(_to_numpy(x), request, chosen)
     if isinstance(result, np.ndarray):
         out = _to_torch(result, x.device)
