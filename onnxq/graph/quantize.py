@@ -56,6 +56,7 @@ from onnxq.formats.datatype import DataType
 from onnxq.graph import calibrate_pass, model_io, pass_checks
 from onnxq.graph.calibrate import StaticScale, qdq_nodes
 from onnxq.graph.functions import build_function
+from onnxq.graph.fuse import apply_fusions
 from onnxq.graph.lower import lower_weight
 from onnxq.graph.plan import (
     ActivationPlan,
@@ -510,6 +511,7 @@ def quantize_model(
     overwrite: bool = False,
     custom_ops_only: bool = False,
     allow_empty: bool = False,
+    fuse: bool = True,
 ) -> onnx.ModelProto:
     """Quantize a float ONNX model to onnxq formats (see the module doc).
 
@@ -543,6 +545,7 @@ def quantize_model(
             (and without the recipe key ``custom_ops_only: true``) such a model is refused.
         allow_empty: return (and write) the model even when the choices select no tensor;
             without it that is an error.
+        fuse: merge packed weights with the ops that read them (onnxq.graph.fuse).
 
     Returns:
         The quantized model. When it is written with external data (the input had external
@@ -596,6 +599,7 @@ def quantize_model(
         )
     rewrite = _Rewrite(m, weight_storage, target, spill)
     _rewrite(rewrite, the_plan, statics, report)
+    fused = apply_fusions(m) if fuse and target == "onnxq" else {}
     m, missing = _with_fallbacks(m, types, target)
     meta = {
         "onnxq_version": __version__,
@@ -603,6 +607,8 @@ def quantize_model(
         "onnxq_weight_storage": weight_storage,
         "onnxq_target": target,
     }
+    if any(fused.values()):
+        meta["onnxq_fused"] = json.dumps({k: v for k, v in fused.items() if v})
     _record(m, meta, the_plan, rewrite.skipped, missing, calibration_meta, custom_ops_only)
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     model_io.finish(m, out_path, spill, source)

@@ -1,0 +1,27 @@
+"""Fusions: an onnxq node merged with the standard op that reads its output.
+
+A packed weight decoded by DequantizeMX and read by one Gather or MatMul can be served by one
+fused onnxq op that reads the packed codes directly (only the gathered rows, or tiles of B
+inside the GEMM). Each fusion rewrites its pattern in a quantized model in place, gives the
+fused node a function fallback with the same bits, and returns how many nodes it fused.
+`apply_fusions` runs them in table order; `quantize_model(fuse=True)` (the default; CLI
+``--no-fuse`` turns it off) calls it after the rewrite, before the fallbacks are embedded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+
+__all__ = ["FUSIONS", "apply_fusions"]
+
+Fusion = Callable[[onnx.ModelProto], int]
+
+# name -> fusion, in the order they run (one line per fusion module).
+FUSIONS: dict[str, Fusion] = {}
+
+
+def apply_fusions(model: onnx.ModelProto) -> dict[str, int]:
+    """Run every fusion on ``model`` (in place); how many nodes each one fused."""
+    return {name: fusion(model) for name, fusion in FUSIONS.items()}
