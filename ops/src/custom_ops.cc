@@ -138,7 +138,13 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, bool cuda = false
   d.GetOutputCharacteristic = [](const OrtCustomOp* op, size_t i) noexcept {
     return def(op).out_char[i];
   };
-  d.GetInputMemoryType = [](const OrtCustomOp*, size_t) noexcept { return OrtMemTypeDefault; };
+  // DequantizeMX's Shape input is read on the host, also on the CUDA execution provider.
+  d.GetInputMemoryType = [](const OrtCustomOp* op, size_t i) noexcept {
+    const OpDef& o = def(op);
+    return o.cuda && o.kind == kDequantize && static_cast<int>(i) == kInShape
+               ? OrtMemTypeCPUInput
+               : OrtMemTypeDefault;
+  };
   d.GetVariadicInputMinArity = [](const OrtCustomOp*) noexcept { return 1; };
   d.GetVariadicInputHomogeneity = [](const OrtCustomOp*) noexcept { return 1; };
   d.GetVariadicOutputMinArity = [](const OrtCustomOp*) noexcept { return 1; };
@@ -163,7 +169,7 @@ std::vector<OpDef>& op_defs() {
   for (auto sc : codes)
     for (auto z : codes)
       for (auto t : codes)
-        defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8}, {kAny}));
+        defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8, kI64}, {kAny}));
   defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}));
   for (auto sc : codes) defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}));
   defs.push_back(make_def(kLookup, any_inputs(kLookup), {kAny}));
@@ -176,7 +182,7 @@ std::vector<OpDef>& op_defs() {
     for (auto sc : codes)
       for (auto z : codes)
         for (auto t : codes)
-          defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8}, {kAny}, true));
+          defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8, kI64}, {kAny}, true));
     defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}, true));
   }
   return defs;
