@@ -85,6 +85,12 @@ OPS: dict[str, OpSpec] = {
         ("Y",),
         ("dtype", "axis", "shape", "output_type"),
     ),
+    "QuantizeDequantizeMX": OpSpec(
+        "QuantizeDequantizeMX",
+        ("X",),
+        ("Y",),
+        ("dtype", "axis", "round_mode", "scale_mode", "nan_policy", "seed", "int_range"),
+    ),
 }
 
 
@@ -180,16 +186,18 @@ def output_types(
     *,
     shape_input: bool = False,
     shape_value: tuple[int | None, ...] | None = None,
+    input_type: int = 0,
 ) -> list[tuple[int, tuple[int, ...] | None]]:
     """Element type and shape (None when unknown) of each output of one node.
 
     Args:
-        op_type: ``QuantizeMX``, ``DequantizeMX`` or ``CodebookLookup``.
+        op_type: ``QuantizeMX``, ``DequantizeMX``, ``CodebookLookup`` or ``QuantizeDequantizeMX``.
         attrs: the node's attributes as Python values (``dtype`` required).
         input_shape: X's shape for QuantizeMX, when known.
         shape_input: DequantizeMX: the node has the ``Shape`` input (X's shape at run time).
         shape_value: what is known of that input: its dims (``None`` for a dim not known
             before run time), or None when not even its length is known.
+        input_type: QuantizeDequantizeMX: X's element type (Y's); 0 when unknown.
 
     Returns:
         One ``(TensorProto element type, shape or None)`` per output in `OPS` order; a type of
@@ -213,6 +221,15 @@ def output_types(
         raise ValueError(f"{where} dtype {code!r}: {err}") from None
     axis = int(attrs.get("axis", -1))
     s = dt.sspec
+    if op_type == "QuantizeDequantizeMX":
+        if isinstance(dt.nspec, Codebook):
+            raise ValueError(
+                f"{where} dtype {code!r} is a codebook: its decode is CodebookLookup; use the "
+                "QuantizeMX -> CodebookLookup pair"
+            )
+        if input_shape is not None and not -len(input_shape) <= axis < len(input_shape):
+            raise ValueError(f"{where} axis {axis} is out of range for X of {input_shape}")
+        return [(input_type, input_shape)]
     if op_type == "QuantizeMX":
         nspec = dt.nspec
         meta_bits = nspec.meta_bits if isinstance(nspec, Codebook) else 1
@@ -320,6 +337,9 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
             dims = x.tensor_type.shape.dim
             if all(d.HasField("dim_value") for d in dims) and dims:
                 input_shape = tuple(d.dim_value for d in dims)
+    if op_type == "QuantizeDequantizeMX":
+        _infer_qdq(attrs, ctx)
+        return
     shape_input, shape_value = _shape_input(op_type, ctx)
     results = output_types(
         op_type, attrs, input_shape, shape_input=shape_input, shape_value=shape_value
@@ -336,6 +356,18 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
                 if d is not None:
                     dim.dim_value = d
         ctx.set_output_type(i, t)
+
+
+def _infer_qdq(attrs: dict[str, Any], ctx: onnx.shape_inference.InferenceContext) -> None:
+    """QuantizeDequantizeMX: Y has X's type and shape, symbolic dims included."""
+    x = ctx.get_input_type(0) if ctx.get_num_inputs() > 0 else None
+    static = _static_shape(x)
+    output_types("QuantizeDequantizeMX", attrs, static)  # checks dtype and axis
+    if x is None or not x.tensor_type.elem_type or not ctx.has_output(0):
+        return
+    t = onnx.TypeProto()
+    t.CopyFrom(x)
+    ctx.set_output_type(0, t)
 
 
 def _shape_input(
@@ -415,7 +447,7 @@ _inferred_by_onnx = False  # the registered schemas carry `_infer`
 
 
 def register_schemas() -> None:
-    """Register the three schemas with ONNX (once per process; later calls do nothing).
+    """Register the onnxq schemas with ONNX (once per process; later calls do nothing).
 
     Schemas that carry a Python inference function are deregistered at interpreter exit.
     """
@@ -500,15 +532,21 @@ def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
             if not todo:
                 continue
             x_type = known.get(node.input[0]) if node.input else None
-            if node.op_type == "QuantizeMX" and x_type is None and not last_pass:
+            takes_x = node.op_type in ("QuantizeMX", "QuantizeDequantizeMX")
+            if takes_x and x_type is None and not last_pass:
                 continue  # X's type may come from a later round
             attrs: dict[str, Any] = {}
             for a in node.attribute:
                 attrs[a.name] = _attr_value(a)
-            shape = _static_shape(x_type) if node.op_type == "QuantizeMX" else None
+            shape = _static_shape(x_type) if takes_x else None
             has_shape, shape_value = _shape_initializer(node, graph)
             results = output_types(
-                node.op_type, attrs, shape, shape_input=has_shape, shape_value=shape_value
+                node.op_type,
+                attrs,
+                shape,
+                shape_input=has_shape,
+                shape_value=shape_value,
+                input_type=x_type.tensor_type.elem_type if x_type is not None else 0,
             )
             outputs = {v.name: v for v in graph.output}
             for i, name in todo:

@@ -19,10 +19,11 @@ namespace onnxq {
 namespace ort {
 
 // The ops in the order of the contract (onnxq/graph/schemas.py OPS, onnxq_op_contract.h).
-enum OpKind { kQuantize, kDequantize, kLookup };
-static_assert(contract::kOpCount == 3 && contract::op_index("QuantizeMX") == kQuantize &&
+enum OpKind { kQuantize, kDequantize, kLookup, kQuantDequant };
+static_assert(contract::kOpCount == 4 && contract::op_index("QuantizeMX") == kQuantize &&
                   contract::op_index("DequantizeMX") == kDequantize &&
-                  contract::op_index("CodebookLookup") == kLookup,
+                  contract::op_index("CodebookLookup") == kLookup &&
+                  contract::op_index("QuantizeDequantizeMX") == kQuantDequant,
               "schemas.py OPS and the custom ops disagree on the ops");
 inline const char* op_name(OpKind kind) { return contract::kOps[kind].name; }
 
@@ -39,8 +40,9 @@ constexpr int kOutY = contract::output_index(kDequantize, "Y");
 constexpr int kInShape = contract::input_index(kDequantize, "Shape");
 static_assert(kInX >= 0 && kQOut.q >= 0 && kQOut.scale >= 0 && kQOut.zero >= 0 &&
                   kQOut.ts >= 0 && kQOut.meta >= 0 && kQOut.mask >= 0 && kOutY >= 0 &&
-                  kInShape >= 0 &&
-                  contract::output_index(kLookup, "Y") == kOutY,
+                  kInShape >= 0 && contract::output_index(kLookup, "Y") == kOutY &&
+                  contract::input_index(kQuantDequant, "X") == kInX &&
+                  contract::output_index(kQuantDequant, "Y") == kOutY,
               "schemas.py OPS lacks an input or output the custom ops write");
 
 struct Kernel {
@@ -75,6 +77,8 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept;
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx);
 // DequantizeMX and CodebookLookup.
 void compute_dequantize(const Kernel& k, OrtKernelContext* ctx);
+// QuantizeDequantizeMX: QuantizeMX's cast writing only the decoded values (the virtual cast).
+void compute_quant_dequant(const Kernel& k, OrtKernelContext* ctx);
 
 // The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.
 void init_cuda_kernel(Kernel* k);

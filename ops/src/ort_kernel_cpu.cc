@@ -47,7 +47,10 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info) {
     k->fmt_ready = true;
   }
   attr_int(info, "axis", &k->axis);
-  if (k->kind == kQuantize) {
+  if (k->kind == kQuantDequant && (k->parsed.generic_codebook || k->fmt.codebook()))
+    throw OpError("dtype '" + dtype + "' is a codebook, which this op does not cast; use the " +
+                  "QuantizeMX -> CodebookLookup pair");
+  if (k->kind == kQuantize || k->kind == kQuantDequant) {
     std::string s;
     if (k->parsed.generic_codebook)
       throw OpError("dtype '" + dtype + "' is a generic codebook with no mappings; QuantizeMX " +
@@ -282,6 +285,32 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
     output(ctx, kQOut.meta, "Meta", {0}, kU8, why);  // zero-size when the node names it
   void* mk = output(ctx, kQOut.mask, "Mask", {io.mask ? packed_nbytes(x.count, 1) : 0}, kU8, why);
   if (mk && io.mask) pack_bits(mask.data(), 1, x.count, 1, nullptr, static_cast<uint8_t*>(mk));
+}
+
+void compute_quant_dequant(const Kernel& k, OrtKernelContext* ctx) {
+  In x = input(ctx, kInX, "X");
+  if (!x) throw OpError("input X is missing");
+  if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
+    throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type) +
+                  " of shape " + shape_str(x.shape));
+  if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
+  int axis = normal_axis(k.axis, x.shape.size(), x.shape, "X");
+  Geometry g;
+  std::string e = make_geometry(k.fmt, x.shape, axis, &g);
+  if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
+  void* y = output(ctx, kOutY, "Y", x.shape, x.type, "input X of type " + type_name(x.type));
+  if (!y) throw OpError("output Y is missing");
+  if (x.count == 0) return;  // an empty Y
+  // The virtual cast: X read once, Y written once, no codes, scales or mask written (the
+  // fast row kernels decode each tile as they encode it; the values are DequantizeMX's of
+  // QuantizeMX's codes, bit for bit).
+  QuantizeIO io;
+  io.x = x.data;
+  io.x_type = float_kind(x.type);
+  io.values = y;
+  io.values_type = io.x_type;
+  e = quantize(k.fmt, k.modes, x.shape, axis, io, session_parallel_for(ctx));
+  if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
 }
 
 namespace {
