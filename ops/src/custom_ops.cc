@@ -1,8 +1,9 @@
 // The onnxruntime custom ops QuantizeMX, DequantizeMX, CodebookLookup and QuantizeDequantizeMX
-// (domain `onnxq`, version 1; contract in docs/ops.md): their registration (the OrtCustomOp table and
-// RegisterCustomOps). Their inputs, outputs and attributes come from onnxq/graph/schemas.py
-// through the generated onnxq_op_contract.h; ort_io.cc is onnxruntime's side of a kernel
-// (attributes, tensors, threads), ort_kernel_cpu.cc and ort_kernel_cuda.cc compute the ops.
+// (domain `onnxq`, version 1; contract in docs/ops.md): their registration (the OrtCustomOp
+// table and RegisterCustomOps). Their inputs, outputs and attributes come from
+// onnxq/graph/schemas.py through the generated onnxq_op_contract.h; ort_io.cc is
+// onnxruntime's side of a kernel (attributes, tensors, threads), ort_kernel_cpu.cc and
+// ort_kernel_cuda.cc compute the ops.
 //
 // Written against the onnxruntime C API with the status-returning entry points
 // (OrtCustomOp::CreateKernelV2 / KernelComputeV2, API 16+): every callback catches everything,

@@ -188,7 +188,8 @@ void quantize_empty(OrtKernelContext* ctx, const Format& f, const std::vector<in
   auto width = [](const Num& n) { return static_cast<int64_t>(code_width(n.bits)); };
   zeros(kQOut.scale, "Scale", f.scaled, grid, code_type(f.scale.bits), nscale * width(f.scale));
   const bool z = f.scaled && f.has_zero, t = f.scaled && f.has_ts;
-  zeros(kQOut.zero, "Zero", z, grid, z ? code_type(f.zero.bits) : 0, z ? nscale * width(f.zero) : 0);
+  zeros(kQOut.zero, "Zero", z, grid, z ? code_type(f.zero.bits) : 0,
+        z ? nscale * width(f.zero) : 0);
   zeros(kQOut.ts, "TenScale", t, {1}, t ? code_type(f.ts.bits) : 0, t ? width(f.ts) : 0);
   const bool m = f.scaled && nmeta && f.meta_bits();
   const int64_t meta_bytes = m ? packed_nbytes(nmeta, f.meta_bits()) : 0;
