@@ -239,8 +239,11 @@ def output_types(
         if input_shape is not None:
             if not -len(input_shape) <= axis < len(input_shape):
                 raise ValueError(f"{where} axis {axis} is out of range for X of {input_shape}")
-            grid, units, kept = _tiling_shapes(dt, input_shape, axis % len(input_shape))
-            q_shape = None if kept is None else (_packed(kept, nspec.bits),)
+            if 0 in input_shape:  # an empty X: Q is empty, the field shapes are left open
+                q_shape = (0,)
+            else:
+                grid, units, kept = _tiling_shapes(dt, input_shape, axis % len(input_shape))
+                q_shape = None if kept is None else (_packed(kept, nspec.bits),)
         count = None if input_shape is None else math.prod(input_shape)
         return [
             (TensorProto.UINT8, q_shape),
