@@ -206,6 +206,12 @@ def test_constant_shape_input_is_inferred_and_decoded_once() -> None:
         assert [d.dim_value for d in y.shape.dim] == list(shape)
     x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)  # as `encoded`
     want = _want(x, dt, -1)
+    # The exporter reads the stored Shape input as the weight's shape (no attribute here).
+    from onnxq.deploy.export import quantized_weights
+
+    weight = quantized_weights(model)["y"]
+    assert weight.shape == shape
+    assert np.array_equal(_bits(onnxq.upcast(weight)), want)
     for mode in ("0", "1"):
         os.environ["ONNXQ_CONST_DECODE"] = mode
         try:
