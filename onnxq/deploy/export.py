@@ -106,7 +106,11 @@ def _find(model: onnx.ModelProto) -> tuple[dict[str, QTensor], list[tuple[str, s
                 arrays[key] = numpy_helper.to_array(stored[name]) if name else None
             else:
                 dt = datatype(str(attrs["dtype"]))
-                shape = tuple(int(d) for d in attrs["shape"])
+                # The attribute, else a stored Shape input (the run-time form of X's shape).
+                given = attrs.get("shape", arrays.get("Shape"))
+                if given is None or len(given) == 0:
+                    continue  # no shape: DequantizeMX refuses the node, nothing to export
+                shape = tuple(int(d) for d in given)
                 q_arr, meta, mask = arrays["Q"], arrays["Meta"], arrays["Mask"]
                 assert q_arr is not None
                 found[node.output[0]] = QTensor(

@@ -319,3 +319,42 @@ def test_cuda_flag_gives_the_cpu_bits(
     assert cpu.returncode == 0 and gpu.returncode == 0, gpu.stderr
     for f in (tmp_path / "cpu" / "out").iterdir():
         assert np.load(f).tobytes() == np.load(tmp_path / "gpu" / "out" / f.name).tobytes()
+
+
+def test_dynamic_shapes(host: Path, tmp_path: Path) -> None:
+    """A model with symbolic dims (QuantizeMX -> DequantizeMX fed Shape(x), and the fused
+    QuantizeDequantizeMX) runs in the host at several shapes, an empty one included, with the
+    bits of onnxq.runtime.session."""
+    from onnx import TensorProto
+
+    from onnxq.graph.schemas import infer_shapes
+
+    dims = ["batch", "seq", 64]
+    nodes = [
+        helper.make_node("QuantizeMX", ["x"], ["q", "s"], domain="onnxq", dtype="mxfp4"),
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node(
+            "DequantizeMX", ["q", "s", "", "", "", "", "x_shape"], ["y"], domain="onnxq",
+            dtype="mxfp4",
+        ),
+        helper.make_node("QuantizeDequantizeMX", ["x"], ["y_fused"], domain="onnxq", dtype="mx6"),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("y", "y_fused")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    model.ir_version = 10
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(infer_shapes(model), path)  # the host runs no inference: types declared
+    for i, shape in enumerate([(1, 3, 64), (4, 17, 64), (2, 0, 64)]):
+        x = np.random.default_rng(i).standard_normal(shape).astype(np.float32)
+        _compare(host, path, {"x": x}, tmp_path / f"run{i}")
+        if x.size:
+            want = onnxq.cast(x, "mxfp4", backend="reference")
+            got = np.load(tmp_path / f"run{i}" / "out" / "y.npy")
+            assert got.tobytes() == want.tobytes()
