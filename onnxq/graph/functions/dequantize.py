@@ -116,7 +116,7 @@ def dequantize_mx_function(
     y = _zero_pruned(body, y, kept)
     _finish(body, y, out)
     overload = overload_name("DequantizeMX", attrs, dims)
-    return _function("DequantizeMX", overload, body, num_inputs=6)  # no run-time Shape
+    return _function("DequantizeMX", overload, body)
 
 
 def _dequantize_exponent(

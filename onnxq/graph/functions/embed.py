@@ -123,15 +123,17 @@ def fallback_shape(
     """X's shape for the fallback of one onnxq node (None dims unknown), None when unknown.
 
     QuantizeMX and QuantizeDequantizeMX: X's shape in ``shapes``. DequantizeMX with a
-    ``Shape`` input (the 7th): one None per dim (the body reads them all at run time), the
-    rank from the ``shape`` attribute, the ``Shape`` node that feeds it, or that input's
-    declared length. Otherwise the ``shape`` attribute (-1 dims read as unknown).
+    ``Shape`` input (the 7th) and no static ``shape`` attribute: one None per dim (the body
+    reads them all at run time), the rank from the ``shape`` attribute, the ``Shape`` node
+    that feeds it, or that input's declared length. Otherwise the ``shape`` attribute (-1
+    dims read as unknown).
     """
     if node.op_type in ("QuantizeMX", "QuantizeDequantizeMX"):
         found = shapes.get(node.input[0]) if node.input else None
         return None if found is None else list(found)
     attr = [int(d) for d in node_attrs(node).get("shape", [])]
-    if node.op_type == "DequantizeMX" and len(node.input) > 6 and node.input[6]:
+    static = bool(attr) and all(d > 0 for d in attr)
+    if node.op_type == "DequantizeMX" and len(node.input) > 6 and node.input[6] and not static:
         rank = len(attr) if attr else _shape_rank(node.input[6], shapes, producers)
         return None if rank is None else [None] * rank
     return [d if d >= 0 else None for d in attr]

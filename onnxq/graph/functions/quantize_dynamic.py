@@ -20,7 +20,8 @@ from onnx import TensorProto
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 from onnxq.graph.functions.body import _Body
-from onnxq.graph.functions.dynamic import Layout, _pack_dynamic, check_rank
+from onnxq.graph.functions.dequantize import dequantize_mx_function
+from onnxq.graph.functions.dynamic import Layout, _pack_dynamic, check_rank, dynamic_dims
 from onnxq.graph.functions.quantize import (
     _count_below,
     _magnitudes,
@@ -30,6 +31,7 @@ from onnxq.graph.functions.quantize import (
     _scale_exponent,
     _signed_codes,
     _times_shift,
+    quantize_mx_function,
 )
 from onnxq.graph.functions.signature import _as_dtype, _function, overload_name
 from onnxq.graph.functions.values import _decode, _exponent_table, _pow2_f32
@@ -57,6 +59,16 @@ class _Modes:
             int(seed),
             int_range,
         )
+
+    def keywords(self) -> dict[str, object]:
+        """The keyword arguments of `quantize_mx_function`."""
+        return {
+            "round_mode": self.round_mode,
+            "scale_mode": self.scale_mode,
+            "nan_policy": self.nan_policy,
+            "seed": self.seed,
+            "int_range": self.int_range,
+        }
 
     def attrs(self, dt: DataType, axis: int) -> dict[str, object]:
         return {
@@ -184,13 +196,17 @@ def quantize_dequantize_mx_function(
     """The QuantizeDequantizeMX body: ``DequantizeMX(QuantizeMX(X))`` with no codes packed.
 
     Only X's rank matters (``shape`` may hold None for unknown dims): the body reads the sizes
-    at run time, so one function serves every shape of that rank.
+    at run time, so one function serves every shape of that rank. 2-D tiles on a static
+    shape are the static QuantizeMX body followed by the static DequantizeMX body.
 
     Raises:
         NotImplementedError: what the QuantizeMX fallback refuses, 2-D tiles, N:M sparsity.
         ValueError: rank 0, bad axis or attribute value.
     """
     modes = _Modes.parse(round_mode, scale_mode, nan_policy, seed, int_range)
+    spec = _as_dtype(dtype).sspec
+    if spec is not None and len(spec.tiles) == 2 and not dynamic_dims(shape):
+        return _composed(_as_dtype(dtype), axis, shape, modes)
     dt, ax, body, lay = _setup(dtype, axis, shape, modes, "QuantizeDequantizeMX")
     n, s = dt.nspec, dt.sspec
     assert s is not None
@@ -205,5 +221,34 @@ def quantize_dequantize_mx_function(
         factor = body.gather(_exponent_table(s.scale, frac, 1, dt.name), tiled.scale_code)
     y = lay.from_tiles(body.op("Mul", q, factor))
     body.op("CastLike", y, "X", out="Y")
-    overload = overload_name("QuantizeDequantizeMX", modes.attrs(dt, ax), list(shape))
+    runtime = [None] * len(shape)  # one body for every shape of this rank
+    overload = overload_name("QuantizeDequantizeMX", modes.attrs(dt, ax), runtime)
+    return _function("QuantizeDequantizeMX", overload, body)
+
+
+def _composed(
+    dt: DataType, axis: int, shape: Sequence[int | None], modes: _Modes
+) -> onnx.FunctionProto:
+    """QuantizeMX's static body, then DequantizeMX's (float32), then a cast to X's type."""
+    dims = [int(d) for d in shape if d is not None]
+    quantize = quantize_mx_function(dt, axis, dims, **modes.keywords())
+    dequantize = dequantize_mx_function(dt, axis, dims, TensorProto.FLOAT)
+    codes = set(output_names("QuantizeMX"))
+    body = _Body("qdc")
+
+    def rename(name: str, prefix: str) -> str:
+        if not name or name == "X":
+            return name
+        return ("q_" if name in codes else prefix) + name
+
+    for fn, prefix in ((quantize, "q_"), (dequantize, "d_")):
+        for node in fn.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.input[:] = [rename(n, prefix) for n in node.input]
+            copy.output[:] = [rename(n, prefix) for n in node.output]
+            body.nodes.append(copy)
+    body.op("CastLike", "d_Y", "X", out="Y")
+    _, ax = check_rank(shape, axis, "QuantizeDequantizeMX")
+    overload = overload_name("QuantizeDequantizeMX", modes.attrs(dt, ax), dims)
     return _function("QuantizeDequantizeMX", overload, body)

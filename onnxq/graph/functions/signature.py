@@ -56,11 +56,11 @@ def overload_name(op_type: str, attrs: Mapping[str, Any], shape: Sequence[int]) 
 
     It is built from the canonical data type code and every attribute that changes the body,
     so equal nodes share one function: ``s4x64`` names a static shape, ``r3`` a body of rank 3
-    that reads X's sizes at run time (unknown dims, and every QuantizeDequantizeMX). Only
+    that reads X's sizes at run time. Only
     ``[a-z0-9_]`` characters are used.
     """
     dt = _as_dtype(attrs.get("dtype", ""))
-    if dynamic_dims(shape) or op_type == _QDQ:  # the body reads the sizes at run time
+    if dynamic_dims(shape):  # the body reads the sizes at run time
         rank, axis = check_rank(list(shape), int(attrs.get("axis", -1)), op_type)
         geometry = f"r{rank}"
     else:
@@ -95,14 +95,13 @@ def _function(
     overload: str,
     body: _Body,
     num_outputs: int | None = None,
-    num_inputs: int | None = None,
 ) -> onnx.FunctionProto:
-    """The FunctionProto of ``body``: the op's first ``num_inputs`` inputs and ``num_outputs``."""
+    """The FunctionProto of ``body``: every input of the op and its first ``num_outputs``."""
     ins, outs, attrs = _io(op_type)
     fn = helper.make_function(
         DOMAIN,
         op_type,
-        list(ins[:num_inputs]),
+        list(ins),
         list(outs[:num_outputs]),
         body.nodes,
         [helper.make_opsetid("", OPSET)],
