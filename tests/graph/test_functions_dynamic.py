@@ -18,11 +18,12 @@ from onnx.reference import ReferenceEvaluator
 import onnxq
 from onnxq.graph import functions as fallback
 from onnxq.graph.functions import build_function, fallback_shape
+from onnxq.graph.schemas import output_types
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # 1/-0 in the evaluator
 
 _QX_OUTPUTS = ["Q", "Scale", "Zero", "TenScale", "Meta", "Mask"]
-_FIELDS = {"Q": "data", "Scale": "scale", "Meta": "meta"}
+_FIELDS = {"Q": "data", "Scale": "scale", "TenScale": "tenscale", "Meta": "meta"}
 
 
 def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -32,8 +33,8 @@ def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
     x = x.astype(np.float32).reshape(-1)
     specials = [np.nan, -np.inf, -0.0, 0.0, 2.0**-149, -(2.0**-130), 1e-41, np.inf, 6.0]
     x[: min(len(specials), x.size)] = specials[: x.size]
-    if x.size > 40:
-        x[20:36] = 0.0  # an all-zero tile
+    if x.size > 70:
+        x[32:64] = 0.0  # all-zero tiles (of 16 and of 32)
     return x.reshape(shape)
 
 
@@ -82,8 +83,26 @@ def _pair_model(
             ),
         ]
         if codes:
-            outputs += [helper.make_tensor_value_info(n, TensorProto.UINT8, None) for n in _FIELDS]
+            kinds = dict(zip(_QX_OUTPUTS, output_types("QuantizeMX", attrs), strict=True))
+            outputs += [
+                helper.make_tensor_value_info(n, kinds[n][0], None) for n in _FIELDS if kinds[n][0]
+            ]
     return _finish(nodes, [x], outputs)
+
+
+def _through_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with float32 I/O around its bfloat16 X and Y (the Python API lacks bfloat16)."""
+    graph = model.graph
+    dims = [d.dim_param or d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
+    for node in graph.node:
+        node.input[:] = ["X_b" if n == "X" else n for n in node.input]
+        node.output[:] = ["Y_b" if n == "Y" else n for n in node.output]
+    graph.node.insert(0, helper.make_node("Cast", ["X"], ["X_b"], to=TensorProto.BFLOAT16))
+    graph.node.append(helper.make_node("Cast", ["Y_b"], ["Y"], to=TensorProto.FLOAT))
+    del graph.input[:], graph.output[:]
+    graph.input.append(helper.make_tensor_value_info("X", TensorProto.FLOAT, dims))
+    graph.output.append(helper.make_tensor_value_info("Y", TensorProto.FLOAT, dims))
+    return model
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -91,7 +110,7 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 _FORMATS = ["mxfp8", "mxfp8e5", "mxfp6", "mxfp6e3", "mxfp4", "mxint8", "mxint4", "bfp16"]
-_FORMATS += ["bfp8", "mx9", "mx6", "mx4"]
+_FORMATS += ["bfp8", "mx9", "mx6", "mx4", "nvfp4", "int4_e4m3fn_float32_t16"]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["pair", "fused"])
@@ -119,7 +138,9 @@ def test_ragged_tiled_dim_unknown(dtype: str, axis: int, fused: bool) -> None:
         np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
-@pytest.mark.parametrize(("dtype", "axis"), [("mxfp4", -1), ("mx6", 1), ("mxint4", 0)])
+@pytest.mark.parametrize(
+    ("dtype", "axis"), [("mxfp4", -1), ("mx6", 1), ("mxint4", 0), ("nvfp4", -1), ("nvfp4", 0)]
+)
 def test_codes_match_compress_mode(dtype: str, axis: int) -> None:
     """QuantizeMX's Q, Scale and Meta on unknown dims are the reference's packed streams."""
     model = _pair_model(dtype, ["a", "b", "c"], axis, codes=True)
@@ -132,8 +153,8 @@ def test_codes_match_compress_mode(dtype: str, axis: int) -> None:
         np.testing.assert_array_equal(_bits(got["Y"]), _bits(onnxq.upcast(q)))
         for name, field in _FIELDS.items():
             ref = getattr(q, field)
-            if ref is None:
-                assert got[name].size == 0
+            if name not in got:  # the data type has no such output
+                assert ref is None
                 continue
             np.testing.assert_array_equal(got[name].reshape(-1), np.asarray(ref).reshape(-1))
         assert got["Scale"].shape == np.asarray(q.scale).shape
@@ -154,6 +175,40 @@ def test_modes_on_unknown_dims(dtype: str, modes: dict, fused: bool) -> None:
     for k, rows in enumerate([1, 6]):
         x = _data((rows, 40), seed=300 + k)
         want = onnxq.cast(x, dtype, axis=-1, backend="reference", **modes)
+        (got,) = session.run(None, {"X": x})
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["pair", "fused"])
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16])
+def test_nvfp4_tensor_scale_edges(elem: int, fused: bool) -> None:
+    """NVFP4: the tensor scale spans the whole run-time tensor; tiles whose scale rounds to 0,
+    all-zero tiles, values near the type's maximum (the clamp on float32(q * sc * ts))."""
+    np_type = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}.get(elem)
+    model = _pair_model("nvfp4", ["n", "d"], fused=fused, elem=elem)
+    if np_type is None:
+        model = _through_float32(model)
+    session = _session(model)
+    top = {TensorProto.FLOAT: 3.0e38, TensorProto.FLOAT16: 65000.0}.get(elem, 3.0e38)
+    rng = np.random.default_rng(11)
+    for rows, cols in [(1, 16), (3, 40), (2, 7)]:
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+        x[0, 0] = top
+        x[0, 1:3] = [-top * 0.99, np.nan]
+        if cols > 16:
+            x[-1, 16:32] = 1e-30 * np.sign(x[-1, 16:32])  # sc = 0: the tile reads +0
+            x[-1, 16] = -0.0
+        if rows > 1:
+            x[1, :16] = 0.0
+        if np_type is None:  # bfloat16 X, fed and read as float32 (exact casts)
+            ml_dtypes = pytest.importorskip("ml_dtypes")
+            xb = x.astype(ml_dtypes.bfloat16)
+            want = onnxq.cast(xb, "nvfp4", axis=-1, backend="reference").astype(np.float32)
+            (got,) = session.run(None, {"X": xb.astype(np.float32)})
+            np.testing.assert_array_equal(_bits(got), _bits(want))
+            continue
+        x = x.astype(np_type)
+        want = onnxq.cast(x, "nvfp4", axis=-1, backend="reference")
         (got,) = session.run(None, {"X": x})
         np.testing.assert_array_equal(_bits(got), _bits(want))
 
@@ -312,3 +367,47 @@ def test_fallback_shape_of_dequantize_nodes() -> None:
     assert fallback_shape(dq("", shape=[-1, 8, 1, 1]), shapes, producers) == [None, 8, 1, 1]
     qx = helper.make_node("QuantizeMX", ["X"], ["Q", "Scale"], domain="onnxq", dtype="mxfp8")
     assert fallback_shape(qx, shapes, producers) == [None, 7, 64]
+
+
+def _no_opt() -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
+
+
+def _plain(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(
+        model.SerializeToString(), _no_opt(), providers=["CPUExecutionProvider"]
+    )
+
+
+@pytest.mark.needs_custom_ops
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_nvfp4_activations_run_the_same_bits_with_and_without_the_library(name: str) -> None:
+    """NVFP4 activations now have a fallback: the library, a plain onnxruntime and the
+    standard target (inlined bodies) agree bit for bit."""
+    runtime = pytest.importorskip("onnxq.runtime")
+    from onnxq.graph.quantize import quantize_model
+    from tests.models import builders
+
+    model, inputs = builders.BUILDERS[name]()
+    q = quantize_model(model, weights="mxfp4", activations="nvfp4")
+    assert "onnxq_no_fallback" not in {p.key for p in q.metadata_props}
+    infos = {v.name: v for v in q.graph.value_info}
+    decoded = [n.output[0] for n in q.graph.node if n.op_type == "DequantizeMX"]
+    q.graph.output.extend(infos[n] for n in decoded)
+    names = [o.name for o in q.graph.output]
+    lib = runtime.session(q, sess_options=_no_opt()).run(names, inputs)
+    plain = ort.InferenceSession(
+        q.SerializeToString(), _no_opt(), providers=["CPUExecutionProvider"]
+    )
+    for key, a, b in zip(names, lib, plain.run(names, inputs), strict=True):
+        np.testing.assert_array_equal(_bits(a), _bits(b), err_msg=key)
+    std = quantize_model(model, weights="mxfp4", activations="nvfp4", target="standard")
+    assert all(n.domain != "onnxq" for n in std.graph.node)
+    outs = [o.name for o in model.graph.output]
+    got = ort.InferenceSession(
+        std.SerializeToString(), _no_opt(), providers=["CPUExecutionProvider"]
+    )
+    for key, a in zip(outs, got.run(outs, inputs), strict=True):
+        np.testing.assert_array_equal(_bits(a), _bits(lib[names.index(key)]), err_msg=key)

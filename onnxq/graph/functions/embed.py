@@ -9,6 +9,7 @@ import onnx
 import onnx.inliner
 from onnx import TensorProto, helper
 
+from onnxq.formats.datatype import DataType, datatype
 from onnxq.graph.functions.dequantize import codebook_lookup_function, dequantize_mx_function
 from onnxq.graph.functions.dequantize_dynamic import dequantize_mx_dynamic
 from onnxq.graph.functions.dynamic import dynamic_dims
@@ -78,7 +79,10 @@ def _quantizer(
     if op_type == "QuantizeDequantizeMX":
         return quantize_dequantize_mx_function(attrs["dtype"], axis, shape, **modes)
     outputs = int(attrs.get("num_outputs", 6))
-    if dynamic:
+    spec = (
+        attrs["dtype"] if isinstance(attrs["dtype"], DataType) else datatype(attrs["dtype"])
+    ).sspec
+    if dynamic or (spec is not None and not spec.scale.is_exponent):  # float scales: one body
         return quantize_mx_dynamic(attrs["dtype"], axis, shape, num_outputs=outputs, **modes)
     dims = [int(d) for d in shape if d is not None]
     return quantize_mx_function(attrs["dtype"], axis, dims, num_outputs=outputs, **modes)

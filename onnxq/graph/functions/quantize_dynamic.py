@@ -33,6 +33,7 @@ from onnxq.graph.functions.quantize import (
     _times_shift,
     quantize_mx_function,
 )
+from onnxq.graph.functions.quantize_float import float32_bits, float_scale_support, float_tiles
 from onnxq.graph.functions.signature import _as_dtype, _function, overload_name
 from onnxq.graph.functions.values import _decode, _exponent_table, _pow2_f32
 from onnxq.graph.schemas import output_names
@@ -131,12 +132,19 @@ def _quantize_tiles(body: _Body, dt: DataType, lay: Layout, modes: _Modes) -> _T
     return _Tiled(codes, scale_code, shift)
 
 
+def _float_scaled(dt: DataType) -> bool:
+    return dt.sspec is not None and not dt.sspec.scale.is_exponent
+
+
 def _setup(
     dtype: DataType | str, axis: int, shape: Sequence[int | None], modes: _Modes, what: str
 ) -> tuple[DataType, int, _Body, Layout]:
     dt = _as_dtype(dtype)
     rank, ax = check_rank(shape, axis, what)
-    _quantize_support(dt, modes.round_mode, modes.scale_mode, ())
+    if _float_scaled(dt):  # the scale mode does not apply to float scales
+        float_scale_support(dt, modes.round_mode)
+    else:
+        _quantize_support(dt, modes.round_mode, modes.scale_mode, ())
     body = _Body("qd")
     lay = Layout(body, dt, body.op("Shape", "X"), rank, ax)
     return dt, ax, body, lay
@@ -167,16 +175,27 @@ def quantize_mx_dynamic(
     if not 2 <= num_outputs <= 6:
         raise ValueError(f"QuantizeMX has 2 to 6 outputs (Q, Scale, ...), not {num_outputs}")
     dt, ax, body, lay = _setup(dtype, axis, shape, modes, "QuantizeMX")
-    tiled = _quantize_tiles(body, dt, lay, modes)
-    _pack_dynamic(body, body.reshape(lay.from_tiles(tiled.codes), [-1]), dt.nspec.bits, "Q")
-    body.op("Cast", lay.grid_of(tiled.scale_code), out="Scale", to=TensorProto.UINT8)
+    s = dt.sspec
+    assert s is not None
+    shift = tenscale = None
+    if _float_scaled(dt):
+        full = modes.int_range == "full" and dt.nspec.is_int
+        floats = float_tiles(body, dt, lay, modes.round_mode, modes.nan_policy, full)
+        codes, scale_code, tenscale = floats.codes, floats.scale_code, floats.tenscale
+    else:
+        tiled = _quantize_tiles(body, dt, lay, modes)
+        codes, scale_code, shift = tiled.codes, tiled.scale_code, tiled.shift
+    _pack_dynamic(body, body.reshape(lay.from_tiles(codes), [-1]), dt.nspec.bits, "Q")
+    scale_type = TensorProto.UINT8 if s.scale.bits <= 8 else TensorProto.UINT32
+    body.op("Cast", lay.grid_of(scale_code), out="Scale", to=scale_type)
     empty = np.zeros(0, dtype=np.uint8)
     for name in output_names("QuantizeMX")[2:num_outputs]:
-        if name == "Meta" and tiled.shift is not None:
-            bits = body.reshape(lay.meta_of(tiled.shift), [-1])
-            _pack_dynamic(body, bits, 1, "Meta")
-            continue
-        body.op("Identity", body.const(empty), out=name)
+        if name == "Meta" and shift is not None:
+            _pack_dynamic(body, body.reshape(lay.meta_of(shift), [-1]), 1, "Meta")
+        elif name == "TenScale" and tenscale is not None:
+            body.op("Cast", float32_bits(body, tenscale), out=name, to=TensorProto.UINT32)
+        else:
+            body.op("Identity", body.const(empty), out=name)
     attrs = {**modes.attrs(dt, ax), "num_outputs": num_outputs}
     overload = overload_name("QuantizeMX", attrs, list(shape))
     return _function("QuantizeMX", overload, body, num_outputs)
@@ -210,6 +229,13 @@ def quantize_dequantize_mx_function(
     dt, ax, body, lay = _setup(dtype, axis, shape, modes, "QuantizeDequantizeMX")
     n, s = dt.nspec, dt.sspec
     assert s is not None
+    if _float_scaled(dt):  # as DequantizeMX: q * (sc * ts), NaN tiles NaN
+        full = modes.int_range == "full" and n.is_int
+        floats = float_tiles(body, dt, lay, modes.round_mode, modes.nan_policy, full)
+        y = body.op("Mul", _decode(body, floats.codes, n, f"{dt.name} element"), floats.eff)
+        if floats.nan_tile is not None:
+            y = body.where(floats.nan_tile, body.const(np.float32(np.nan)), y)
+        return _qdq_finish(body, lay.from_tiles(y), dt, ax, modes, len(shape))
     tiled = _quantize_tiles(body, dt, lay, modes)
     q = _decode(body, tiled.codes, n, f"{dt.name} element")
     frac = n.int_fraction_bits
@@ -220,9 +246,15 @@ def quantize_dequantize_mx_function(
     else:
         factor = body.gather(_exponent_table(s.scale, frac, 1, dt.name), tiled.scale_code)
     y = lay.from_tiles(body.op("Mul", q, factor))
+    return _qdq_finish(body, y, dt, ax, modes, len(shape))
+
+
+def _qdq_finish(
+    body: _Body, y: str, dt: DataType, ax: int, modes: _Modes, rank: int
+) -> onnx.FunctionProto:
+    """Y in X's type; one function for every shape of the rank (the overload says ``r<rank>``)."""
     body.op("CastLike", y, "X", out="Y")
-    runtime = [None] * len(shape)  # one body for every shape of this rank
-    overload = overload_name("QuantizeDequantizeMX", modes.attrs(dt, ax), runtime)
+    overload = overload_name("QuantizeDequantizeMX", modes.attrs(dt, ax), [None] * rank)
     return _function("QuantizeDequantizeMX", overload, body)
 
 
