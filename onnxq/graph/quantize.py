@@ -378,7 +378,8 @@ def _inline_fallbacks(model: onnx.ModelProto, missing: list[dict[str, str]]) -> 
     """Replace every onnxq node (block-format activations) by its standard-ONNX function body.
 
     The bodies are the bit-exact fallbacks of functions.py, so the standard model computes
-    what the onnxq one does.
+    what the onnxq one does; nodes on unknown dims inline bodies that read the sizes at run
+    time (``Shape``, ``Reshape``...), so the standard model keeps its symbolic dims.
 
     Raises:
         NotImplementedError: a node has no fallback (its format or mode is not expressible).

@@ -411,3 +411,44 @@ def test_nvfp4_activations_run_the_same_bits_with_and_without_the_library(name: 
     )
     for key, a in zip(outs, got.run(outs, inputs), strict=True):
         np.testing.assert_array_equal(_bits(a), _bits(lib[names.index(key)]), err_msg=key)
+
+
+def _bare(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as the pass leaves it before the fallbacks: no functions, no overloads."""
+    del model.functions[:]
+    for node in model.graph.node:
+        node.overload = ""
+    return model
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["pair", "fused"])
+@pytest.mark.parametrize("target", ["onnxq", "standard"])
+def test_pass_embeds_and_inlines_the_run_time_bodies(fused: bool, target: str) -> None:
+    from onnxq.graph.quantize import _with_fallbacks
+
+    model = _bare(_pair_model("mx6", ["batch", "seq", 40], fused=fused))
+    types = {"X": (TensorProto.FLOAT, [None, None, 40])}  # as shape inference reports them
+    model, missing = _with_fallbacks(model, types, target)
+    assert missing == []
+    if target == "standard":
+        assert not model.functions and all(n.domain != "onnxq" for n in model.graph.node)
+        assert "onnxq" not in {o.domain for o in model.opset_import}
+    else:
+        assert {f.overload.split("_r3_")[0] for f in model.functions} == {"int5_e8m0_t16s2_a2"}
+    session = _session(model)
+    for k, shape in enumerate([(1, 1, 40), (3, 7, 40), (2, 129, 40)]):
+        x = _data(shape, seed=400 + k)
+        (got,) = session.run(None, {"X": x})
+        want = onnxq.cast(x, "mx6", axis=-1, backend="reference")
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_pass_lists_nodes_of_unknown_rank() -> None:
+    """X of unknown rank: no fallback for either node, each listed with the reason."""
+    from onnxq.graph.quantize import _embed
+
+    model = _bare(_pair_model("mxfp8", ["n", 40]))
+    missing = _embed(model, {})
+    assert len(missing) == 2  # QuantizeMX, and DequantizeMX whose Shape reads that X
+    assert all("rank" in m["reason"] for m in missing)
+    assert not model.functions
