@@ -452,3 +452,25 @@ def test_pass_lists_nodes_of_unknown_rank() -> None:
     assert len(missing) == 2  # QuantizeMX, and DequantizeMX whose Shape reads that X
     assert all("rank" in m["reason"] for m in missing)
     assert not model.functions
+
+
+def _symbolic_matmul() -> onnx.ModelProto:
+    w = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", "seq", 64])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", "seq", 8])
+    node = helper.make_node("MatMul", ["X", "W"], ["Y"])
+    graph = helper.make_graph([node], "g", [x], [y], [onnx.numpy_helper.from_array(w, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_early_check_asks_the_builders_with_unknown_dims() -> None:
+    """pass_checks.no_fallback predicts what _embed does: 2-D tiles on symbolic dims have no
+    fallback (refused up front, naming the reason); NVFP4 and MX formats have one."""
+    from onnxq.graph.quantize import quantize_model
+
+    model = _symbolic_matmul()
+    with pytest.raises(NotImplementedError, match="2-D tiles on a tensor with unknown dims"):
+        quantize_model(model, weights="mxfp8", activations="int8_e8m0_t8_t8")
+    for fmt in ("mxfp8", "nvfp4", "mx6"):
+        q = quantize_model(model, weights="mxfp8", activations=fmt)
+        assert "onnxq_no_fallback" not in {p.key for p in q.metadata_props}
