@@ -45,10 +45,11 @@ midmax/option3/topbinade/rceil/even for exponent scales of float elements; eleme
 codes of more than 16 bits other than IEEE float32 scales; on unknown dims, 2-D tiles, N:M
 sparsity and codebooks (weight layouts, whose shapes are static). NVFP4-style formats (float
 tile scales and a float32 tensor scale, `quantize_float`) get one body for static and
-unknown dims alike, the tensor scale a reduction over the whole run-time tensor. One documented limitation of the
-float32-scale decode (there is no bit cast in opset 21): a float32 tensor scale or zero point
-whose bits are a NaN with a payload other than the quiet NaN decodes to the quiet NaN of the
-same sign; `onnxq.cast` never writes such codes.
+unknown dims alike, the tensor scale a reduction over the whole run-time tensor.
+
+One documented limitation of the float32-scale decode (there is no bit cast in opset 21): a
+float32 tensor scale or zero point whose bits are a NaN with a payload other than the quiet
+NaN decodes to the quiet NaN of the same sign; `onnxq.cast` never writes such codes.
 
 Modules: `body` (the graph writer, bit streams, tile geometry), `values` (exact decoding of
 codes and power-of-two tables), `signature` (overload names, the FunctionProto of an op, its
