@@ -129,8 +129,11 @@ def fallback_shape(
     QuantizeMX and QuantizeDequantizeMX: X's shape in ``shapes``. DequantizeMX with a
     ``Shape`` input (the 7th) and no static ``shape`` attribute: one None per dim (the body
     reads them all at run time), the rank from the ``shape`` attribute, the ``Shape`` node
-    that feeds it, or that input's declared length. Otherwise the ``shape`` attribute (-1
-    dims read as unknown).
+    that feeds it, or that input's declared length. Otherwise the ``shape`` attribute.
+
+    Raises:
+        ValueError: a DequantizeMX ``shape`` attribute with unknown (-1) dims and no ``Shape``
+            input: no body could learn X's shape.
     """
     if node.op_type in ("QuantizeMX", "QuantizeDequantizeMX"):
         found = shapes.get(node.input[0]) if node.input else None
@@ -140,7 +143,12 @@ def fallback_shape(
     if node.op_type == "DequantizeMX" and len(node.input) > 6 and node.input[6] and not static:
         rank = len(attr) if attr else _shape_rank(node.input[6], shapes, producers)
         return None if rank is None else [None] * rank
-    return [d if d >= 0 else None for d in attr]
+    if node.op_type == "DequantizeMX" and attr and not static:
+        raise ValueError(
+            f"DequantizeMX node {node.name!r}: attribute shape {attr} has unknown dims and no "
+            "Shape input gives X's shape at run time; feed Shape(X) as its 7th input"
+        )
+    return attr
 
 
 def embed_functions(
