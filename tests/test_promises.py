@@ -242,7 +242,7 @@ def test_inspect_shows_a_custom_op_only_model(
 
     model, _ = builders.mlp()
     out = tmp_path / "q.onnx"
-    quantize_model(model, out, activations="nvfp4", custom_ops_only=True)
+    quantize_model(model, out, activations="uint4_block32", custom_ops_only=True)
     assert cli.main(["inspect", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "onnxq_custom_ops_only: 3 onnxq node(s) have no standard-ONNX fallback" in shown

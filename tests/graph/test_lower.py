@@ -195,9 +195,9 @@ def test_standard_target_fake_storage_has_no_custom_op() -> None:
 
 def test_standard_target_refuses_inexpressible_activations_and_unstorable_formats() -> None:
     model, _ = builders.mlp()
-    # NVFP4's QuantizeMX has no standard-ONNX fallback (float block scales).
+    # uint4_block32's QuantizeMX has no standard-ONNX fallback (float scales, zero points).
     with pytest.raises(NotImplementedError, match="no standard-ONNX form"):
-        quantize_model(model, weights="mxfp4", activations="nvfp4", target="standard")
+        quantize_model(model, weights="mxfp4", activations="uint4_block32", target="standard")
     with pytest.raises(NotImplementedError, match="cannot quantize activation"):
         quantize_model(model, weights="mxfp4", activations="int8_channel", target="standard")
     with pytest.raises(NotImplementedError, match="no same-valued ONNX type"):

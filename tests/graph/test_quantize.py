@@ -235,7 +235,7 @@ def test_metadata_ir_version_and_opset() -> None:
 @pytest.mark.parametrize(
     ("activations", "modes", "words"),
     [
-        ("nvfp4", {}, ["nvfp4", "float scales"]),
+        ("uint4_block32", {}, ["uint4_block32", "zero points"]),
         ("mxfp8e4", {"scale_mode": "midmax"}, ["mxfp8e4", "midmax"]),
         ("mxint8", {"round_mode": "stochastic"}, ["mxint8", "stochastic"]),
     ],
@@ -303,7 +303,7 @@ def test_nothing_to_quantize_and_bad_arguments_raise() -> None:
         quantize_model(model)
     with pytest.raises(ValueError, match="weight_storage 'zip'"):
         quantize_model(model, weights="mxfp4", weight_storage="zip")  # type: ignore[arg-type]
-    with pytest.raises(NotImplementedError, match="standard"):  # no standard form for NVFP4
-        quantize_model(model, weights="mxfp4", activations="nvfp4", target="standard")
+    with pytest.raises(NotImplementedError, match="standard"):  # no standard form: zero points
+        quantize_model(model, weights="mxfp4", activations="uint4_block32", target="standard")
     with pytest.raises(ValueError, match="does not exist"):
         quantize_model("/nonexistent/model.onnx", weights="mxfp4")

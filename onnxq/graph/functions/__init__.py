@@ -30,18 +30,34 @@ Exactness rules the bodies follow:
   nearest-value search on the element's value table, with ties decided on the code (even),
   so no float ``log2``, ``Pow`` or division is involved.
 
+Shapes with unknown dims (rank known; None for a symbolic or -1 dim) get bodies that read the
+sizes at run time (`dynamic`: ``Shape(X)`` for QuantizeMX, the ``Shape`` input of DequantizeMX)
+in a tiled layout where tile values broadcast over their elements; their overload names the
+rank (``r3``) instead of the dims (``s4x64``), and one function serves every shape of that
+rank. Static shapes keep their static bodies. ``QuantizeDequantizeMX`` (`quantize_dynamic`)
+always reads its sizes at run time and decodes its codes in place, unpacked (2-D tiles on a
+static shape: the static QuantizeMX body, then the static DequantizeMX body).
+
 What the builders refuse (`NotImplementedError` naming the format): QuantizeMX for float
-scales, zero points, codebooks, N:M sparsity, unscaled casts, stochastic rounding and the
-scale modes midmax/option3/topbinade/rceil/even for float elements; element or scale codes of
-more than 16 bits other than IEEE float32 scales. One documented limitation of the
-float32-scale decode (there is no bit cast in opset 21): a float32 tensor scale or zero point
-whose bits are a NaN with a payload other than the quiet NaN decodes to the quiet NaN of the
-same sign; `onnxq.cast` never writes such codes.
+scales without a tensor scale (tensor and channel scales: those activations are calibrated),
+zero points, codebooks, N:M sparsity, unscaled casts, stochastic rounding and the scale modes
+midmax/option3/topbinade/rceil/even for exponent scales of float elements; element or scale
+codes of more than 16 bits other than IEEE float32 scales; on unknown dims, 2-D tiles, N:M
+sparsity and codebooks (weight layouts, whose shapes are static). NVFP4-style formats (float
+tile scales and a float32 tensor scale, `quantize_float`) get one body for static and
+unknown dims alike, the tensor scale a reduction over the whole run-time tensor.
+
+One documented limitation of the float32-scale decode (there is no bit cast in opset 21): a
+float32 tensor scale or zero point whose bits are a NaN with a payload other than the quiet
+NaN decodes to the quiet NaN of the same sign; `onnxq.cast` never writes such codes.
 
 Modules: `body` (the graph writer, bit streams, tile geometry), `values` (exact decoding of
 codes and power-of-two tables), `signature` (overload names, the FunctionProto of an op, its
 inputs and outputs read from `onnxq.graph.schemas.OPS`), `dequantize` (DequantizeMX,
-CodebookLookup), `quantize` (QuantizeMX) and `embed` (whole models).
+CodebookLookup), `quantize` (QuantizeMX), `dynamic` (the run-time tile layout and bit
+streams), `quantize_dynamic` (QuantizeMX on unknown dims, QuantizeDequantizeMX),
+`quantize_float` (float tile scales with a tensor scale), `dequantize_dynamic` (DequantizeMX
+from its Shape input) and `embed` (whole models, `fallback_shape`).
 """
 
 # The body writer and table helpers stay importable from here: onnxq.graph.lower builds its
@@ -51,7 +67,12 @@ from onnxq.graph.functions.body import _expand as _expand
 from onnxq.graph.functions.body import _grid_shape as _grid_shape
 from onnxq.graph.functions.body import _tiled_dims as _tiled_dims
 from onnxq.graph.functions.dequantize import codebook_lookup_function, dequantize_mx_function
-from onnxq.graph.functions.embed import build_function, embed_functions, inline_for_reference
+from onnxq.graph.functions.embed import (
+    build_function,
+    embed_functions,
+    fallback_shape,
+    inline_for_reference,
+)
 from onnxq.graph.functions.quantize import quantize_mx_function
 from onnxq.graph.functions.signature import OP_TYPES, OPSET, overload_name
 from onnxq.graph.functions.values import _exponent_table as _exponent_table
@@ -66,6 +87,7 @@ __all__ = [
     "codebook_lookup_function",
     "dequantize_mx_function",
     "embed_functions",
+    "fallback_shape",
     "inline_for_reference",
     "overload_name",
     "quantize_mx_function",
