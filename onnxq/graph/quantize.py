@@ -12,6 +12,8 @@ tensor with its data type, tile axis and the reason - and `quantize_model` mater
   fields as uint8/16/32 initializers of the main graph and a ``DequantizeMX`` (``CodebookLookup``
   for codebooks) node, also in the main graph, that produces the float weight under its old name
   (subgraphs read it from the outer scope); ``fake`` storage replaces the values in place.
+  Conv weights whose reduction axis is shorter than a tile (depthwise) are tiled as the matrix
+  ``[M, C/group*kh*kw]`` and a ``Reshape`` restores their shape (`onnxq.graph.tiling`).
 - activations get one ``QuantizeMX -> DequantizeMX`` pair per tensor, placed after its
   producer; the target consumers read the dequantized tensor. The onnxq ops need static
   shapes (DequantizeMX's ``shape`` attribute), so an activation with a symbolic dim is left in
