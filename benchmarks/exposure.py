@@ -47,6 +47,36 @@ def _kind(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto], inputs: s
     return f"{label}, first layer" if first else label
 
 
+_FLOAT_VALUES: dict[tuple[int, tuple[str, ...]], dict[str, np.ndarray]] = {}
+
+
+def _values(
+    model: onnx.ModelProto,
+    names: Sequence[str],
+    feeds: Sequence[dict[str, np.ndarray]],
+    session: Session,
+    cache: bool = True,
+) -> dict[str, np.ndarray]:
+    """The tensors ``names`` over all ``feeds``, flattened and concatenated."""
+    key = (id(model), tuple(names))
+    if cache and key in _FLOAT_VALUES:
+        return _FLOAT_VALUES[key]
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    added = expose_outputs(exposed, names)
+    run = session(exposed)
+    out_names = [o.name for o in exposed.graph.output]
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in added}
+    for feed in feeds:
+        got = dict(zip(out_names, run(feed), strict=True))
+        for n in added:
+            parts[n].append(np.asarray(got[n]).ravel())
+    values = {n: np.concatenate(v) for n, v in parts.items()}
+    if cache:
+        _FLOAT_VALUES[key] = values
+    return values
+
+
 def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
     s = error_metrics(ref, got)["sqnr"]
     return CAP if s > CAP else s
@@ -59,23 +89,13 @@ def layer_exposure(
     session: Session,
 ) -> list[dict[str, Any]]:
     """Per target node: its kind, input and output SQNR (dB) and the dB it adds, worst first."""
-    names = layer_candidates(float_model, q_model)
-    f_exp, q_exp = onnx.ModelProto(), onnx.ModelProto()
-    f_exp.CopyFrom(float_model)
-    q_exp.CopyFrom(q_model)
-    shared = [n for n in expose_outputs(f_exp, names) if n in set(expose_outputs(q_exp, names))]
-    f_run, q_run = session(f_exp), session(q_exp)
-    f_names = [o.name for o in f_exp.graph.output]
-    q_names = [o.name for o in q_exp.graph.output]
-    f_vals: dict[str, list[np.ndarray]] = {n: [] for n in shared}
-    q_vals: dict[str, list[np.ndarray]] = {n: [] for n in shared}
-    for feed in feeds:
-        for vals, run, out_names in ((f_vals, f_run, f_names), (q_vals, q_run, q_names)):
-            got = dict(zip(out_names, run(feed), strict=True))
-            for n in shared:
-                vals[n].append(np.asarray(got[n]).ravel())
-    sqnr = {n: _sqnr(np.concatenate(f_vals[n]), np.concatenate(q_vals[n])) for n in shared}
     g = float_model.graph
+    ends = {t for n in g.node if n.op_type in TARGETS for t in (n.input[0], n.output[0])}
+    names = [n for n in layer_candidates(float_model, q_model) if n in ends]
+    f_vals = _values(float_model, names, feeds, session)  # cached: the same for every format
+    q_vals = _values(q_model, names, feeds, session, cache=False)
+    shared = [n for n in names if n in f_vals and n in q_vals]
+    sqnr = {n: _sqnr(f_vals[n], q_vals[n]) for n in shared}
     inits = {t.name: t for t in g.initializer}
     inputs = {i.name for i in g.input} - set(inits)
     rows = []
