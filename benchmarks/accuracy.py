@@ -690,14 +690,15 @@ def _expose(
     )
     found = {"model": spec.name, "format": label, "mode": mode, "layers": layers}
     rescued = []
-    for rule in args.rescue:
+    rules = args.rescue if args.rescue_formats is None or label in args.rescue_formats else []
+    for rule in rules:
         nodes = exposure.rescued_layers(layers, rule)
-        if not nodes:
+        if not nodes and "scale:" not in rule:
             continue
         recipe = exposure.rescue_recipe(
-            format_code(label), mode == "w+a", nodes, format_code(args.safe)
+            format_code(label), mode == "w+a", nodes, format_code(args.safe), rule
         )
-        row = {"model": spec.name, "format": f"{label}, {rule} in {args.safe}", "mode": mode}
+        row = {"model": spec.name, "format": f"{label}, rescue {rule}", "mode": mode}
         row["rescue"] = nodes
         _evaluate(spec, args, row, {"recipe": recipe}, ref)
         rescued.append(row)
@@ -848,7 +849,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="RULE",
         help="with --exposure: also measure each format with the layers a rule picks in\n"
         "--safe; RULE joins with + an integer K (the K layers adding most error),\n"
-        "depthwise (every depthwise conv), first, last: e.g. 2 depthwise first+last",
+        "depthwise (every depthwise conv), first, last, scale:MODE (the recipe's scale\n"
+        "mode): e.g. 2 depthwise first+last scale:rceil depthwise+scale:rceil",
+    )
+    p.add_argument(
+        "--rescue-formats", nargs="*", help="the formats --rescue applies to (default: all)"
     )
     p.add_argument("--safe", default="mxfp8", help="the rescue format (default %(default)s)")
     p.add_argument("--top", type=int, default=3, help="worst layers shown per format")

@@ -131,7 +131,7 @@ def rescued_layers(layers: Sequence[Mapping[str, Any]], rule: str) -> list[str]:
 
     A rule is ``+``-joined parts: an integer K (the K layers that add the most error),
     ``depthwise`` (every depthwise conv), ``first`` / ``last`` (the first / last target layer
-    in graph order).
+    in graph order), ``scale:MODE`` (no layer: the recipe's scale mode, `rescue_recipe`).
     """
     by_order = sorted(layers, key=lambda r: r["index"])
     picked: list[str] = []
@@ -142,20 +142,29 @@ def rescued_layers(layers: Sequence[Mapping[str, Any]], rule: str) -> list[str]:
             chosen = [r["node"] for r in by_order if r["kind"].startswith("depthwise")]
         elif part in ("first", "last"):
             chosen = [by_order[0 if part == "first" else -1]["node"]] if by_order else []
+        elif part.startswith("scale:") and part[6:]:
+            chosen = []
         else:
             raise ValueError(f"rescue rule {rule!r}: unknown part {part!r}")
         picked += [n for n in chosen if n not in picked]
     return picked
 
 
-def rescue_recipe(fmt: str, with_activations: bool, nodes: Sequence[str], safe: str) -> dict:
-    """``fmt`` everywhere but ``nodes``, which get ``safe`` (a recipe mapping)."""
+def rescue_recipe(
+    fmt: str, with_activations: bool, nodes: Sequence[str], safe: str, rule: str = ""
+) -> dict:
+    """``fmt`` everywhere but ``nodes``, which get ``safe`` (a recipe mapping).
+
+    A ``scale:MODE`` part of ``rule`` sets the recipe's ``scale_mode``.
+    """
     keep = {"weights": safe, "activations": safe if with_activations else None}
-    return {
-        "weights": fmt,
-        "activations": fmt if with_activations else None,
-        "node_overrides": {_glob_literal(n): keep for n in nodes},
-    }
+    recipe: dict[str, Any] = {"weights": fmt, "activations": fmt if with_activations else None}
+    if nodes:
+        recipe["node_overrides"] = {_glob_literal(n): keep for n in nodes}
+    for part in rule.split("+"):
+        if part.startswith("scale:"):
+            recipe["scale_mode"] = part[6:]
+    return recipe
 
 
 def markdown(results: Sequence[Mapping[str, Any]], top: int) -> str:
