@@ -67,7 +67,8 @@ def reshaped_outputs(
     """Tensor -> (Reshape output, its shape) for each Reshape of ``graph`` by a stored shape.
 
     Only shapes of positive dims are read (no 0 or -1, which depend on the input), from
-    tensors stored in the model itself (not external data).
+    tensors stored in the model itself (not external data). A tensor that reaches such a
+    Reshape through one Identity maps to it too.
     """
     found: dict[str, tuple[str, tuple[int, ...]]] = {}
     for node in graph.node:
@@ -81,4 +82,8 @@ def reshaped_outputs(
         dims = tuple(int(d) for d in numpy_helper.to_array(target).reshape(-1))
         if dims and all(d > 0 for d in dims):
             found[node.input[0]] = (node.output[0], dims)
+    for node in graph.node:  # the standard target's DequantizeLinear -> Identity -> Reshape
+        if node.op_type == "Identity" and node.input and node.output[:1]:
+            if node.output[0] in found:
+                found.setdefault(node.input[0], found[node.output[0]])
     return found

@@ -131,6 +131,15 @@ def test_mxfp4_bits_per_weight() -> None:
     assert found["dw_w"].nbytes == 32 * 9 // 2 + 32  # codes, then one scale a row
 
 
+def test_inspect_reads_the_standard_target_through_its_reshape() -> None:
+    model, _ = _model()
+    q = onnxq.quantize_model(model, weights="mxfp8", target="standard")  # DequantizeLinear
+    found = {t.name: t for t in inspect_model(q).tensors}
+    assert found["dw_w"].shape == (32, 1, 3, 3) and found["dw_w"].tiled_shape == (32, 9)
+    # float8 codes (8 bits) and one float32 scale per tile of 9 values: 8 + 32/9
+    assert found["dw_w"].bits_per_value == pytest.approx(8 + 32 / 9)
+
+
 @pytest.mark.parametrize(
     "fmt", ["mxfp4", "mxfp8", "mx6", "bfp16", "int8_e8m0_t8", "nvfp4", "cb41fi_e2m2fnuz_e8m0_t32"]
 )
