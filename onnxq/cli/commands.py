@@ -374,6 +374,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 # -- inspect ---------------------------------------------------------------------------------
 def _inspect_row(t: QuantizedTensor) -> list[object]:
     shape = "x".join(map(str, t.shape)) or "scalar"
+    if t.tiled_shape is not None:  # a short reduction axis, tiled as a matrix
+        shape += f" (tiled {'x'.join(map(str, t.tiled_shape))})"
     if t.kind == "weight":
         bits = "-" if t.bits_per_value is None else f"{t.bits_per_value:.3f}"
         return [t.name, t.kind, t.format, shape, bits, t.nbytes]

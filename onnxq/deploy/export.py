@@ -64,6 +64,7 @@ from onnxq.deploy.load import LoadError, load
 from onnxq.formats.datatype import datatype
 from onnxq.formats.modes import CastMode
 from onnxq.graph.schemas import DOMAIN, input_names
+from onnxq.graph.tiling import reshaped_outputs
 from onnxq.graph.walk import node_attrs, stored_tensors, walk_graphs
 
 __all__ = [
@@ -83,12 +84,19 @@ _ALIGN = 64
 
 
 # -- finding the quantized weights -----------------------------------------------------------
-def _find(model: onnx.ModelProto) -> tuple[dict[str, QTensor], list[tuple[str, str]]]:
-    """DequantizeMX weights as compress-mode QTensors, and other stored quantized tensors."""
+def _find(
+    model: onnx.ModelProto,
+) -> tuple[dict[str, QTensor], list[tuple[str, str]], dict[str, tuple[int, ...]]]:
+    """DequantizeMX weights as QTensors, other stored quantized tensors, restored shapes.
+
+    The last maps each weight tiled in another shape (a Reshape restores it) to its shape.
+    """
     stored = stored_tensors(model)
     found: dict[str, QTensor] = {}
     others: list[tuple[str, str]] = []
+    restored: dict[str, tuple[int, ...]] = {}
     for graph in walk_graphs(model.graph):
+        reshaped = reshaped_outputs(graph, stored)
         for node in graph.node:
             if node.domain != DOMAIN or not node.input or node.input[0] not in stored:
                 continue
@@ -113,7 +121,12 @@ def _find(model: onnx.ModelProto) -> tuple[dict[str, QTensor], list[tuple[str, s
                 shape = tuple(int(d) for d in given)
                 q_arr, meta, mask = arrays["Q"], arrays["Meta"], arrays["Mask"]
                 assert q_arr is not None
-                found[node.output[0]] = QTensor(
+                name = node.output[0]
+                after = reshaped.get(name)
+                if after is not None and math.prod(after[1]) == math.prod(shape):
+                    name = after[0]  # a conv weight with a short reduction axis
+                    restored[name] = after[1]
+                found[name] = QTensor(
                     data=q_arr.reshape(-1),
                     dtype=dt,
                     shape=shape,
@@ -125,7 +138,7 @@ def _find(model: onnx.ModelProto) -> tuple[dict[str, QTensor], list[tuple[str, s
                     meta=None if meta is None else meta.reshape(-1),
                     mask=None if mask is None else mask.reshape(-1),
                 )
-    return found, others
+    return found, others, restored
 
 
 def quantized_weights(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[str, QTensor]:
@@ -133,7 +146,9 @@ def quantized_weights(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
 
     Every ``DequantizeMX`` node whose inputs are initializers (or Constants) gives one entry,
     named after the node's output (the float weight it replaces); ``onnxq.upcast`` of it is
-    what the node computes.
+    what the node computes. A conv weight tiled as a matrix (a short reduction axis,
+    ``docs/layouts.md``) is named after the ``Reshape`` that restores its shape, and its
+    QTensor has the tiled shape: reshape the upcast to the weight's shape.
 
     Args:
         model: a ModelProto (external data loaded) or the path of an .onnx file.
@@ -284,7 +299,7 @@ def export(
     """
     from onnxq._version import __version__
 
-    weights, others = _find(_as_model(model))
+    weights, others, restored = _find(_as_model(model))
     if others:
         tensor, code = others[0]
         raise ExportError(
@@ -295,7 +310,10 @@ def export(
     parts = []
     for name, q in weights.items():
         try:
-            parts.append(_entry(name, q))
+            entry, blobs = _entry(name, q)
+            if name in restored:  # tiled as [rows, reduction]; the consumer reshapes it
+                entry["weight_shape"] = list(restored[name])
+            parts.append((entry, blobs))
         except ExportError as err:
             if str(err).startswith("weight "):
                 raise

@@ -56,7 +56,8 @@ def load(out_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         Tensor name -> dict with ``manifest`` (its manifest entry), ``blobs`` (the raw blobs,
         int8/uint8), the layout's fields (``exponents``/``mantissas`` for ``bfp-int8``,
         ``records``/``exponents``/``shifts`` for ``mx-record``, ``codes``/``scales`` for all),
-        ``values`` (float32 of the weight's shape, decoded from the layout alone) and
+        ``values`` (float32 of the entry's ``shape``, decoded from the layout alone; a weight
+        tiled as a matrix has ``weight_shape`` too, which ``values`` reshapes to) and
         ``qtensor`` (an ``actual``-mode `QTensor`; ``onnxq.upcast`` of it equals the model's
         dequantized weight bit for bit).
 
@@ -184,6 +185,13 @@ def _checked_entry(entry: object, index: int, where: str) -> dict[str, Any]:
     axis = entry.get("tile_axis")
     if not _is_int(axis) or not 0 <= axis < len(shape):
         raise bad("tile_axis", f"must be an axis of shape {shape}, got {axis!r}")
+    restored = entry.get("weight_shape", shape)  # tiled as a matrix, reshaped by the reader
+    if (
+        not isinstance(restored, list)
+        or not all(_is_int(d) and d > 0 for d in restored)
+        or math.prod(restored) != math.prod(shape)
+    ):
+        raise bad("weight_shape", f"must be positive integers with {math.prod(shape)} values")
     code = entry.get("dtype")
     if not isinstance(code, str):
         raise bad("dtype", f"must be a data type code string, got {code!r}")

@@ -19,6 +19,7 @@ import onnx
 
 from onnxq.formats.datatype import datatype, datatypes
 from onnxq.graph.schemas import DOMAIN, OPS
+from onnxq.graph.tiling import reshaped_outputs
 from onnxq.graph.walk import node_attrs, stored_tensors, walk_graphs
 
 __all__ = [
@@ -57,6 +58,9 @@ class QuantizedTensor:
     the node's stored inputs (empty for activations). ``nbytes`` is the stored bytes of a
     weight (None for activations); ``bits_per_value`` is ``8 * nbytes / numel`` for a weight
     and the format's bits per value for an activation (None when unknown or ``numel`` is 0).
+    A weight tiled in another shape and restored by a ``Reshape`` (conv weights with a short
+    reduction axis, `onnxq.graph.tiling`) has the Reshape's output as ``name`` and ``shape``
+    and the decoded shape as ``tiled_shape`` (None otherwise).
     """
 
     name: str
@@ -68,6 +72,7 @@ class QuantizedTensor:
     stored: tuple[str, ...]
     nbytes: int | None
     bits_per_value: float | None
+    tiled_shape: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,10 +146,16 @@ def inspect_model(model: onnx.ModelProto) -> ModelSummary:
     tensors = []
     float_bytes = 0
     for graph in walk_graphs(model.graph):
+        reshaped = reshaped_outputs(graph, stored)
         for node in graph.node:
             found = quantized_tensor(node, stored)
             if found is None:
                 continue
+            restored = reshaped.get(found.name) if found.stored else None
+            if restored is not None and math.prod(restored[1]) == found.numel:
+                found = dataclasses.replace(
+                    found, name=restored[0], shape=restored[1], tiled_shape=found.shape
+                )
             if found.stored:
                 packed.update(found.stored)
                 float_bytes += found.numel * found.output_bits // 8

@@ -191,7 +191,8 @@ def no_fallback(the_plan: QuantPlan, target: str, calibrated: set[str]) -> list[
                 "axis": w.axis,
                 "output_type": w.source.tensor.data_type,
             }
-            why = refusal(op, attrs, [int(d) for d in w.source.tensor.dims])
+            dims = w.tiled_shape or tuple(w.source.tensor.dims)  # the decoder's shape
+            why = refusal(op, attrs, [int(d) for d in dims])
             if why:
                 gaps.append(
                     {

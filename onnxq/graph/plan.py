@@ -19,8 +19,9 @@ from typing import Any, Protocol
 import onnx
 from onnx import TensorProto
 
-from onnxq.formats.datatype import DataType
+from onnxq.formats.datatype import DataType, datatype
 from onnxq.graph.schemas import infer_shapes
+from onnxq.graph.tiling import flat_shape
 from onnxq.graph.walk import node_attrs, node_subgraphs
 
 __all__ = [
@@ -154,7 +155,14 @@ class PlanEntry:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WeightEntry(PlanEntry):
-    """A weight quantized once, however many nodes use it."""
+    """A weight quantized once, however many nodes use it.
+
+    ``tiled_shape`` is the 2-D shape a conv weight with a short reduction axis is tiled in
+    (``[M, C/group*kh*kw]``, `onnxq.graph.tiling`), with ``axis`` then an axis of it; None when
+    the weight is tiled in its own shape.
+    """
+
+    tiled_shape: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -332,6 +340,17 @@ class _Collector:
         key = (id(source.scope), source.name)
         entry = self.weights.get(key)
         if entry is None:
+            tiled = None
+            if choice.weight_axis is None and not perms and choice.weights is not None:
+                dt = datatype(choice.weights) if isinstance(choice.weights, str) else choice.weights
+                tiled = flat_shape(node.op_type, dt, source.tensor.dims, axis)
+            reason = f"{node.op_type} input {index}: reduction axis {axis}"
+            if tiled is not None:
+                reason += (
+                    f" holds {source.tensor.dims[axis]} value(s), shorter than a tile: tiled as "
+                    f"{list(tiled)} along axis 1 (the whole reduction)"
+                )
+                axis = 1
             self.weights[key] = {
                 "source": source,
                 "tensor": source.name,
@@ -340,7 +359,8 @@ class _Collector:
                 "round_mode": choice.round_mode,
                 "scale_mode": choice.scale_mode,
                 "consumers": [label],
-                "reason": f"{node.op_type} input {index}: reduction axis {axis}",
+                "reason": reason,
+                "tiled_shape": tiled,
             }
             return
         entry["consumers"].append(label)

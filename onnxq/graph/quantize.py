@@ -12,6 +12,8 @@ tensor with its data type, tile axis and the reason - and `quantize_model` mater
   fields as uint8/16/32 initializers of the main graph and a ``DequantizeMX`` (``CodebookLookup``
   for codebooks) node, also in the main graph, that produces the float weight under its old name
   (subgraphs read it from the outer scope); ``fake`` storage replaces the values in place.
+  Conv weights whose reduction axis is shorter than a tile (depthwise) are tiled as the matrix
+  ``[M, C/group*kh*kw]`` and a ``Reshape`` restores their shape (`onnxq.graph.tiling`).
 - activations get one ``QuantizeMX -> DequantizeMX`` pair per tensor, placed after its
   producer; the target consumers read the dequantized tensor. The onnxq ops need static
   shapes (DequantizeMX's ``shape`` attribute), so an activation with a symbolic dim is left in
@@ -70,6 +72,7 @@ from onnxq.graph.plan import (
 )
 from onnxq.graph.recipe import Recipe
 from onnxq.graph.schemas import DOMAIN, OPS, infer_shapes, output_types, register_schemas
+from onnxq.graph.tiling import restore_nodes
 from onnxq.graph.walk import node_attrs, node_subgraphs
 
 __all__ = ["plan", "quantize_model"]
@@ -286,6 +289,9 @@ class _Rewrite:
                 f"weight {entry.tensor!r} cannot be read ({err}): the model file is corrupt; "
                 "export or copy it again"
             ) from None
+        shape = array.shape
+        if entry.tiled_shape is not None:  # a short reduction axis: tiles over the whole one
+            array = array.reshape(entry.tiled_shape)
         if self.storage == "fake":
             fake = cast(
                 array,
@@ -293,7 +299,7 @@ class _Rewrite:
                 axis=entry.axis,
                 round_mode=entry.round_mode,
                 scale_mode=entry.scale_mode,
-            )
+            ).reshape(shape)
             del array
             if spill is not None:
                 spill.set_values(tensor, np.asarray(fake))
@@ -304,9 +310,12 @@ class _Rewrite:
         if src.scope.parent is not None and target_name in self.main_defined:  # would shadow
             target_name = self.names.fresh(f"{entry.tensor}__w")
             _rename_inside(src.scope.graph, entry.tensor, target_name)
+        decoded = target_name  # the decoder's output; a Reshape restores the shape from it
+        if entry.tiled_shape is not None:
+            decoded = self.names.fresh(f"{target_name}__tiled")
         if self.target == "standard":  # plain ai.onnx nodes (lower.py)
             inits, nodes = lower_weight(
-                target_name,
+                decoded,
                 array,
                 entry.dtype,
                 entry.axis,
@@ -316,10 +325,14 @@ class _Rewrite:
                 fresh=self.names.fresh,
             )
         else:
-            renamed = dataclasses.replace(entry, tensor=target_name)
+            renamed = dataclasses.replace(entry, tensor=decoded)
             inits, node = _weight_nodes(renamed, array, self.names, tensor.data_type)
             nodes = [node]
         del array
+        if decoded != target_name:
+            target, reshape = restore_nodes(decoded, target_name, shape, self.names.fresh)
+            inits.append(target)
+            nodes.append(reshape)
         for field in ("raw_data", "float_data", "int32_data"):  # free the float payload now
             tensor.ClearField(field)
         self.removals.setdefault(id(src.scope), (src.scope, set()))[1].add(entry.tensor)
@@ -330,7 +343,7 @@ class _Rewrite:
         self.main_defined.add(target_name)
         self.dq_nodes.extend(nodes)
         if self.target != "standard":
-            _declare(self.model.graph, nodes[0], None)
+            _declare(self.model.graph, nodes[0], None)  # the DequantizeMX / CodebookLookup
 
     def finish(self) -> None:
         """Make the structural changes: deepest graphs first (rebuilding copies subgraphs)."""

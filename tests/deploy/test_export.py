@@ -71,13 +71,16 @@ def test_export_load_upcast_is_bit_exact(
 
 
 def test_padded_rows_are_said_so(tmp_path: Path) -> None:
-    model, _ = builders.cnn()  # conv0 has 3 input channels x 3 x 3: rows of 3 values
+    # conv0 has 3 input channels x 3 x 3, fewer input channels than a block of 16: it is
+    # tiled over its whole reduction (docs/layouts.md), rows of 27 values = 16 + 11 + 5 padding
+    model, _ = builders.cnn()
     q = onnxq.quantize_model(model, weights="mx6", recipe={"op_types": ["Conv"]})
     manifest = ex.export(q, tmp_path / "out")
     conv0 = next(t for t in manifest["tensors"] if t["name"] == "conv0_w")
-    assert conv0["padded"] is True and "padding" in conv0
-    assert conv0["row_length"] == 3 and conv0["blocks_per_row"] == 1
-    assert conv0["blobs"]["records"]["length"] == conv0["rows"] * 12
+    assert conv0["padded"] is True and "11 values" in conv0["padding"]
+    assert conv0["shape"] == [32, 27] and conv0["weight_shape"] == [32, 3, 3, 3]
+    assert conv0["row_length"] == 27 and conv0["blocks_per_row"] == 2
+    assert conv0["blobs"]["records"]["length"] == conv0["rows"] * 2 * 12
 
 
 def test_blob_sizes_and_manifest_fields(tmp_path: Path) -> None:
