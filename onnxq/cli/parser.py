@@ -352,9 +352,7 @@ def _add_tune(sub: _Subparsers) -> None:
         help="also write the explored frontier, bits against the metric (NAME.frontier.png; "
         "needs matplotlib)",
     )
-    t.add_argument(
-        "--overwrite", action="store_true", help="allow OUT to replace the input model"
-    )
+    t.add_argument("--overwrite", action="store_true", help="allow OUT to replace the input model")
     t.set_defaults(handler=cmd_tune)
 
 

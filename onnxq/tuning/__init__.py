@@ -12,13 +12,13 @@ trials run), `cache`, `search` (the method), `report` (outputs), `api` (`tune`).
 from onnxq.tuning.api import TuneResult, tune
 from onnxq.tuning.budget import METRICS, Budget, parse_budget
 from onnxq.tuning.layers import DEFAULT_CANDIDATES
-from onnxq.tuning.search import OutOfReach
+from onnxq.tuning.search import OutOfReachError
 
 __all__ = [
     "DEFAULT_CANDIDATES",
     "METRICS",
     "Budget",
-    "OutOfReach",
+    "OutOfReachError",
     "TuneResult",
     "parse_budget",
     "tune",

@@ -164,7 +164,7 @@ def tune(
     Raises:
         ValueError: a bad budget, metric, candidate, recipe, path or input set; inputs that do
             not fit the model; a Ray address that does not answer; a budget out of reach
-            (`onnxq.tuning.search.OutOfReach`). Nothing is written then.
+            (`onnxq.tuning.search.OutOfReachError`). Nothing is written then.
     """
     started = time.monotonic()
     goal = parse_budget(budget)

@@ -3,15 +3,16 @@
 1. **Uniform and sensitivity trials** (independent, run together): the whole model in each
    candidate (on the search and held-out inputs), and each layer alone in each candidate with
    every other layer float (search inputs). If even the widest candidate misses the budget on
-   either split, the budget is out of reach (`OutOfReach`).
+   either split, the budget is out of reach (`OutOfReachError`).
 2. **Greedy path.** From every layer in the widest candidate, repeatedly move the one layer to
    the cheaper candidate with the most weight bits saved per unit of predicted damage
    (`Budget.damage` of its sensitivity, summed over layers), until every layer is in the
    cheapest candidate. Moves that cost nothing come first.
 3. **Verified search along the path.** The cheapest point of the path that meets the budget on
-   the search inputs is found by measuring whole-model trials: a k-ary search (k = the number
-   of workers, probes run side by side) between the widest point (meets it) and the first
-   point known to miss it. The result, or a cheaper uniform assignment that meets the budget,
+   the search inputs is found by measuring whole-model trials: a k-ary search (k = 3 probes a
+   round, run side by side; fixed, so that every runner and worker count probes the same
+   points and gets the same result) between the widest point (meets it) and the first point
+   known to miss it. The result, or a cheaper uniform assignment that meets the budget,
    is chosen.
 4. **Held-out check and repair.** The choice is measured on the held-out inputs; while it
    misses the budget on either split, the layer with the largest sensitivity damage in its
@@ -37,13 +38,14 @@ from onnxq.tuning.layers import Layer, bits_of
 from onnxq.tuning.runners import Runner
 from onnxq.tuning.trials import Job
 
-__all__ = ["OutOfReach", "Point", "SearchResult", "Trials", "bits_per_weight", "run_search"]
+__all__ = ["OutOfReachError", "Point", "SearchResult", "Trials", "bits_per_weight", "run_search"]
 
 SEARCH, HELD_OUT = "search", "held_out"
+PROBES = 3  # whole-model trials per round of the path search
 Assignment = dict[str, str]
 
 
-class OutOfReach(ValueError):
+class OutOfReachError(ValueError):
     """Even the widest candidate misses the budget."""
 
 
@@ -201,7 +203,6 @@ def _walk(
     budget: Budget,
     path: Sequence[tuple[Assignment, float]],
     last_passes: bool,
-    workers: int,
 ) -> tuple[int, dict[int, float]]:
     """The index of the cheapest point of ``path`` found to meet the budget (k-ary search)."""
     measured: dict[int, float] = {}
@@ -210,7 +211,7 @@ def _walk(
         return len(path) - 1, measured
     hi = len(path) - 1
     while hi - lo > 1:
-        k = min(max(workers, 1), hi - lo - 1)
+        k = min(PROBES, hi - lo - 1)
         probes = sorted({lo + round((hi - lo) * (j + 1) / (k + 1)) for j in range(k)})
         probes = [p for p in probes if lo < p < hi]
         results = trials.measure([(path[p][0], (SEARCH,)) for p in probes])
@@ -246,11 +247,11 @@ def _sensitivities(
     return uniform, sens
 
 
-def _out_of_reach(budget: Budget, widest: Point) -> OutOfReach:
+def _out_of_reach(budget: Budget, widest: Point) -> OutOfReachError:
     def show(v: float | None) -> str:
         return "nan" if v is None or math.isnan(v) else f"{v:.6g}"
 
-    return OutOfReach(
+    return OutOfReachError(
         f"budget {budget.text} is out of reach: with every layer in {widest.label} (the widest "
         f"candidate) {budget.name} is {show(widest.search)} on the search inputs and "
         f"{show(widest.held_out)} on the held-out ones; relax the budget or add a wider "
@@ -268,7 +269,7 @@ def run_search(
     """Find the assignment with the fewest weight bits that meets ``budget`` (module doc).
 
     Raises:
-        OutOfReach: even the widest candidate misses the budget on some split.
+        OutOfReachError: even the widest candidate misses the budget on some split.
     """
     uniform, sens = _sensitivities(trials, layers, candidates)
     widest = uniform[candidates[-1]]
@@ -279,7 +280,7 @@ def run_search(
     damage = {n: [budget.damage(v[c], best) for c in candidates] for n, v in sens.items()}
     path = greedy_path(layers, candidates, damage)
     cheapest = uniform[candidates[0]]
-    lo, measured = _walk(trials, budget, path, budget.meets(cheapest.search), trials.runner.workers)
+    lo, measured = _walk(trials, budget, path, budget.meets(cheapest.search))
     points = list(uniform.values())
     for i, value in measured.items():
         a, dmg = path[i]

@@ -27,7 +27,7 @@ from onnxq.tuning.budget import Budget
 from onnxq.tuning.data import Sample
 from onnxq.tuning.layers import FLOAT, Layer, assignment_recipe, find_layers, has_activations
 
-__all__ = ["Context", "Evaluator", "Job", "make_session", "run_outputs", "run_job"]
+__all__ = ["Context", "Evaluator", "Job", "make_session", "run_job", "run_outputs"]
 
 Outputs = list[dict[str, np.ndarray]]
 
@@ -106,9 +106,7 @@ class Evaluator:
         if key not in self.casts:
             e = self.entries[tensor]
             values = numpy_helper.to_array(e.source.tensor)
-            fake = cast(
-                values, fmt, axis=e.axis, round_mode=e.round_mode, scale_mode=e.scale_mode
-            )
+            fake = cast(values, fmt, axis=e.axis, round_mode=e.round_mode, scale_mode=e.scale_mode)
             self.casts[key] = numpy_helper.from_array(np.asarray(fake), e.source.tensor.name)
         return self.casts[key]
 
