@@ -71,6 +71,7 @@ class SearchResult:
     search: float
     held_out: float
     sensitivity: dict[str, dict[str, float]]  # layer -> candidate -> metric (layer alone)
+    damage: dict[str, list[float]]  # layer -> damage per candidate
     points: list[Point]
     repairs: int
     trials_run: int
@@ -259,6 +260,19 @@ def _out_of_reach(budget: Budget, widest: Point) -> OutOfReachError:
     )
 
 
+def promote(
+    choice: Assignment, candidates: Sequence[str], damage: Mapping[str, Sequence[float]]
+) -> bool:
+    """Move the layer with the largest damage to its next wider candidate (False: none left)."""
+    index = {c: i for i, c in enumerate(candidates)}
+    movable = [n for n, c in choice.items() if index[c] < len(candidates) - 1]
+    if not movable:
+        return False
+    worst = max(movable, key=lambda n: (damage[n][index[choice[n]]], -len(n)))
+    choice[worst] = candidates[index[choice[worst]] + 1]
+    return True
+
+
 def run_search(
     trials: Trials,
     layers: Sequence[Layer],
@@ -292,18 +306,14 @@ def run_search(
     if cheaper.bits < bits_per_weight(layers, choice):
         choice = dict(cheaper.assignment)
     trials.best = bits_per_weight(layers, choice)
-    index = {c: i for i, c in enumerate(candidates)}
     repairs = 0
     while True:
         (r,) = trials.measure([(choice, (SEARCH, HELD_OUT))])
         if budget.meets(r[SEARCH]) and budget.meets(r[HELD_OUT]):
             break
         points.append(Point("rejected", dict(choice), trials.best, r[SEARCH], r[HELD_OUT]))
-        movable = [n for n, c in choice.items() if index[c] < len(candidates) - 1]
-        if not movable:
+        if not promote(choice, candidates, damage):
             raise _out_of_reach(budget, widest)
-        worst = max(movable, key=lambda n: (damage[n][index[choice[n]]], -len(n)))
-        choice[worst] = candidates[index[choice[worst]] + 1]
         trials.best = bits_per_weight(layers, choice)
         repairs += 1
     final = Point("chosen", dict(choice), trials.best, r[SEARCH], r[HELD_OUT])
@@ -314,6 +324,7 @@ def run_search(
         search=r[SEARCH],
         held_out=r[HELD_OUT],
         sensitivity=sens,
+        damage=damage,
         points=points,
         repairs=repairs,
         trials_run=trials.run,

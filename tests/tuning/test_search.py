@@ -200,3 +200,29 @@ def test_split_rule_and_glob_escape() -> None:
         split(1, 0.25)
     assert glob_escape("a[1]*?") == "a[[]1][*][?]"
     assert math.isclose(bits_of("mx6"), 6.0) and bits_of("float") == 32.0
+
+
+def test_recipe_exclusions_stay_float(tmp_path) -> None:
+    result = tune(
+        synthetic.model(), synthetic.samples(), "sqnr>=20", tmp_path / "o.onnx",
+        recipe={"exclude": ["b"]},
+    )  # fmt: skip
+    assert [r["layer"] for r in result.report["layers"]] == ["a", "c", "d"]
+    assert "b" not in result.recipe["node_overrides"] and result.recipe["exclude"] == ["b"]
+    written = onnx.load(str(tmp_path / "o.onnx"))
+    w1 = next(t for t in written.graph.initializer if t.name == "w1")
+    assert np.array_equal(onnx.numpy_helper.to_array(w1), synthetic.weights()[1])  # float
+
+
+def test_weights_and_activations(tmp_path) -> None:
+    model = synthetic.model()
+    for value in (*model.graph.input, *model.graph.output):  # static shapes for activations
+        value.type.tensor_type.shape.dim[0].dim_value = 8
+    result = tune(
+        model, synthetic.samples(4), "cosine>=0.99", tmp_path / "o.onnx",
+        candidates="mxfp8,bfp16", weights_only=False,
+    )  # fmt: skip
+    assert all("activations" in o for o in result.recipe["node_overrides"].values())
+    written = onnx.load(str(tmp_path / "o.onnx"))
+    assert any(n.op_type == "QuantizeMX" for n in written.graph.node)
+    assert result.report["held_out"]["metric"] >= 0.99
