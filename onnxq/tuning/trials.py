@@ -54,14 +54,27 @@ class Context:
     refs: Mapping[str, Outputs]  # split name -> float outputs
 
 
-def make_session(model: bytes | onnx.ModelProto) -> Any:
-    """An onnxruntime session with one thread (and the onnxq ops when the model has some)."""
+def make_session(
+    model: bytes | onnx.ModelProto, initializers: Mapping[str, np.ndarray] | None = None
+) -> Any:
+    """An onnxruntime session with one thread (and the onnxq ops when the model has some).
+
+    ``initializers`` (plain models only) replace main-graph initializers of the same names
+    (``SessionOptions.add_initializer``), which spares serializing a changed model.
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if initializers is not None:
+        values = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in initializers.items()}
+        for name, value in values.items():
+            options.add_initializer(name, value)
+        sess = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        sess.onnxq_kept = values  # the session reads them; they must outlive it
+        return sess
     proto = model if isinstance(model, onnx.ModelProto) else None
     data = model if isinstance(model, bytes) else model.SerializeToString()
     if proto is None and b"onnxq" not in data:
@@ -97,9 +110,14 @@ class Evaluator:
         self.entries: dict[str, Any] = {}
         if self.fast:
             _, _, self.entries = find_layers(self.model, self.base)
-        self.casts: dict[tuple[str, str], onnx.TensorProto] = {}
+        self.casts: dict[tuple[str, str], np.ndarray] = {}
+        # main-graph initializers can be swapped by the session (no model serialized per trial)
+        self.swappable = all(
+            e.source.constant is None and e.source.scope.parent is None
+            for e in self.entries.values()
+        )
 
-    def _cast(self, tensor: str, fmt: str) -> onnx.TensorProto:
+    def _cast(self, tensor: str, fmt: str) -> np.ndarray:
         from onnxq.cast import cast
 
         key = (tensor, fmt)
@@ -107,8 +125,23 @@ class Evaluator:
             e = self.entries[tensor]
             values = numpy_helper.to_array(e.source.tensor)
             fake = cast(values, fmt, axis=e.axis, round_mode=e.round_mode, scale_mode=e.scale_mode)
-            self.casts[key] = numpy_helper.from_array(np.asarray(fake), e.source.tensor.name)
+            self.casts[key] = np.ascontiguousarray(fake)
         return self.casts[key]
+
+    def _changes(self, assignment: Mapping[str, str]) -> dict[str, np.ndarray]:
+        """Weight tensor -> its fake-quantized values, for the layers not left float."""
+        changes = {}
+        for layer in self.ctx.layers:
+            fmt = assignment.get(layer.name, FLOAT)
+            if fmt != FLOAT:
+                changes.update({name: self._cast(name, fmt) for name in layer.tensors})
+        return changes
+
+    def session(self, assignment: Mapping[str, str]) -> Any:
+        """A session of the model quantized as ``assignment`` says."""
+        if self.fast and self.swappable:
+            return make_session(self.ctx.model_bytes, self._changes(assignment))
+        return make_session(self.model_bytes(assignment))
 
     def model_bytes(self, assignment: Mapping[str, str]) -> bytes:
         """The serialized model quantized as ``assignment`` says (fake weights)."""
@@ -116,16 +149,12 @@ class Evaluator:
             return self._passed(assignment).SerializeToString()
         saved: list[tuple[onnx.TensorProto, onnx.TensorProto]] = []
         try:
-            for layer in self.ctx.layers:
-                fmt = assignment.get(layer.name, FLOAT)
-                if fmt == FLOAT:
-                    continue
-                for name in layer.tensors:
-                    target = self.entries[name].source.tensor
-                    original = onnx.TensorProto()
-                    original.CopyFrom(target)
-                    saved.append((target, original))
-                    target.CopyFrom(self._cast(name, fmt))
+            for name, values in self._changes(assignment).items():
+                target = self.entries[name].source.tensor
+                original = onnx.TensorProto()
+                original.CopyFrom(target)
+                saved.append((target, original))
+                target.CopyFrom(numpy_helper.from_array(values, target.name))
             return self.model.SerializeToString()
         finally:
             for target, original in saved:
@@ -147,7 +176,7 @@ class Evaluator:
 
     def trial(self, job: Job) -> dict[str, float]:
         """The budget metric of ``job``'s assignment on each of its splits."""
-        sess = make_session(self.model_bytes(dict(job.assignment)))
+        sess = self.session(dict(job.assignment))
         result = {}
         for split in job.splits:
             outputs = run_outputs(sess, self.ctx.samples[split])
