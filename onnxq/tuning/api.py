@@ -212,7 +212,10 @@ def tune(
         if all(goal.meets(v) for v in final.values()):
             break
         if not promote(result.assignment, formats, result.damage):
-            raise RuntimeError(f"the written model misses {goal.text} ({final}); report this")
+            raise ValueError(
+                f"budget {goal.text} is out of reach: the written model misses it ({final}) "
+                "with every layer in the widest candidate; relax the budget"
+            )
         result.repairs += 1
     result.bits = bits_per_weight(layers, result.assignment)
     report = build_report(
