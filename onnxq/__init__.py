@@ -35,6 +35,10 @@ def __getattr__(name: str) -> Any:
         from onnxq.graph.quantize import quantize_model
 
         return quantize_model
+    if name == "tune":  # lazy, as quantize_model; the package is onnxq.tuning
+        from onnxq.tuning import tune
+
+        return tune
     if name in ("QTensor", "cast", "upcast", "bfp"):
         raise ImportError(f"onnxq.{name} needs numpy: pip install numpy")
     raise AttributeError(f"module 'onnxq' has no attribute {name!r}")
@@ -57,5 +61,6 @@ __all__ = [
     "quantize_model",
     "register",
     "scale",
+    "tune",
     "upcast",
 ]

@@ -262,6 +262,100 @@ def _add_export(sub: _Subparsers) -> None:
     e.set_defaults(handler=commands.cmd_export)
 
 
+def _add_tune(sub: _Subparsers) -> None:
+    """The ``tune`` subcommand's parser."""
+    from onnxq.cli.tune import cmd_tune
+
+    t = sub.add_parser(
+        "tune",
+        help="choose a format per layer: the fewest weight bits that meet an accuracy budget",
+        description="Measure each layer's sensitivity to each candidate format, find the "
+        "assignment with the fewest weight bits whose outputs meet --budget against float on "
+        "the search inputs, check it on held-out inputs, and write OUT, OUT's recipe "
+        "(NAME.recipe.yaml, for `onnxq quantize --recipe`) and a report (NAME.tune.json). "
+        "docs/tune.md describes the method.",
+    )
+    t.add_argument("model", metavar="MODEL", help="the float .onnx model")
+    t.add_argument("-o", "--output", required=True, metavar="OUT", help="the quantized model")
+    t.add_argument(
+        "--inputs",
+        required=True,
+        metavar="DATA",
+        help="input samples: a folder of .npz files (one run each, arrays named after the "
+        "model inputs) or one .npz whose arrays stack the samples along a new first axis",
+    )
+    t.add_argument(
+        "--budget",
+        required=True,
+        metavar="EXPR",
+        help="the floor on the outputs against float: cosine>=X, sqnr>=DB, top1>=X, or the "
+        "ceiling max_abs<=X (each output pooled over the samples; the worst output counts)",
+    )
+    t.add_argument(
+        "--candidates",
+        metavar="LIST",
+        help="comma-separated formats to choose from, ordered by bits (default "
+        "mxfp4,mx6,mxfp6,mxfp8,bfp16; `float` keeps a layer float)",
+    )
+    mode = t.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="tune the weights only; activations stay as --recipe says (the default)",
+    )
+    mode.add_argument(
+        "--with-activations",
+        action="store_true",
+        help="quantize each tuned node's activations in its layer's format too",
+    )
+    t.add_argument(
+        "--recipe",
+        metavar="FILE",
+        help="starting recipe: its op types, exclusions, float overrides, modes and activation "
+        "formats are kept; its weight formats are what tune chooses",
+    )
+    t.add_argument(
+        "--holdout",
+        type=float,
+        default=0.25,
+        metavar="F",
+        help="fraction of the samples held out of the search to check its result (default "
+        "0.25: every 4th sample)",
+    )
+    t.add_argument(
+        "--workers",
+        type=count("--workers", 1, 1024),
+        default=1,
+        metavar="N",
+        help="local worker processes running trials side by side (default 1: in this process)",
+    )
+    t.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the trials as Ray tasks on the cluster at ADDRESS (host:port, "
+        "ray://host:port, auto) or `local` (start Ray here); needs pip install 'onnxq[ray]'",
+    )
+    t.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="folder of finished trials, reused by later searches on the same model and inputs",
+    )
+    t.add_argument(
+        "--storage",
+        choices=("packed", "fake"),
+        default="packed",
+        help="how OUT stores the weights (as in quantize; default packed)",
+    )
+    t.add_argument(
+        "--plot",
+        action="store_true",
+        help="also write the explored frontier, bits against the metric (NAME.frontier.png; "
+        "needs matplotlib)",
+    )
+    t.add_argument("--overwrite", action="store_true", help="allow OUT to replace the input model")
+    t.set_defaults(handler=cmd_tune)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``onnxq`` command (every option documented in ``--help``)."""
     parser = _Parser(
@@ -281,4 +375,5 @@ def build_parser() -> argparse.ArgumentParser:
     # The order of the subcommands in --help.
     for add in (_add_quantize, _add_run, _add_compare, _add_inspect, _add_formats, _add_export):
         add(sub)
+    _add_tune(sub)
     return parser

@@ -415,6 +415,18 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("export output not empty", ["export", "{in}/q.onnx", "-o", "{in}/full_dir"], 2,
      "--overwrite"),
     ("export success", ["export", "{in}/q.onnx", "-o", "{out}/hw"], 0, ""),
+    ("tune no budget", ["tune", "{in}/tiny.onnx", "-o", "{out}/q.onnx", "--inputs",
+     "{in}/good.npz"], 2, "--budget"),
+    ("tune missing model", ["tune", "{in}/nope.onnx", "-o", "{out}/q.onnx", "--inputs",
+     "{in}/good.npz", "--budget", "cosine>=0.9"], 2, "does not exist"),
+    ("tune unknown metric", ["tune", "{in}/tiny.onnx", "-o", "{out}/q.onnx", "--inputs",
+     "{in}/good.npz", "--budget", "psnr>=30"], 2, "psnr"),
+    ("tune no samples", ["tune", "{in}/tiny.onnx", "-o", "{out}/q.onnx", "--inputs",
+     "{in}/calib", "--budget", "cosine>=0.9"], 2, "no sample"),
+    ("tune input names", ["tune", "{in}/tiny.onnx", "-o", "{out}/q.onnx", "--inputs",
+     "{in}/names.npz", "--budget", "cosine>=0.9"], 2, "model takes"),
+    ("tune input shapes", ["tune", "{in}/tiny.onnx", "-o", "{out}/q.onnx", "--inputs",
+     "{in}/good.npz", "--budget", "cosine>=0.9"], 2, "does not fit"),
 ]  # fmt: skip
 
 
