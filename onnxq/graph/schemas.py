@@ -85,6 +85,12 @@ OPS: dict[str, OpSpec] = {
         ("Y",),
         ("dtype", "axis", "shape", "output_type"),
     ),
+    "MatMulMX": OpSpec(
+        "MatMulMX",
+        ("A", "Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?", "Bias?"),
+        ("Y",),
+        ("dtype", "axis", "shape", "output_type"),
+    ),
 }
 
 
@@ -111,6 +117,8 @@ def output_index(op_type: str, name: str) -> int:
 _TYPES: dict[str, tuple[str, tuple[str, ...]]] = {  # type constraint of each input / output name
     "X": ("T", _FLOATS),
     "Y": ("T", _FLOATS),
+    "A": ("T", _FLOATS),
+    "Bias": ("T", _FLOATS),
     "Q": ("B", ("tensor(uint8)",)),
     "Meta": ("B", ("tensor(uint8)",)),
     "Mask": ("B", ("tensor(uint8)",)),
@@ -175,9 +183,9 @@ def output_types(
     """Element type and shape (None when unknown) of each output of one node.
 
     Args:
-        op_type: ``QuantizeMX``, ``DequantizeMX`` or ``CodebookLookup``.
+        op_type: an op of `OPS`.
         attrs: the node's attributes as Python values (``dtype`` required).
-        input_shape: X's shape for QuantizeMX, when known.
+        input_shape: X's shape for QuantizeMX, A's for MatMulMX, when known.
 
     Returns:
         One ``(TensorProto element type, shape or None)`` per output in `OPS` order; a type of
@@ -234,7 +242,26 @@ def output_types(
         )
     if op_type == "CodebookLookup" and not isinstance(dt.nspec, Codebook):
         raise ValueError(f"{where} dtype {code!r} is not a codebook; use DequantizeMX")
+    if op_type == "MatMulMX":
+        return [_matmul_mx_output(shape, out_type, input_shape)]
     return [(out_type, tuple(int(d) for d in shape))]
+
+
+def _matmul_mx_output(
+    shape: list[int], out_type: int, a_shape: tuple[int, ...] | None
+) -> tuple[int, tuple[int, ...] | None]:
+    """MatMulMX's Y: float32, A's leading dims and N (``shape`` is B's, ``[K, N]``)."""
+    if len(shape) != 2:
+        raise ValueError(f"[MatMulMX] attribute 'shape' must be B's [K, N], got {list(shape)}")
+    if out_type != TensorProto.FLOAT:
+        raise ValueError(
+            f"[MatMulMX] attribute 'output_type' {out_type}: only 1 (float) is supported; "
+            "decode float16/bfloat16 weights with DequantizeMX and MatMul"
+        )
+    k, n = (int(d) for d in shape)
+    if a_shape is not None and (not a_shape or a_shape[-1] != k):
+        raise ValueError(f"[MatMulMX] input A of shape {a_shape} must end in K = {k}")
+    return out_type, None if a_shape is None else (*a_shape[:-1], n)
 
 
 def _attr_value(value: Any) -> Any:
@@ -262,6 +289,9 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
             dims = x.tensor_type.shape.dim
             if all(d.HasField("dim_value") for d in dims) and dims:
                 input_shape = tuple(d.dim_value for d in dims)
+    if op_type == "MatMulMX":
+        _infer_matmul_mx(ctx, attrs)
+        return
     for i, (elem, shape) in enumerate(output_types(op_type, attrs, input_shape)):
         if i >= ctx.get_num_outputs() or not elem or not ctx.has_output(i):
             continue
@@ -272,6 +302,25 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
             for d in shape:
                 t.tensor_type.shape.dim.add().dim_value = d
         ctx.set_output_type(i, t)
+
+
+def _infer_matmul_mx(ctx: onnx.shape_inference.InferenceContext, attrs: dict[str, Any]) -> None:
+    """Y's type, and A's leading dims (symbolic ones too) followed by N."""
+    elem, _ = output_types("MatMulMX", attrs, None)[0]
+    t = onnx.TypeProto()
+    t.tensor_type.elem_type = elem
+    a = ctx.get_input_type(0) if ctx.get_num_inputs() > 0 else None
+    if a is not None and a.tensor_type.HasField("shape") and a.tensor_type.shape.dim:
+        dims = a.tensor_type.shape.dim
+        k, n = (int(d) for d in attrs["shape"])
+        if dims[-1].HasField("dim_value") and dims[-1].dim_value != k:
+            raise ValueError(f"[MatMulMX] input A's last dim {dims[-1].dim_value} must be K = {k}")
+        t.tensor_type.shape.SetInParent()
+        for d in dims[:-1]:
+            t.tensor_type.shape.dim.add().CopyFrom(d)
+        t.tensor_type.shape.dim.add().dim_value = n
+    if ctx.get_num_outputs() > 0 and ctx.has_output(0):
+        ctx.set_output_type(0, t)
 
 
 def _schema(spec: OpSpec) -> OpSchema:
@@ -390,6 +439,9 @@ def _static_shape(t: onnx.TypeProto | None) -> tuple[int, ...] | None:
     return None
 
 
+_SHAPED = ("QuantizeMX", "MatMulMX")  # ops whose output shapes follow input 0's
+
+
 def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
     """`infer_shapes` for onnx releases whose schemas cannot carry `_infer`."""
     work = onnx.ModelProto()
@@ -412,12 +464,12 @@ def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
             if not todo:
                 continue
             x_type = known.get(node.input[0]) if node.input else None
-            if node.op_type == "QuantizeMX" and x_type is None and not last_pass:
-                continue  # X's type may come from a later round
+            if node.op_type in _SHAPED and x_type is None and not last_pass:
+                continue  # X's (A's) type may come from a later round
             attrs: dict[str, Any] = {}
             for a in node.attribute:
                 attrs[a.name] = _attr_value(a)
-            shape = _static_shape(x_type) if node.op_type == "QuantizeMX" else None
+            shape = _static_shape(x_type) if node.op_type in _SHAPED else None
             results = output_types(node.op_type, attrs, shape)
             outputs = {v.name: v for v in graph.output}
             for i, name in todo:

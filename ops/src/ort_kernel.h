@@ -19,10 +19,11 @@ namespace onnxq {
 namespace ort {
 
 // The ops in the order of the contract (onnxq/graph/schemas.py OPS, onnxq_op_contract.h).
-enum OpKind { kQuantize, kDequantize, kLookup };
-static_assert(contract::kOpCount == 3 && contract::op_index("QuantizeMX") == kQuantize &&
+enum OpKind { kQuantize, kDequantize, kLookup, kMatMul };
+static_assert(contract::kOpCount == 4 && contract::op_index("QuantizeMX") == kQuantize &&
                   contract::op_index("DequantizeMX") == kDequantize &&
-                  contract::op_index("CodebookLookup") == kLookup,
+                  contract::op_index("CodebookLookup") == kLookup &&
+                  contract::op_index("MatMulMX") == kMatMul,
               "schemas.py OPS and the custom ops disagree on the ops");
 inline const char* op_name(OpKind kind) { return contract::kOps[kind].name; }
 
@@ -55,6 +56,8 @@ struct Kernel {
   // Dequantize / Lookup on the CPU: Y decoded once at session creation when every input is a
   // constant initializer (in the output type); empty: decode on every Run.
   std::vector<uint8_t> const_y;
+  // MatMulMX: the value of every scale code (float scales of at most 16 bits; matmul_mx.h).
+  std::vector<float> scale_values;
 };
 
 // Reads and checks the node's attributes (every op).
@@ -68,6 +71,11 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept;
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx);
 // DequantizeMX and CodebookLookup.
 void compute_dequantize(const Kernel& k, OrtKernelContext* ctx);
+
+// MatMulMX (ort_kernel_mmx.cc): the checks of its attributes beyond init_kernel's, and its
+// compute on the CPU.
+void init_matmul_mx(Kernel* k);
+void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx);
 
 // The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.
 void init_cuda_kernel(Kernel* k);

@@ -1,0 +1,260 @@
+// MatMulMX (matmul_mx.h): the plan of one product (which decode, its tables), the choice between
+// the fused decode and a whole decode of B, the instruction set, and the split into tasks.
+#include "matmul_mx.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu_features.h"
+#include "quant_internal.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+namespace onnxq {
+
+using namespace kern;  // NOLINT(build/namespaces)
+
+namespace {
+
+// Vector arguments of the per-ISA kernels are internal (always inlined or static): no ABI.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// How an element decodes (the general path's arithmetic, dequantize.cc, in float32):
+// kMmxScale q * f (exponent scales: f = 2^s, a normal float32, so the one float32 rounding is
+// the general path's rounding of its exact float64 product; float scales: f = scale x tensor
+// scale, float32 as there), kMmxShift q * (shifted ? 2^(s-1) : 2^s) (MX9/MX6 shift bits),
+// kMmxZeroInt (q - zero) * scale, kMmxZeroFloat q * scale + zero.
+enum MmxMode : int { kMmxScale, kMmxShift, kMmxZeroInt, kMmxZeroFloat };
+
+struct MmxPlan {
+  const float* a = nullptr;
+  int64_t M = 0, K = 0, N = 0, kb = 128;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  const float* bfull = nullptr;  // B decoded whole (formats the fused decode does not cover)
+  const uint8_t* q = nullptr;    // the packed codes
+  int64_t qbytes = 0;
+  int bits = 8, mode = kMmxScale;
+  int64_t Tc = 1, Sc = 1;
+  const uint8_t* scale8 = nullptr;
+  const uint16_t* scale16 = nullptr;
+  const uint8_t* zero8 = nullptr;
+  const uint8_t* meta = nullptr;  // shift bits, packed: bit (k / Sc) * N + n
+  const float* fac0 = nullptr;    // factor per scale code
+  const float* fac1 = nullptr;    // shifted factor per scale code (kMmxShift)
+  const float* zval = nullptr;    // zero point per zero code
+  float tq[256] = {};             // element value per code
+};
+
+#define MMX_ISA 0
+namespace mmx_base {
+#include "matmul_mx_kernel.inc"  // NOLINT(build/include)
+}  // namespace mmx_base
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#undef MMX_ISA
+#define MMX_ISA 1
+namespace mmx_avx2 {
+#include "matmul_mx_kernel.inc"  // NOLINT(build/include)
+}  // namespace mmx_avx2
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2")
+#undef MMX_ISA
+#define MMX_ISA 2
+namespace mmx_avx512 {
+#include "matmul_mx_kernel.inc"  // NOLINT(build/include)
+}  // namespace mmx_avx512
+#pragma GCC pop_options
+#define ONNXQ_MMX_X86 1
+#endif
+#undef MMX_ISA
+
+struct MmxIsa {
+  int nb;
+  void (*task)(const MmxPlan&, int64_t, int64_t, int64_t);
+};
+
+// The kernels for this CPU; ONNXQ_SIMD caps the level (none: the baseline kernel, with B
+// decoded whole by dequantize(), which then takes its general path).
+MmxIsa pick_isa() {
+#ifdef ONNXQ_MMX_X86
+  const char* simd = std::getenv("ONNXQ_SIMD");
+  if (!(simd && std::string(simd) == "none")) {
+    switch (simd_level(false)) {
+      case 2: return {mmx_avx512::kNB, mmx_avx512::mmx_task};
+      case 1: return {mmx_avx2::kNB, mmx_avx2::mmx_task};
+      default: break;
+    }
+  }
+#endif
+  return {mmx_base::kNB, mmx_base::mmx_task};
+}
+
+bool simd_none() {
+  const char* simd = std::getenv("ONNXQ_SIMD");
+  return simd && std::string(simd) == "none";
+}
+
+// The tables of the fused decode (element values, factors per scale code, zero points).
+struct MmxTables {
+  float tq[256];
+  std::vector<float> fac0, fac1, zval;
+};
+
+// Fills the tables and the plan's decode fields; false: the fused decode does not cover this
+// format or these codes (a scale code whose power of two is no normal float32, an element
+// value that is no float32).
+bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
+                 const std::vector<float>& scale_values, MmxTables* t, MmxPlan* p) {
+  const Num& n = f.elem;
+  for (uint32_t c = 0; c < 256; ++c) {
+    double v = c < (1u << n.bits) ? n.decode(c) : 0.0;
+    t->tq[c] = static_cast<float>(v);
+    if (!std::isnan(v) && static_cast<double>(t->tq[c]) != v) return false;
+  }
+  std::memcpy(p->tq, t->tq, sizeof t->tq);
+  const int64_t nscale = g.scale_count();
+  if (f.scale.kind == kExponent) {
+    if (f.has_zero || f.has_ts || f.scale.bits > 8) return false;
+    const bool shift = g.Sc > 0;
+    const uint32_t nan_code = (1u << f.scale.ebits) - 1;
+    t->fac0.assign(256, 0.0f);
+    t->fac1.assign(256, 0.0f);
+    std::vector<uint8_t> ok(256, 0);
+    for (uint32_t c = 0; c < 256; ++c) {
+      int s = static_cast<int>(c) - f.scale.bias - int_frac_bits(n);
+      int lo = shift ? s - 1 : s;
+      if (c == nan_code) {
+        t->fac0[c] = t->fac1[c] = from_fbits(kQuietNaN);
+        ok[c] = 1;
+      } else if (lo >= -126 && s <= 127) {
+        t->fac0[c] = from_fbits(static_cast<uint32_t>(s + 127) << 23);
+        t->fac1[c] = from_fbits(static_cast<uint32_t>(lo + 127) << 23);
+        ok[c] = 1;
+      }
+    }
+    const uint8_t* sc = static_cast<const uint8_t*>(io.scale);
+    for (int64_t i = 0; i < nscale; ++i)
+      if (!ok[sc[i]]) return false;
+    p->scale8 = sc;
+    p->mode = shift ? kMmxShift : kMmxScale;
+    if (shift) {
+      if (g.Sr != 1 || f.meta_bits() != 1 || !io.meta_packed) return false;
+      p->meta = io.meta_packed;
+      p->Sc = g.Sc;
+      p->fac1 = t->fac1.data();
+    }
+    p->fac0 = t->fac0.data();
+    return true;
+  }
+  if (f.scale.kind != kFloat || g.Sc > 0) return false;
+  const size_t ncodes = size_t(1) << f.scale.bits;
+  if (f.scale.bits > 16 || scale_values.size() != ncodes) return false;
+  if (f.has_zero) {
+    if (f.zero.bits > 8 || !io.zero) return false;
+    t->zval.assign(256, 0.0f);
+    for (uint32_t c = 0; c < (1u << f.zero.bits); ++c)
+      t->zval[c] = static_cast<float>(f.zero.decode(c));
+    p->zero8 = static_cast<const uint8_t*>(io.zero);
+    p->zval = t->zval.data();
+    p->mode = f.zero.kind == kFloat ? kMmxZeroFloat : kMmxZeroInt;
+    t->fac0 = scale_values;  // the general path: (q - zero) * scale, no tensor scale
+  } else {
+    float ts = 1.0f;
+    if (f.has_ts)
+      ts = static_cast<float>(f.ts.decode(load_code(io.tenscale, code_width(f.ts.bits), 0)));
+    if (f.has_ts && ncodes > 256) return false;
+    t->fac0.resize(ncodes);
+    for (size_t c = 0; c < ncodes; ++c)
+      t->fac0[c] = f.has_ts ? scale_values[c] * ts : scale_values[c];
+    p->mode = kMmxScale;
+  }
+  p->fac0 = t->fac0.data();
+  if (f.scale.bits <= 8) {
+    if (t->fac0.size() < 256) t->fac0.resize(256, 0.0f);  // codes are masked by their width
+    p->fac0 = t->fac0.data();
+    p->scale8 = static_cast<const uint8_t*>(io.scale);
+  } else {
+    p->scale16 = static_cast<const uint16_t*>(io.scale);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<float> mmx_scale_values(const Format& f) {
+  std::vector<float> out;
+  if (!f.scaled || f.scale.kind != kFloat || f.scale.bits > 16) return out;
+  out.resize(size_t(1) << f.scale.bits);
+  for (size_t c = 0; c < out.size(); ++c) out[c] = static_cast<float>(f.scale.decode(c));
+  return out;
+}
+
+bool matmul_mx_fused(const Format& f, const std::vector<int64_t>& bshape, int axis) {
+  if (bshape.size() != 2 || axis != 0) return false;
+  if (!f.scaled || f.codebook() || f.sparse_m || f.ntiles != 1) return false;
+  if (f.elem.kind != kFloat && f.elem.kind != kInt) return false;
+  if (f.elem.bits > 8) return false;
+  if (f.scale.kind == kExponent) return !f.has_zero && !f.has_ts && f.scale.bits <= 8;
+  if (f.scale.kind != kFloat || f.sub[1] > 0 || f.scale.bits > 16) return false;
+  if (f.has_zero) return f.zero.bits <= 8;
+  return !f.has_ts || f.scale.bits <= 8;
+}
+
+std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int axis,
+                      const MatMulIO& io, const std::vector<float>& scale_values,
+                      const ParallelFor& pf) {
+  if (bshape.size() != 2) return "B must have 2 dims [K, N]";
+  MmxPlan p;
+  p.a = io.a;
+  p.M = io.M;
+  p.K = bshape[0];
+  p.N = bshape[1];
+  p.bias = io.bias;
+  p.y = io.y;
+  if (p.M <= 0) return "";
+  Geometry g;
+  std::string e = make_geometry(f, bshape, axis, &g);
+  if (!e.empty()) return e;
+  MmxTables t;
+  std::vector<float> whole;
+  bool fused = !simd_none() && matmul_mx_fused(f, bshape, axis) && io.b.packed && !io.b.mask &&
+               g.kind == 1 && plan_decode(f, g, io.b, scale_values, &t, &p);
+  if (fused) {
+    p.q = io.b.packed;
+    p.bits = f.elem.bits;
+    p.qbytes = packed_nbytes(g.size, f.elem.bits);
+    p.Tc = g.Tc;
+  } else {
+    whole.resize(static_cast<size_t>(p.K * p.N));
+    DequantizeIO d = io.b;
+    d.values = whole.data();
+    d.values_type = kF32;
+    e = dequantize(f, bshape, axis, d, pf);
+    if (!e.empty()) return e;
+    p.bfull = whole.data();
+  }
+  const MmxIsa isa = pick_isa();
+  p.kb = std::min<int64_t>(p.K, 128);
+  const int64_t nblocks = (p.N + isa.nb - 1) / isa.nb;
+  const int64_t mrows = 64, mchunks = (p.M + mrows - 1) / mrows;
+  pf(nblocks * mchunks, [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      int64_t mc = task / nblocks, nbk = task % nblocks;
+      isa.task(p, nbk, mc * mrows, std::min(p.M, (mc + 1) * mrows));
+    }
+  });
+  return "";
+}
+
+}  // namespace onnxq
