@@ -45,6 +45,8 @@ struct MmxPlan {
   int64_t Tc = 1, Sc = 1;
   const uint8_t* scale8 = nullptr;
   const uint16_t* scale16 = nullptr;
+  bool half = false;   // scale16 holds IEEE halves and fac0 is their value (a conversion)
+  bool zcode = false;  // zval[c] == c for every code
   const uint8_t* zero8 = nullptr;
   const uint8_t* meta = nullptr;  // shift bits, packed: bit (k / Sc) * N + n
   const float* fac0 = nullptr;    // factor per scale code
@@ -81,7 +83,7 @@ namespace mmx_avx512 {
 
 struct MmxIsa {
   int nb;
-  void (*task)(const MmxPlan&, int64_t, int64_t, int64_t);
+  void (*task)(const MmxPlan&, int64_t, int64_t, int64_t, int64_t);
 };
 
 // The kernels for this CPU; ONNXQ_SIMD caps the level (none: the baseline kernel, with B
@@ -115,7 +117,8 @@ struct MmxTables {
 // format or these codes (a scale code whose power of two is no normal float32, an element
 // value that is no float32).
 bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
-                 const std::vector<float>& scale_values, MmxTables* t, MmxPlan* p) {
+                 const MmxScales& scales, MmxTables* t, MmxPlan* p) {
+  const std::vector<float>& scale_values = scales.values;
   const Num& n = f.elem;
   for (uint32_t c = 0; c < 256; ++c) {
     double v = c < (1u << n.bits) ? n.decode(c) : 0.0;
@@ -167,6 +170,8 @@ bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
       t->zval[c] = static_cast<float>(f.zero.decode(c));
     p->zero8 = static_cast<const uint8_t*>(io.zero);
     p->zval = t->zval.data();
+    p->zcode = true;  // every zero point is its code (uint8 zero points): converted, no lookup
+    for (uint32_t c = 0; c < 256; ++c) p->zcode = p->zcode && t->zval[c] == static_cast<float>(c);
     p->mode = f.zero.kind == kFloat ? kMmxZeroFloat : kMmxZeroInt;
     t->fac0 = scale_values;  // the general path: (q - zero) * scale, no tensor scale
   } else {
@@ -186,24 +191,33 @@ bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
     p->scale8 = static_cast<const uint8_t*>(io.scale);
   } else {
     p->scale16 = static_cast<const uint16_t*>(io.scale);
+    p->half = scales.ieee_half;
   }
   return true;
 }
 
 }  // namespace
 
-std::vector<float> mmx_scale_values(const Format& f) {
-  std::vector<float> out;
+MmxScales mmx_scale_values(const Format& f) {
+  MmxScales out;
   if (!f.scaled || f.scale.kind != kFloat || f.scale.bits > 16) return out;
-  out.resize(size_t(1) << f.scale.bits);
-  for (size_t c = 0; c < out.size(); ++c) out[c] = static_cast<float>(f.scale.decode(c));
+  out.values.resize(size_t(1) << f.scale.bits);
+  bool half = f.scale.bits == 16;
+  for (size_t c = 0; c < out.values.size(); ++c) {
+    out.values[c] = static_cast<float>(f.scale.decode(c));
+    if (half) {
+      float h = half_to_float(static_cast<uint16_t>(c));
+      half = fbits(h) == fbits(out.values[c]) || (std::isnan(h) && std::isnan(out.values[c]));
+    }
+  }
+  out.ieee_half = half;
   return out;
 }
 
 bool matmul_mx_fused(const Format& f, const std::vector<int64_t>& bshape, int axis) {
   if (bshape.size() != 2 || axis != 0) return false;
   if (!f.scaled || f.codebook() || f.sparse_m || f.ntiles != 1) return false;
-  if (f.elem.kind != kFloat && f.elem.kind != kInt) return false;
+  if (f.elem.kind != kFloat && f.elem.kind != kInt && f.elem.kind != kUint) return false;
   if (f.elem.bits > 8) return false;
   if (f.scale.kind == kExponent) return !f.has_zero && !f.has_ts && f.scale.bits <= 8;
   if (f.scale.kind != kFloat || f.sub[1] > 0 || f.scale.bits > 16) return false;
@@ -212,8 +226,7 @@ bool matmul_mx_fused(const Format& f, const std::vector<int64_t>& bshape, int ax
 }
 
 std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int axis,
-                      const MatMulIO& io, const std::vector<float>& scale_values,
-                      const ParallelFor& pf) {
+                      const MatMulIO& io, const MmxScales& scales, const ParallelFor& pf) {
   if (bshape.size() != 2) return "B must have 2 dims [K, N]";
   MmxPlan p;
   p.a = io.a;
@@ -229,7 +242,7 @@ std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int a
   MmxTables t;
   std::vector<float> whole;
   bool fused = !simd_none() && matmul_mx_fused(f, bshape, axis) && io.b.packed && !io.b.mask &&
-               g.kind == 1 && plan_decode(f, g, io.b, scale_values, &t, &p);
+               g.kind == 1 && plan_decode(f, g, io.b, scales, &t, &p);
   if (fused) {
     p.q = io.b.packed;
     p.bits = f.elem.bits;
@@ -248,10 +261,13 @@ std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int a
   p.kb = std::min<int64_t>(p.K, 128);
   const int64_t nblocks = (p.N + isa.nb - 1) / isa.nb;
   const int64_t mrows = 64, mchunks = (p.M + mrows - 1) / mrows;
+  // Items: (row chunk, column block); a task's run of items is one or two column ranges.
   pf(nblocks * mchunks, [&](int64_t t0, int64_t t1) {
-    for (int64_t task = t0; task < t1; ++task) {
-      int64_t mc = task / nblocks, nbk = task % nblocks;
-      isa.task(p, nbk, mc * mrows, std::min(p.M, (mc + 1) * mrows));
+    for (int64_t t = t0; t < t1;) {
+      const int64_t mc = t / nblocks, b0 = t % nblocks;
+      const int64_t b1 = std::min(nblocks, b0 + (t1 - t));
+      isa.task(p, b0, b1, mc * mrows, std::min(p.M, (mc + 1) * mrows));
+      t += b1 - b0;
     }
   });
   return "";

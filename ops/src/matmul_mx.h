@@ -21,15 +21,20 @@ struct MatMulIO {
 };
 
 // The float32 value of every scale code of `f` (2^scale.bits entries) when its scale is a float
-// of at most 16 bits; empty otherwise. Made once per node (decoding 65536 codes per Run would
-// cost more than a small GEMM).
-std::vector<float> mmx_scale_values(const Format& f);
+// of at most 16 bits (values empty otherwise), and whether those are IEEE half's (converted by
+// the CPU instead of a table lookup). Made once per node: decoding 65536 codes per Run would
+// cost more than a small GEMM.
+struct MmxScales {
+  std::vector<float> values;
+  bool ieee_half = false;
+};
+MmxScales mmx_scale_values(const Format& f);
 
 // Y = A x decode(B) (+ bias) for B of shape bshape = [K, N] tiled along `axis`, in the order
 // above. Formats the fused decode covers (docs/ops.md) decode panels of B inside the GEMM; any
 // other format decodes B whole with dequantize() first (the same bits). "" or an error.
 std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int axis,
-                      const MatMulIO& io, const std::vector<float>& scale_values,
+                      const MatMulIO& io, const MmxScales& scales,
                       const ParallelFor& pf);
 
 // Whether the fused decode covers this format and layout (the rest decodes B whole first).

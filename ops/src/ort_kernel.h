@@ -10,6 +10,7 @@
 
 #include "cuda_launch.h"
 #include "kernels.h"
+#include "matmul_mx.h"
 #include "onnxq_op_contract.h"  // generated from onnxq/graph/schemas.py
 #include "onnxruntime_c_api.h"
 #include "ort_io.h"
@@ -57,7 +58,7 @@ struct Kernel {
   // constant initializer (in the output type); empty: decode on every Run.
   std::vector<uint8_t> const_y;
   // MatMulMX: the value of every scale code (float scales of at most 16 bits; matmul_mx.h).
-  std::vector<float> scale_values;
+  MmxScales scale_values;
 };
 
 // Reads and checks the node's attributes (every op).
