@@ -64,7 +64,7 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
     k->op = name;
     init_kernel(k.get(), info);
     if (def(op).cuda) init_cuda_kernel(k.get());
-    if (k->kind == kMatMul) init_matmul_mx(k.get());
+    if (k->kind == kMatMul) init_matmul_mx(k.get(), info);
     if (!k->gpu && k->kind != kQuantize && k->kind != kMatMul) init_const_decode(k.get(), info);
     *kernel = k.release();
     return nullptr;

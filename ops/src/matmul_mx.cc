@@ -32,6 +32,7 @@ namespace {
 // scale, float32 as there), kMmxShift q * (shifted ? 2^(s-1) : 2^s) (MX9/MX6 shift bits),
 // kMmxZeroInt (q - zero) * scale, kMmxZeroFloat q * scale + zero.
 enum MmxMode : int { kMmxScale, kMmxShift, kMmxZeroInt, kMmxZeroFloat };
+constexpr int64_t kMmxBlock = 64;  // columns of a block of the vector path (and the prepack)
 
 struct MmxPlan {
   const float* a = nullptr;
@@ -53,6 +54,14 @@ struct MmxPlan {
   const float* fac1 = nullptr;    // shifted factor per scale code (kMmxShift)
   const float* zval = nullptr;    // zero point per zero code
   float tq[256] = {};             // element value per code
+  // The vector path's view: row k of column block b at vq + b * vq_block + k * vq_row; the
+  // scale (zero) code of tile row t, block b, column j at b * vs_block + t * vs_row + j.
+  const uint8_t* vq = nullptr;
+  int64_t vq_row = 0, vq_block = 0, vs_row = 0, vs_block = 0;
+  const void* vs = nullptr;
+  const uint8_t* vz = nullptr;
+  bool split = false;     // 4-bit rows as mmx_prepack writes them (column j and j + 32 a byte)
+  bool prefetch = false;  // B's own layout: prefetch the codes ahead
 };
 
 #define MMX_ISA 0
@@ -117,7 +126,7 @@ struct MmxTables {
 // format or these codes (a scale code whose power of two is no normal float32, an element
 // value that is no float32).
 bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
-                 const MmxScales& scales, MmxTables* t, MmxPlan* p) {
+                 const MmxScales& scales, bool scales_checked, MmxTables* t, MmxPlan* p) {
   const std::vector<float>& scale_values = scales.values;
   const Num& n = f.elem;
   for (uint32_t c = 0; c < 256; ++c) {
@@ -147,8 +156,10 @@ bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
       }
     }
     const uint8_t* sc = static_cast<const uint8_t*>(io.scale);
-    for (int64_t i = 0; i < nscale; ++i)
-      if (!ok[sc[i]]) return false;
+    if (!scales_checked) {  // (a constant Scale was checked once, by mmx_prepack)
+      for (int64_t i = 0; i < nscale; ++i)
+        if (!ok[sc[i]]) return false;
+    }
     p->scale8 = sc;
     p->mode = shift ? kMmxShift : kMmxScale;
     if (shift) {
@@ -214,6 +225,56 @@ MmxScales mmx_scale_values(const Format& f) {
   return out;
 }
 
+void mmx_prepack(const Format& f, const std::vector<int64_t>& bshape, int axis,
+                 const DequantizeIO& b, int64_t q_bytes, int64_t scale_bytes,
+                 int64_t zero_bytes, MmxPrepacked* out) {
+  *out = MmxPrepacked();
+  if (!matmul_mx_fused(f, bshape, axis) || (f.elem.bits != 4 && f.elem.bits != 8)) return;
+  if (f.sub[1] > 0 || !b.packed || !b.scale || (f.has_zero && !b.zero)) return;
+  Geometry g;
+  if (!make_geometry(f, bshape, axis, &g).empty() || g.kind != 1) return;
+  const int64_t K = bshape[0], N = bshape[1], nK = g.nC, blocks = N / kMmxBlock;
+  const int64_t rb = kMmxBlock * f.elem.bits / 8, sw = code_width(f.scale.bits);
+  if (blocks == 0 || (N * f.elem.bits) % 8 || sw > 2) return;
+  if (q_bytes != packed_nbytes(K * N, f.elem.bits) || scale_bytes != nK * N * sw) return;
+  if (f.has_zero && (code_width(f.zero.bits) != 1 || zero_bytes != nK * N)) return;
+  out->q.resize(static_cast<size_t>(blocks * K * rb));
+  out->scale.resize(static_cast<size_t>(blocks * nK * kMmxBlock * sw));
+  if (f.has_zero) out->zero.resize(static_cast<size_t>(blocks * nK * kMmxBlock));
+  const uint8_t* sc = static_cast<const uint8_t*>(b.scale);
+  const uint8_t* z = static_cast<const uint8_t*>(b.zero);
+  for (int64_t bl = 0; bl < blocks; ++bl) {
+    for (int64_t k = 0; k < K; ++k) {
+      const uint8_t* src = b.packed + (k * N + bl * kMmxBlock) * f.elem.bits / 8;
+      uint8_t* dst = &out->q[(bl * K + k) * rb];
+      if (f.elem.bits == 8) {
+        std::memcpy(dst, src, static_cast<size_t>(rb));
+        continue;
+      }
+      // 4-bit: byte j holds column j (low nibble) and column j + 32 (high nibble), so that
+      // the kernel's table permute reads each byte as the index of column j and, shifted right
+      // by 4, of column j + 32 (mmx_row512): no interleaving.
+      auto code = [&](int64_t c) { return (src[c / 2] >> (4 * (c % 2))) & 0xF; };
+      for (int64_t j = 0; j < 32; ++j) dst[j] = static_cast<uint8_t>(code(j) | code(j + 32) << 4);
+    }
+    for (int64_t t = 0; t < nK; ++t) {
+      std::memcpy(&out->scale[(bl * nK + t) * kMmxBlock * sw], sc + (t * N + bl * kMmxBlock) * sw,
+                  static_cast<size_t>(kMmxBlock * sw));
+      if (z)
+        std::memcpy(&out->zero[(bl * nK + t) * kMmxBlock], z + t * N + bl * kMmxBlock,
+                    static_cast<size_t>(kMmxBlock));
+    }
+  }
+  out->ready = true;
+  // Exponent scales: whether every code's power of two is a normal float32 (else matmul_mx
+  // decodes B whole), found once here instead of on every Run.
+  if (f.scale.kind == kExponent) {
+    MmxTables t;
+    MmxPlan p;
+    out->scales_ok = plan_decode(f, g, b, MmxScales(), false, &t, &p);
+  }
+}
+
 bool matmul_mx_fused(const Format& f, const std::vector<int64_t>& bshape, int axis) {
   if (bshape.size() != 2 || axis != 0) return false;
   if (!f.scaled || f.codebook() || f.sparse_m || f.ntiles != 1) return false;
@@ -242,7 +303,7 @@ std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int a
   MmxTables t;
   std::vector<float> whole;
   bool fused = !simd_none() && matmul_mx_fused(f, bshape, axis) && io.b.packed && !io.b.mask &&
-               g.kind == 1 && plan_decode(f, g, io.b, scales, &t, &p);
+               g.kind == 1 && plan_decode(f, g, io.b, scales, io.pre && io.pre->scales_ok, &t, &p);
   if (fused) {
     p.q = io.b.packed;
     p.bits = f.elem.bits;
@@ -256,6 +317,20 @@ std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int a
     e = dequantize(f, bshape, axis, d, pf);
     if (!e.empty()) return e;
     p.bfull = whole.data();
+  }
+  if (fused) {
+    const int64_t rb = kMmxBlock * p.bits / 8;
+    const bool pre = io.pre && io.pre->ready;
+    p.vq = pre ? io.pre->q.data() : p.q;
+    p.vq_row = pre ? rb : p.N * p.bits / 8;
+    p.vq_block = pre ? p.K * rb : rb;
+    p.vs_row = pre ? kMmxBlock : p.N;
+    p.vs_block = pre ? ((p.K + p.Tc - 1) / p.Tc) * kMmxBlock : kMmxBlock;
+    p.vs = pre ? static_cast<const void*>(io.pre->scale.data())
+               : p.scale16 ? static_cast<const void*>(p.scale16) : static_cast<const void*>(p.scale8);
+    p.vz = pre && p.zero8 ? io.pre->zero.data() : p.zero8;
+    p.split = pre && p.bits == 4;
+    p.prefetch = !pre;
   }
   const MmxIsa isa = pick_isa();
   p.kb = std::min<int64_t>(p.K, 128);

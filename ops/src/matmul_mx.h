@@ -12,12 +12,28 @@
 
 namespace onnxq {
 
+// B's codes, scale and zero codes of the whole 64-column blocks, rearranged once (constant
+// weights, at session creation) so that the vector path reads each block's rows in order: row k
+// of block b at q + (b * K + k) * 8 * bits, the 64 scale (zero) codes of tile row t of block b at
+// ((b * nK + t) * 64) codes. Empty: the path reads B's own layout.
+struct MmxPrepacked {
+  std::vector<uint8_t> q, scale, zero;
+  bool ready = false;
+  bool scales_ok = false;  // exponent scales: every code's 2^s is a normal float32
+};
+// Rearranges B when the vector path would read it (4- and 8-bit codes, 1-D tiles along K);
+// the inputs are B's (sizes checked here; a mismatch leaves `out` empty).
+void mmx_prepack(const Format& f, const std::vector<int64_t>& bshape, int axis,
+                 const DequantizeIO& b, int64_t q_bytes, int64_t scale_bytes,
+                 int64_t zero_bytes, MmxPrepacked* out);
+
 struct MatMulIO {
   const float* a = nullptr;  // [M, K], rows contiguous
   int64_t M = 0;
   const float* bias = nullptr;  // [N] or null
   float* y = nullptr;           // [M, N]
   DequantizeIO b;               // B's packed inputs (b.values unused)
+  const MmxPrepacked* pre = nullptr;  // B's blocks rearranged (or null)
 };
 
 // The float32 value of every scale code of `f` (2^scale.bits entries) when its scale is a float

@@ -59,6 +59,7 @@ struct Kernel {
   std::vector<uint8_t> const_y;
   // MatMulMX: the value of every scale code (float scales of at most 16 bits; matmul_mx.h).
   MmxScales scale_values;
+  MmxPrepacked prepacked;  // MatMulMX: B's constant blocks rearranged (matmul_mx.h)
 };
 
 // Reads and checks the node's attributes (every op).
@@ -75,7 +76,7 @@ void compute_dequantize(const Kernel& k, OrtKernelContext* ctx);
 
 // MatMulMX (ort_kernel_mmx.cc): the checks of its attributes beyond init_kernel's, and its
 // compute on the CPU.
-void init_matmul_mx(Kernel* k);
+void init_matmul_mx(Kernel* k, const OrtKernelInfo* info);
 void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx);
 
 // The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.

@@ -124,7 +124,7 @@ void check_packed(const Kernel& k, OrtKernelContext* ctx, const Geometry& g, int
 
 }  // namespace
 
-void init_matmul_mx(Kernel* k) {
+void init_matmul_mx(Kernel* k, const OrtKernelInfo* info) {
   if (!k->fmt_ready)
     throw OpError("dtype '" + k->parsed.code + "' is a generic codebook: MatMulMX has no Table " +
                   "input; decode it with CodebookLookup and MatMul");
@@ -134,8 +134,23 @@ void init_matmul_mx(Kernel* k) {
     throw OpError("attribute 'output_type' " + std::to_string(k->out_type) + ": only 1 " +
                   "(float) is supported; decode float16/bfloat16 weights with DequantizeMX " +
                   "and MatMul");
-  normal_axis(k->axis, 2, k->shape, "B");
+  const int axis = normal_axis(k->axis, 2, k->shape, "B");
   k->scale_values = mmx_scale_values(k->fmt);
+  // Constant weights: B's blocks rearranged for the vector path. Every Run still checks the
+  // inputs it is given (the same constants) and reports what is wrong with them.
+  try {
+    In q = constant_input(info, kMmx.q), sc = constant_input(info, kMmx.scale);
+    In z = constant_input(info, kMmx.zero);
+    if (!q || !sc || q.type != kU8 || (k->fmt.has_zero && !z)) return;
+    DequantizeIO b;
+    b.packed = static_cast<const uint8_t*>(q.data);
+    b.scale = sc.data;
+    b.zero = z ? z.data : nullptr;
+    mmx_prepack(k->fmt, k->shape, axis, b, q.count, sc.count * (sc.type == kU16 ? 2 : sc.type == kU8 ? 1 : 4),
+                z ? z.count * (z.type == kU8 ? 1 : 2) : 0, &k->prepacked);
+  } catch (...) {
+    k->prepacked = MmxPrepacked();  // the Runs read B as it is
+  }
 }
 
 void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx) {
@@ -164,6 +179,7 @@ void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx) {
   io.a = static_cast<const float*>(a.data);
   io.M = a.count / K;
   io.bias = bias ? static_cast<const float*>(bias.data) : nullptr;
+  io.pre = &k.prepacked;
   io.y = static_cast<float*>(y);
   e = matmul_mx(k.fmt, k.shape, axis, io, k.scale_values, session_parallel_for(ctx));
   if (!e.empty()) throw OpError(e + " (B of shape " + shape_str(k.shape) + ")");
