@@ -175,6 +175,7 @@ void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx) {
   std::vector<int64_t> yshape(a.shape.begin(), a.shape.end() - 1);
   yshape.push_back(N);
   void* y = output(ctx, 0, "Y", yshape, kTF32, "MatMulMX");
+  if (a.count == 0) return;  // an empty Y (its data pointer may be null)
   if (!y) throw OpError("output Y is missing");
   io.a = static_cast<const float*>(a.data);
   io.M = a.count / K;
