@@ -83,9 +83,7 @@ def float_model(ws: list[tuple[str, np.ndarray]], m: int) -> onnx.ModelProto:
     return _graph(nodes, inits, m, [n for n, _ in ws], [helper.make_opsetid("", 17)])
 
 
-def packed_model(
-    ws: list[tuple[str, np.ndarray]], m: int, dt: str, fused: bool
-) -> onnx.ModelProto:
+def packed_model(ws: list[tuple[str, np.ndarray]], m: int, dt: str, fused: bool) -> onnx.ModelProto:
     """MatMulMX (fused) or DequantizeMX + MatMul on the packed weights."""
     nodes, inits = [], []
     for n, w in ws:
@@ -95,7 +93,9 @@ def packed_model(
         names = []
         for key in SLOTS:
             if fields.get(key) is not None:
-                inits.append(numpy_helper.from_array(np.ascontiguousarray(fields[key]), f"{key}_{n}"))
+                inits.append(
+                    numpy_helper.from_array(np.ascontiguousarray(fields[key]), f"{key}_{n}")
+                )
                 names.append(f"{key}_{n}")
             else:
                 names.append("")

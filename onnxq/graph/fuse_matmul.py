@@ -105,8 +105,10 @@ def fuse_matmul(model: onnx.ModelProto) -> int:
         if dq.domain != DOMAIN or dq.op_type != "DequantizeMX" or len(dq.output) != 1:
             continue
         named = [name for name in dq.input if name]
-        if len(dq.input) > 6 or not named or any(
-            name not in inits or name in overridable for name in named
+        if (
+            len(dq.input) > 6
+            or not named
+            or any(name not in inits or name in overridable for name in named)
         ):
             continue
         attrs = node_attrs(dq)
@@ -152,8 +154,9 @@ def _drop_unused(model: onnx.ModelProto) -> None:
     """Remove the initializers no node or graph output reads any more (replaced Gemm Cs)."""
     used = set(_readers(model))
     graph = model.graph
-    keep = [t for t in graph.initializer if t.name in used or t.name in {i.name for i in graph.input}]
+    keep = [
+        t for t in graph.initializer if t.name in used or t.name in {i.name for i in graph.input}
+    ]
     if len(keep) != len(graph.initializer):
         del graph.initializer[:]
         graph.initializer.extend(keep)
-

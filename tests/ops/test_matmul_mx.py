@@ -104,7 +104,10 @@ def test_one_session_shared_by_8_threads() -> None:
     k, n = 576, 192
     fields, b = mc.packed(_weights(k, n, 8), "mxfp4")
     sess = runtime.session(mc.model("mxfp4", fields, (k, n), ("M", k)))
-    feeds = [np.random.default_rng(i).standard_normal((i % 4 + 1, k)).astype(np.float32) for i in range(8)]
+    feeds = [
+        np.random.default_rng(i).standard_normal((i % 4 + 1, k)).astype(np.float32)
+        for i in range(8)
+    ]
     want = [mc.bits(mc.oracle(a, b)) for a in feeds]
 
     def runs(i: int) -> bool:
@@ -115,7 +118,7 @@ def test_one_session_shared_by_8_threads() -> None:
 
 
 def _error(model, a: np.ndarray, feeds: dict | None = None) -> str:
-    with pytest.raises(Exception) as err:  # noqa: PT011 (onnxruntime's own error types)
+    with pytest.raises(Exception) as err:  # onnxruntime raises its own error types
         _run(model, a, feeds)
     return str(err.value)
 

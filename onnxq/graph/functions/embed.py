@@ -22,9 +22,9 @@ def build_function(
 ) -> onnx.FunctionProto:
     """The function for one node: ``op_type``, its attributes and X's static shape.
 
-    For DequantizeMX, CodebookLookup and MatMulMX (B's) ``shape`` is the ``shape`` attribute; for QuantizeMX
-    it is the input's shape, and ``attrs`` may hold ``num_outputs`` (the node's output count,
-    not an op attribute).
+    For DequantizeMX, CodebookLookup and MatMulMX (B's) ``shape`` is the ``shape`` attribute;
+    for QuantizeMX it is the input's shape, and ``attrs`` may hold ``num_outputs`` (the node's
+    output count, not an op attribute).
 
     Raises:
         NotImplementedError: the format has no bit-exact standard-ONNX body yet.

@@ -54,7 +54,10 @@ def matmul_mx_function(
 
     def const(name: str, values: list[int]) -> onnx.NodeProto:
         return helper.make_node(
-            "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+            "Constant",
+            [],
+            [name],
+            value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values),
         )
 
     nodes += [
