@@ -125,14 +125,26 @@ struct MmxTables {
 // Fills the tables and the plan's decode fields; false: the fused decode does not cover this
 // format or these codes (a scale code whose power of two is no normal float32, an element
 // value that is no float32).
+// The element values per code as float32; false when one is not exact in float32.
+bool element_table(const Num& n, float* tq) {
+  bool exact = true;
+  for (uint32_t c = 0; c < 256; ++c) {
+    double v = c < (1u << n.bits) ? n.decode(c) : 0.0;
+    tq[c] = static_cast<float>(v);
+    exact = exact && (std::isnan(v) || static_cast<double>(tq[c]) == v);
+  }
+  return exact;
+}
+
 bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
                  const MmxScales& scales, bool scales_checked, MmxTables* t, MmxPlan* p) {
   const std::vector<float>& scale_values = scales.values;
   const Num& n = f.elem;
-  for (uint32_t c = 0; c < 256; ++c) {
-    double v = c < (1u << n.bits) ? n.decode(c) : 0.0;
-    t->tq[c] = static_cast<float>(v);
-    if (!std::isnan(v) && static_cast<double>(t->tq[c]) != v) return false;
+  if (scales.elem_ready) {  // made once per node
+    if (!scales.elem_exact) return false;
+    std::memcpy(t->tq, scales.elem, sizeof t->tq);
+  } else if (!element_table(n, t->tq)) {
+    return false;
   }
   std::memcpy(p->tq, t->tq, sizeof t->tq);
   const int64_t nscale = g.scale_count();
@@ -211,6 +223,10 @@ bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
 
 MmxScales mmx_scale_values(const Format& f) {
   MmxScales out;
+  if (f.elem.bits <= 8) {
+    out.elem_exact = element_table(f.elem, out.elem);
+    out.elem_ready = true;
+  }
   if (!f.scaled || f.scale.kind != kFloat || f.scale.bits > 16) return out;
   out.values.resize(size_t(1) << f.scale.bits);
   bool half = f.scale.bits == 16;

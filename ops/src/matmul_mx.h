@@ -36,13 +36,16 @@ struct MatMulIO {
   const MmxPrepacked* pre = nullptr;  // B's blocks rearranged (or null)
 };
 
-// The float32 value of every scale code of `f` (2^scale.bits entries) when its scale is a float
+// The element value of every code (elem, when every one is a float32), and the float32 value
+// of every scale code of `f` (2^scale.bits entries) when its scale is a float
 // of at most 16 bits (values empty otherwise), and whether those are IEEE half's (converted by
 // the CPU instead of a table lookup). Made once per node: decoding 65536 codes per Run would
 // cost more than a small GEMM.
 struct MmxScales {
   std::vector<float> values;
   bool ieee_half = false;
+  float elem[256] = {};  // the element value per code (codes of at most 8 bits)
+  bool elem_ready = false, elem_exact = false;
 };
 MmxScales mmx_scale_values(const Format& f);
 

@@ -36,22 +36,25 @@ void check_packed(const Kernel& k, OrtKernelContext* ctx, const Geometry& g, int
                   DequantizeIO* io, std::vector<uint8_t>* mask, std::vector<uint8_t>* meta) {
   const Format& f = k.fmt;
   const std::vector<int64_t>& shape = k.shape;
-  const std::string what = "dtype '" + k.parsed.code + "', shape " + shape_str(shape) +
-                           " and axis " + std::to_string(k.axis);
-  const std::string fix = "; pass the tensors that QuantizeMX (or onnxq.cast(..., "
-                          "mode='compress')) made for this dtype, shape and axis";
+  // The messages are made only on an error (every Run checks the inputs).
+  auto what = [&]() {
+    return "dtype '" + k.parsed.code + "', shape " + shape_str(shape) + " and axis " +
+           std::to_string(k.axis);
+  };
+  const char* fix = "; pass the tensors that QuantizeMX (or onnxq.cast(..., mode='compress')) "
+                    "made for this dtype, shape and axis";
   auto get = [&](int slot, const char* name) { return input(ctx, slot, name); };
   auto need = [&](int slot, const char* name) {
     In in = get(slot, name);
-    if (!in) throw OpError(std::string("input ") + name + " is required for " + what + fix);
+    if (!in) throw OpError(std::string("input ") + name + " is required for " + what() + fix);
     return in;
   };
   auto check_field = [&](const In& in, const char* name, int type,
-                         const std::vector<int64_t>& want, const std::string& layout) {
+                         const std::vector<int64_t>& want, auto layout) {
     if (in.type != type || in.shape != want)
       throw OpError(std::string("input ") + name + " is " + type_name(in.type) + " of shape " +
-                    shape_str(in.shape) + "; " + what + " need " + type_name(type) +
-                    " of shape " + shape_str(want) + " (" + layout + ")" + fix);
+                    shape_str(in.shape) + "; " + what() + " need " + type_name(type) +
+                    " of shape " + shape_str(want) + " (" + layout() + ")" + fix);
   };
   auto absent = [&](int slot, const char* name, const char* lacks) {
     In in = get(slot, name);
@@ -66,12 +69,14 @@ void check_packed(const Kernel& k, OrtKernelContext* ctx, const Geometry& g, int
     grid[axis] = g.nC;
     if (g.kind == 2) grid[axis == 1 ? 0 : 1] = g.nR;
   }
-  const std::string grid_layout = "the tile grid: B's shape with the tiled dims replaced by "
-                                  "tile counts";
+  auto grid_layout = [] {
+    return std::string("the tile grid: B's shape with the tiled dims replaced by tile counts");
+  };
   int64_t kept = g.size;
   if (f.sparse_m) {
     In mk = need(kMmx.mask, "Mask");
-    check_field(mk, "Mask", kU8, {packed_nbytes(g.size, 1)}, "one bit per element, packed");
+    check_field(mk, "Mask", kU8, {packed_nbytes(g.size, 1)},
+                [] { return std::string("one bit per element, packed"); });
     mask->assign(static_cast<size_t>(g.size), 0);
     unpack_bits(static_cast<const uint8_t*>(mk.data), 1, g.size, nullptr, mask->data(), 1);
     kept = 0;
@@ -82,8 +87,9 @@ void check_packed(const Kernel& k, OrtKernelContext* ctx, const Geometry& g, int
   }
   const int bits = f.code_bits();
   In q = need(kMmx.q, "Q");
-  check_field(q, "Q", kU8, {packed_nbytes(kept, bits)},
-              std::to_string(kept) + " codes of " + std::to_string(bits) + " bits, packed");
+  check_field(q, "Q", kU8, {packed_nbytes(kept, bits)}, [&] {
+    return std::to_string(kept) + " codes of " + std::to_string(bits) + " bits, packed";
+  });
   io->packed = static_cast<const uint8_t*>(q.data);
   if (f.scaled) {
     In sc = need(kMmx.scale, "Scale");
@@ -101,7 +107,8 @@ void check_packed(const Kernel& k, OrtKernelContext* ctx, const Geometry& g, int
   }
   if (f.scaled && f.has_ts) {
     In t = need(kMmx.ts, "TenScale");
-    check_field(t, "TenScale", code_type(f.ts.bits), {1}, "one tensor scale");
+    check_field(t, "TenScale", code_type(f.ts.bits), {1},
+                [] { return std::string("one tensor scale"); });
     io->tenscale = t.data;
   } else {
     absent(kMmx.ts, "TenScale", "no tensor scale");
@@ -109,9 +116,10 @@ void check_packed(const Kernel& k, OrtKernelContext* ctx, const Geometry& g, int
   if (f.scaled && f.has_meta() && f.meta_bits()) {
     const int64_t nmeta = g.meta_count();
     In m = need(kMmx.meta, "Meta");
-    check_field(m, "Meta", kU8, {packed_nbytes(nmeta, f.meta_bits())},
-                std::to_string(nmeta) + " units of " + std::to_string(f.meta_bits()) +
-                    " bits, packed");
+    check_field(m, "Meta", kU8, {packed_nbytes(nmeta, f.meta_bits())}, [&] {
+      return std::to_string(nmeta) + " units of " + std::to_string(f.meta_bits()) +
+             " bits, packed";
+    });
     io->meta_packed = static_cast<const uint8_t*>(m.data);
   } else {
     absent(kMmx.meta, "Meta", "no meta bits");
