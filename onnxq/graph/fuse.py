@@ -14,12 +14,16 @@ from collections.abc import Callable
 
 import onnx
 
+from onnxq.graph.fuse_matmul import fuse_matmul
+
 __all__ = ["FUSIONS", "apply_fusions"]
 
 Fusion = Callable[[onnx.ModelProto], int]
 
 # name -> fusion, in the order they run (one line per fusion module).
-FUSIONS: dict[str, Fusion] = {}
+FUSIONS: dict[str, Fusion] = {
+    "matmul_mx": fuse_matmul,  # DequantizeMX -> MatMul/Gemm B: MatMulMX
+}
 
 
 def apply_fusions(model: onnx.ModelProto) -> dict[str, int]:

@@ -91,6 +91,12 @@ OPS: dict[str, OpSpec] = {
         ("Y",),
         ("dtype", "axis", "round_mode", "scale_mode", "nan_policy", "seed", "int_range"),
     ),
+    "MatMulMX": OpSpec(
+        "MatMulMX",
+        ("A", "Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?", "Bias?"),
+        ("Y",),
+        ("dtype", "axis", "shape", "output_type"),
+    ),
 }
 
 
@@ -117,6 +123,8 @@ def output_index(op_type: str, name: str) -> int:
 _TYPES: dict[str, tuple[str, tuple[str, ...]]] = {  # type constraint of each input / output name
     "X": ("T", _FLOATS),
     "Y": ("T", _FLOATS),
+    "A": ("T", _FLOATS),
+    "Bias": ("T", _FLOATS),
     "Q": ("B", ("tensor(uint8)",)),
     "Meta": ("B", ("tensor(uint8)",)),
     "Mask": ("B", ("tensor(uint8)",)),
@@ -191,9 +199,10 @@ def output_types(
     """Element type and shape (None when unknown) of each output of one node.
 
     Args:
-        op_type: ``QuantizeMX``, ``DequantizeMX``, ``CodebookLookup`` or ``QuantizeDequantizeMX``.
+        op_type: an op of `OPS`.
         attrs: the node's attributes as Python values (``dtype`` required).
-        input_shape: X's shape for QuantizeMX, when known.
+        input_shape: X's shape for QuantizeMX and QuantizeDequantizeMX, A's for MatMulMX,
+            when known.
         shape_input: DequantizeMX: the node has the ``Shape`` input (X's shape at run time).
         shape_value: what is known of that input: its dims (``None`` for a dim not known
             before run time), or None when not even its length is known.
@@ -266,6 +275,8 @@ def output_types(
         )
     if op_type == "CodebookLookup" and not isinstance(dt.nspec, Codebook):
         raise ValueError(f"{where} dtype {code!r} is not a codebook; use DequantizeMX")
+    if op_type == "MatMulMX":
+        return [_matmul_mx_output(list(y_shape or ()), out_type, input_shape)]
     return [(out_type, y_shape)]  # type: ignore[list-item]
 
 
@@ -315,6 +326,23 @@ def _y_shape(
     return given
 
 
+def _matmul_mx_output(
+    shape: list[int], out_type: int, a_shape: tuple[int, ...] | None
+) -> tuple[int, tuple[int, ...] | None]:
+    """MatMulMX's Y: float32, A's leading dims and N (``shape`` is B's, ``[K, N]``)."""
+    if len(shape) != 2:
+        raise ValueError(f"[MatMulMX] attribute 'shape' must be B's [K, N], got {list(shape)}")
+    if out_type != TensorProto.FLOAT:
+        raise ValueError(
+            f"[MatMulMX] attribute 'output_type' {out_type}: only 1 (float) is supported; "
+            "decode float16/bfloat16 weights with DequantizeMX and MatMul"
+        )
+    k, n = (int(d) for d in shape)
+    if a_shape is not None and (not a_shape or a_shape[-1] != k):
+        raise ValueError(f"[MatMulMX] input A of shape {a_shape} must end in K = {k}")
+    return out_type, None if a_shape is None else (*a_shape[:-1], n)
+
+
 def _attr_value(value: Any) -> Any:
     if isinstance(value, onnx.AttributeProto):
         if value.type == onnx.AttributeProto.STRING:
@@ -340,6 +368,9 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
             dims = x.tensor_type.shape.dim
             if all(d.HasField("dim_value") for d in dims) and dims:
                 input_shape = tuple(d.dim_value for d in dims)
+    if op_type == "MatMulMX":
+        _infer_matmul_mx(ctx, attrs)
+        return
     if op_type == "QuantizeDequantizeMX":
         _infer_qdq(attrs, ctx)
         return
@@ -394,6 +425,25 @@ def _shape_input(
         if len(dims) == 1 and dims[0].HasField("dim_value"):
             return True, (None,) * dims[0].dim_value  # its length is X's rank
     return True, None
+
+
+def _infer_matmul_mx(ctx: onnx.shape_inference.InferenceContext, attrs: dict[str, Any]) -> None:
+    """Y's type, and A's leading dims (symbolic ones too) followed by N."""
+    elem, _ = output_types("MatMulMX", attrs, None)[0]
+    t = onnx.TypeProto()
+    t.tensor_type.elem_type = elem
+    a = ctx.get_input_type(0) if ctx.get_num_inputs() > 0 else None
+    if a is not None and a.tensor_type.HasField("shape") and a.tensor_type.shape.dim:
+        dims = a.tensor_type.shape.dim
+        k, n = (int(d) for d in attrs["shape"])
+        if dims[-1].HasField("dim_value") and dims[-1].dim_value != k:
+            raise ValueError(f"[MatMulMX] input A's last dim {dims[-1].dim_value} must be K = {k}")
+        t.tensor_type.shape.SetInParent()
+        for d in dims[:-1]:
+            t.tensor_type.shape.dim.add().CopyFrom(d)
+        t.tensor_type.shape.dim.add().dim_value = n
+    if ctx.get_num_outputs() > 0 and ctx.has_output(0):
+        ctx.set_output_type(0, t)
 
 
 def _schema(spec: OpSpec) -> OpSchema:
@@ -513,6 +563,9 @@ def _static_shape(t: onnx.TypeProto | None) -> tuple[int, ...] | None:
     return None
 
 
+_SHAPED = ("QuantizeMX", "QuantizeDequantizeMX", "MatMulMX")  # outputs follow input 0
+
+
 def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
     """`infer_shapes` for onnx releases whose schemas cannot carry `_infer`."""
     work = onnx.ModelProto()
@@ -535,7 +588,7 @@ def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
             if not todo:
                 continue
             x_type = known.get(node.input[0]) if node.input else None
-            takes_x = node.op_type in ("QuantizeMX", "QuantizeDequantizeMX")
+            takes_x = node.op_type in _SHAPED
             if takes_x and x_type is None and not last_pass:
                 continue  # X's type may come from a later round
             attrs: dict[str, Any] = {}

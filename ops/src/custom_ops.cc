@@ -1,6 +1,6 @@
-// The onnxruntime custom ops QuantizeMX, DequantizeMX, CodebookLookup and QuantizeDequantizeMX
-// (domain `onnxq`, version 1; contract in docs/ops.md): their registration (the OrtCustomOp
-// table and RegisterCustomOps). Their inputs, outputs and attributes come from
+// The onnxruntime custom ops QuantizeMX, DequantizeMX, CodebookLookup, QuantizeDequantizeMX and
+// MatMulMX (domain `onnxq`, version 1; contract in docs/ops.md): their registration (the
+// OrtCustomOp table and RegisterCustomOps). Their inputs, outputs and attributes come from
 // onnxq/graph/schemas.py through the generated onnxq_op_contract.h; ort_io.cc is
 // onnxruntime's side of a kernel (attributes, tensors, threads), ort_kernel_cpu.cc and
 // ort_kernel_cuda.cc compute the ops.
@@ -65,6 +65,7 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
     k->op = name;
     init_kernel(k.get(), info);
     if (def(op).cuda) init_cuda_kernel(k.get());
+    if (k->kind == kMatMul) init_matmul_mx(k.get(), info);
     if (!k->gpu && (k->kind == kDequantize || k->kind == kLookup))
       init_const_decode(k.get(), info);
     *kernel = k.release();
@@ -91,6 +92,8 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) noexcept {
       compute_quantize(k, ctx);
     } else if (k.kind == kQuantDequant) {
       compute_quant_dequant(k, ctx);
+    } else if (k.kind == kMatMul) {
+      compute_matmul_mx(k, ctx);
     } else {
       compute_dequantize(k, ctx);
     }
@@ -183,6 +186,12 @@ std::vector<OpDef>& op_defs() {
   // Y is X's type: onnxruntime infers it from these (no declared output type needed).
   for (auto x : {kTF32, kTF16, kTBF16}) defs.push_back(make_def(kQuantDequant, {x}, {x}));
   defs.push_back(make_def(kQuantDequant, {kAny}, {kAny}));
+  // MatMulMX: float32 A, Bias and Y (its kernel refuses other output types).
+  for (auto sc : codes)
+    for (auto z : codes)
+      for (auto t : codes)
+        defs.push_back(make_def(kMatMul, {kTF32, kU8, sc, z, t, kU8, kU8, kTF32}, {kTF32}));
+  defs.push_back(make_def(kMatMul, any_inputs(kMatMul), {kTF32}));
   // The same QuantizeMX / DequantizeMX for the CUDA execution provider, when the library embeds
   // GPU kernels (ONNXQ_CUDA_OPS=0 leaves them out: every node then runs on the CPU).
   const char* env = std::getenv("ONNXQ_CUDA_OPS");

@@ -172,6 +172,20 @@ bool constant_inputs(const OrtKernelInfo* info, std::vector<In>* out) {
   return true;
 }
 
+In constant_input(const OrtKernelInfo* info, size_t index) {
+  size_t n = 0;
+  check(g_api->KernelInfo_GetInputCount(info, &n), "counting inputs");
+  if (index >= n) return In{};
+  size_t size = 0;
+  check(g_api->KernelInfo_GetInputName(info, index, nullptr, &size), "reading an input name");
+  if (size <= 1) return In{};
+  int is_constant = 0;
+  const OrtValue* v = nullptr;
+  check(g_api->KernelInfoGetConstantInput_tensor(info, index, &is_constant, &v),
+        "reading a constant input");
+  return is_constant && v ? describe(v, "(constant)") : In{};
+}
+
 void* output(OrtKernelContext* ctx, size_t index, const char* name,
              const std::vector<int64_t>& shape, int want_type, const std::string& why) {
   size_t n = 0;

@@ -62,6 +62,9 @@ In input(OrtKernelContext* ctx, size_t index, const char* name);
 // The node's inputs when every input it names is a constant initializer (an empty In for an
 // input it leaves out); false when one is not constant. Only in the kernel's constructor.
 bool constant_inputs(const OrtKernelInfo* info, std::vector<In>* out);
+// Input `index` when it is a constant initializer (an empty In otherwise). Only in the kernel's
+// constructor.
+In constant_input(const OrtKernelInfo* info, size_t index);
 // Allocates output `index` with `shape` and checks its declared element type; nullptr when
 // the node does not have that output (a zero-size output gets a non-null placeholder).
 void* output(OrtKernelContext* ctx, size_t index, const char* name,

@@ -10,6 +10,7 @@
 
 #include "cuda_launch.h"
 #include "kernels.h"
+#include "matmul_mx.h"
 #include "onnxq_op_contract.h"  // generated from onnxq/graph/schemas.py
 #include "onnxruntime_c_api.h"
 #include "ort_io.h"
@@ -19,11 +20,12 @@ namespace onnxq {
 namespace ort {
 
 // The ops in the order of the contract (onnxq/graph/schemas.py OPS, onnxq_op_contract.h).
-enum OpKind { kQuantize, kDequantize, kLookup, kQuantDequant };
-static_assert(contract::kOpCount == 4 && contract::op_index("QuantizeMX") == kQuantize &&
+enum OpKind { kQuantize, kDequantize, kLookup, kQuantDequant, kMatMul };
+static_assert(contract::kOpCount == 5 && contract::op_index("QuantizeMX") == kQuantize &&
                   contract::op_index("DequantizeMX") == kDequantize &&
                   contract::op_index("CodebookLookup") == kLookup &&
-                  contract::op_index("QuantizeDequantizeMX") == kQuantDequant,
+                  contract::op_index("QuantizeDequantizeMX") == kQuantDequant &&
+                  contract::op_index("MatMulMX") == kMatMul,
               "schemas.py OPS and the custom ops disagree on the ops");
 inline const char* op_name(OpKind kind) { return contract::kOps[kind].name; }
 
@@ -60,6 +62,9 @@ struct Kernel {
   // Dequantize / Lookup on the CPU: Y decoded once at session creation when every input is a
   // constant initializer (in the output type); empty: decode on every Run.
   std::vector<uint8_t> const_y;
+  // MatMulMX: the value of every scale code (float scales of at most 16 bits; matmul_mx.h).
+  MmxScales scale_values;
+  MmxPrepacked prepacked;  // MatMulMX: B's constant blocks rearranged (matmul_mx.h)
 };
 
 // Reads and checks the node's attributes (every op).
@@ -79,6 +84,11 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx);
 void compute_dequantize(const Kernel& k, OrtKernelContext* ctx);
 // QuantizeDequantizeMX: QuantizeMX's cast writing only the decoded values (the virtual cast).
 void compute_quant_dequant(const Kernel& k, OrtKernelContext* ctx);
+
+// MatMulMX (ort_kernel_mmx.cc): the checks of its attributes beyond init_kernel's, and its
+// compute on the CPU.
+void init_matmul_mx(Kernel* k, const OrtKernelInfo* info);
+void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx);
 
 // The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.
 void init_cuda_kernel(Kernel* k);

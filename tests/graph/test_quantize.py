@@ -92,7 +92,9 @@ def test_each_model_runs_the_same_bits_in_three_runtimes(
     name: str, weights: str, activations: str | None, storage: str
 ) -> None:
     model, inputs = builders.BUILDERS[name]()
-    q = quantize_model(model, weights=weights, activations=activations, weight_storage=storage)
+    q = quantize_model(
+        model, weights=weights, activations=activations, weight_storage=storage, fuse=False
+    )
     meta = {p.key: p.value for p in q.metadata_props}
     assert "onnxq_no_fallback" not in meta
     assert "onnxq_skipped" not in meta
@@ -112,7 +114,7 @@ def test_each_model_runs_the_same_bits_in_three_runtimes(
 @pytest.mark.parametrize("name", sorted(builders.BUILDERS))
 def test_fake_storage_holds_the_packed_weights_values(name: str, weights: str) -> None:
     model, inputs = builders.BUILDERS[name]()
-    packed = quantize_model(model, weights=weights)
+    packed = quantize_model(model, weights=weights, fuse=False)
     fake = quantize_model(model, weights=weights, weight_storage="fake")
     exposed, names = _expose(packed)
     got = dict(zip(names, runtime.session(exposed).run(names, inputs), strict=True))
@@ -160,7 +162,7 @@ def test_weights_in_subgraphs_constants_transposes_and_shared_ones_are_found() -
     assert found["shared_w"].consumers == ("main/shared_a", "main/shared_b")
     assert found["wt"].axis == 1  # MatMul B axis 0 of wt^T is wt's axis 1
     assert all(w.axis == 0 for k, w in found.items() if k != "wt")
-    q = quantize_model(model, weights="mxfp4")
+    q = quantize_model(model, weights="mxfp4", fuse=False)
     dq = [n for n in q.graph.node if n.op_type == "DequantizeMX"]
     assert sorted(n.output[0] for n in dq) == sorted(found)  # each quantized once
     assert not any(n.op_type == "Constant" for n in q.graph.node)
