@@ -85,6 +85,12 @@ OPS: dict[str, OpSpec] = {
         ("Y",),
         ("dtype", "axis", "shape", "output_type"),
     ),
+    "GatherMX": OpSpec(
+        "GatherMX",
+        ("Indices", "Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?", "Table?"),
+        ("Y",),
+        ("dtype", "axis", "shape", "output_type"),
+    ),
 }
 
 
@@ -118,6 +124,7 @@ _TYPES: dict[str, tuple[str, tuple[str, ...]]] = {  # type constraint of each in
     "Zero": ("Z", _CODES),
     "TenScale": ("G", _CODES),
     "Table": ("F", ("tensor(float)",)),
+    "Indices": ("I", ("tensor(int32)", "tensor(int64)")),
 }
 _ATTRS: dict[str, tuple[OpSchema.AttrType, Any, str]] = {
     "dtype": (OpSchema.AttrType.STRING, None, "preset or data type code (onnxq.datatype)"),
@@ -175,9 +182,9 @@ def output_types(
     """Element type and shape (None when unknown) of each output of one node.
 
     Args:
-        op_type: ``QuantizeMX``, ``DequantizeMX`` or ``CodebookLookup``.
+        op_type: ``QuantizeMX``, ``DequantizeMX``, ``CodebookLookup`` or ``GatherMX``.
         attrs: the node's attributes as Python values (``dtype`` required).
-        input_shape: X's shape for QuantizeMX, when known.
+        input_shape: X's shape for QuantizeMX, Indices' shape for GatherMX, when known.
 
     Returns:
         One ``(TensorProto element type, shape or None)`` per output in `OPS` order; a type of
@@ -234,7 +241,11 @@ def output_types(
         )
     if op_type == "CodebookLookup" and not isinstance(dt.nspec, Codebook):
         raise ValueError(f"{where} dtype {code!r} is not a codebook; use DequantizeMX")
-    return [(out_type, tuple(int(d) for d in shape))]
+    table = tuple(int(d) for d in shape)
+    if op_type == "GatherMX":  # Indices.shape + the table's row shape
+        rows = None if input_shape is None else (*input_shape, *table[1:])
+        return [(out_type, rows)]
+    return [(out_type, table)]
 
 
 def _attr_value(value: Any) -> Any:
@@ -255,6 +266,9 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
         value = ctx.get_attribute(name)
         if value is not None:
             attrs[name] = _attr_value(value)
+    if op_type == "GatherMX":
+        _infer_gather(ctx, attrs)
+        return
     input_shape = None
     if op_type == "QuantizeMX" and ctx.get_num_inputs() > 0:
         x = ctx.get_input_type(0)
@@ -272,6 +286,22 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
             for d in shape:
                 t.tensor_type.shape.dim.add().dim_value = d
         ctx.set_output_type(i, t)
+
+
+def _infer_gather(ctx: onnx.shape_inference.InferenceContext, attrs: dict[str, Any]) -> None:
+    """GatherMX's Y: Indices' dims (symbolic ones kept) followed by the table's row dims."""
+    elem, _ = output_types("GatherMX", attrs)[0]
+    t = onnx.TypeProto()
+    t.tensor_type.elem_type = elem
+    indices = ctx.get_input_type(0) if ctx.get_num_inputs() > 0 else None
+    if indices is not None and indices.tensor_type.HasField("shape"):
+        t.tensor_type.shape.SetInParent()
+        for d in indices.tensor_type.shape.dim:
+            t.tensor_type.shape.dim.add().CopyFrom(d)
+        for d in list(attrs["shape"])[1:]:
+            t.tensor_type.shape.dim.add().dim_value = int(d)
+    if ctx.get_num_outputs() > 0 and ctx.has_output(0):
+        ctx.set_output_type(0, t)
 
 
 def _schema(spec: OpSpec) -> OpSchema:
@@ -327,7 +357,7 @@ _inferred_by_onnx = False  # the registered schemas carry `_infer`
 
 
 def register_schemas() -> None:
-    """Register the three schemas with ONNX (once per process; later calls do nothing).
+    """Register the schemas of `OPS` with ONNX (once per process; later calls do nothing).
 
     Schemas that carry a Python inference function are deregistered at interpreter exit.
     """
@@ -390,6 +420,10 @@ def _static_shape(t: onnx.TypeProto | None) -> tuple[int, ...] | None:
     return None
 
 
+# Ops whose output shapes depend on their first input's shape.
+_SHAPED_BY_INPUT = ("QuantizeMX", "GatherMX")
+
+
 def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
     """`infer_shapes` for onnx releases whose schemas cannot carry `_infer`."""
     work = onnx.ModelProto()
@@ -412,12 +446,12 @@ def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
             if not todo:
                 continue
             x_type = known.get(node.input[0]) if node.input else None
-            if node.op_type == "QuantizeMX" and x_type is None and not last_pass:
-                continue  # X's type may come from a later round
+            if node.op_type in _SHAPED_BY_INPUT and x_type is None and not last_pass:
+                continue  # X's (Indices') type may come from a later round
             attrs: dict[str, Any] = {}
             for a in node.attribute:
                 attrs[a.name] = _attr_value(a)
-            shape = _static_shape(x_type) if node.op_type == "QuantizeMX" else None
+            shape = _static_shape(x_type) if node.op_type in _SHAPED_BY_INPUT else None
             results = output_types(node.op_type, attrs, shape)
             outputs = {v.name: v for v in graph.output}
             for i, name in todo:

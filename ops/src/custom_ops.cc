@@ -1,5 +1,5 @@
-// The onnxruntime custom ops QuantizeMX, DequantizeMX and CodebookLookup (domain `onnxq`,
-// version 1; contract in docs/ops.md): their registration (the OrtCustomOp table and
+// The onnxruntime custom ops QuantizeMX, DequantizeMX, CodebookLookup and GatherMX (domain
+// `onnxq`, version 1; contract in docs/ops.md): their registration (the OrtCustomOp table and
 // RegisterCustomOps). Their inputs, outputs and attributes come from onnxq/graph/schemas.py
 // through the generated onnxq_op_contract.h; ort_io.cc is onnxruntime's side of a kernel
 // (attributes, tensors, threads), ort_kernel_cpu.cc and ort_kernel_cuda.cc compute the ops.
@@ -64,7 +64,8 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
     k->op = name;
     init_kernel(k.get(), info);
     if (def(op).cuda) init_cuda_kernel(k.get());
-    if (!k->gpu && k->kind != kQuantize) init_const_decode(k.get(), info);
+    if (k->kind == kGather) init_gather(*k);  // the table stays packed: no constant decode
+    if (!k->gpu && k->kind != kQuantize && k->kind != kGather) init_const_decode(k.get(), info);
     *kernel = k.release();
     return nullptr;
   } catch (const std::bad_alloc&) {
@@ -87,6 +88,8 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) noexcept {
       }
     } else if (k.kind == kQuantize) {
       compute_quantize(k, ctx);
+    } else if (k.kind == kGather) {
+      compute_gather(k, ctx);
     } else {
       compute_dequantize(k, ctx);
     }
@@ -167,6 +170,14 @@ std::vector<OpDef>& op_defs() {
   defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}));
   for (auto sc : codes) defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}));
   defs.push_back(make_def(kLookup, any_inputs(kLookup), {kAny}));
+  // GatherMX (CPU only): Indices int64 or int32, then DequantizeMX's inputs and Table. Every
+  // input is typed in a variant (an "any" input would share its type with Y's).
+  for (auto ix : {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32})
+    for (auto sc : codes)
+      for (auto z : codes)
+        for (auto t : codes)
+          defs.push_back(make_def(kGather, {ix, kU8, sc, z, t, kU8, kU8, kTF32}, {kAny}));
+  defs.push_back(make_def(kGather, any_inputs(kGather), {kAny}));
   // The same QuantizeMX / DequantizeMX for the CUDA execution provider, when the library embeds
   // GPU kernels (ONNXQ_CUDA_OPS=0 leaves them out: every node then runs on the CPU).
   const char* env = std::getenv("ONNXQ_CUDA_OPS");

@@ -19,10 +19,11 @@ namespace onnxq {
 namespace ort {
 
 // The ops in the order of the contract (onnxq/graph/schemas.py OPS, onnxq_op_contract.h).
-enum OpKind { kQuantize, kDequantize, kLookup };
-static_assert(contract::kOpCount == 3 && contract::op_index("QuantizeMX") == kQuantize &&
+enum OpKind { kQuantize, kDequantize, kLookup, kGather };
+static_assert(contract::kOpCount == 4 && contract::op_index("QuantizeMX") == kQuantize &&
                   contract::op_index("DequantizeMX") == kDequantize &&
-                  contract::op_index("CodebookLookup") == kLookup,
+                  contract::op_index("CodebookLookup") == kLookup &&
+                  contract::op_index("GatherMX") == kGather,
               "schemas.py OPS and the custom ops disagree on the ops");
 inline const char* op_name(OpKind kind) { return contract::kOps[kind].name; }
 
@@ -68,6 +69,10 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept;
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx);
 // DequantizeMX and CodebookLookup.
 void compute_dequantize(const Kernel& k, OrtKernelContext* ctx);
+// GatherMX (gather_mx.cc): refuses at session creation what it cannot decode; Y from the
+// gathered rows' packed codes only.
+void init_gather(const Kernel& k);
+void compute_gather(const Kernel& k, OrtKernelContext* ctx);
 
 // The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.
 void init_cuda_kernel(Kernel* k);
