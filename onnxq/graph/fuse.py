@@ -14,12 +14,16 @@ from collections.abc import Callable
 
 import onnx
 
+from onnxq.graph.fuse_gather import fuse_gather
+
 __all__ = ["FUSIONS", "apply_fusions"]
 
 Fusion = Callable[[onnx.ModelProto], int]
 
 # name -> fusion, in the order they run (one line per fusion module).
-FUSIONS: dict[str, Fusion] = {}
+FUSIONS: dict[str, Fusion] = {
+    "gather": fuse_gather,  # Gather of a packed table -> GatherMX (after any MatMul fusion)
+}
 
 
 def apply_fusions(model: onnx.ModelProto) -> dict[str, int]:

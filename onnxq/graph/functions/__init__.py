@@ -41,7 +41,8 @@ same sign; `onnxq.cast` never writes such codes.
 Modules: `body` (the graph writer, bit streams, tile geometry), `values` (exact decoding of
 codes and power-of-two tables), `signature` (overload names, the FunctionProto of an op, its
 inputs and outputs read from `onnxq.graph.schemas.OPS`), `dequantize` (DequantizeMX,
-CodebookLookup), `quantize` (QuantizeMX) and `embed` (whole models).
+CodebookLookup), `gather` (GatherMX: the table's decode, then Gather), `quantize` (QuantizeMX)
+and `embed` (whole models).
 """
 
 # The body writer and table helpers stay importable from here: onnxq.graph.lower builds its
@@ -52,6 +53,7 @@ from onnxq.graph.functions.body import _grid_shape as _grid_shape
 from onnxq.graph.functions.body import _tiled_dims as _tiled_dims
 from onnxq.graph.functions.dequantize import codebook_lookup_function, dequantize_mx_function
 from onnxq.graph.functions.embed import build_function, embed_functions, inline_for_reference
+from onnxq.graph.functions.gather import gather_mx_function
 from onnxq.graph.functions.quantize import quantize_mx_function
 from onnxq.graph.functions.signature import OP_TYPES, OPSET, overload_name
 from onnxq.graph.functions.values import _exponent_table as _exponent_table
@@ -66,6 +68,7 @@ __all__ = [
     "codebook_lookup_function",
     "dequantize_mx_function",
     "embed_functions",
+    "gather_mx_function",
     "inline_for_reference",
     "overload_name",
     "quantize_mx_function",

@@ -10,6 +10,7 @@ import onnx.inliner
 from onnx import TensorProto, helper
 
 from onnxq.graph.functions.dequantize import codebook_lookup_function, dequantize_mx_function
+from onnxq.graph.functions.gather import gather_mx_function
 from onnxq.graph.functions.quantize import quantize_mx_function
 from onnxq.graph.functions.signature import OP_TYPES, OPSET
 from onnxq.graph.schemas import DOMAIN
@@ -21,7 +22,8 @@ def build_function(
 ) -> onnx.FunctionProto:
     """The function for one node: ``op_type``, its attributes and X's static shape.
 
-    For DequantizeMX and CodebookLookup ``shape`` is the ``shape`` attribute; for QuantizeMX
+    For DequantizeMX, CodebookLookup and GatherMX ``shape`` is the ``shape`` attribute (the
+    table's shape for GatherMX); for QuantizeMX
     it is the input's shape, and ``attrs`` may hold ``num_outputs`` (the node's output count,
     not an op attribute).
 
@@ -38,6 +40,10 @@ def build_function(
         )
     if op_type == "CodebookLookup":
         return codebook_lookup_function(
+            attrs["dtype"], axis, shape, int(attrs.get("output_type", TensorProto.FLOAT))
+        )
+    if op_type == "GatherMX":
+        return gather_mx_function(
             attrs["dtype"], axis, shape, int(attrs.get("output_type", TensorProto.FLOAT))
         )
     if op_type == "QuantizeMX":
