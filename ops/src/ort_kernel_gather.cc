@@ -404,8 +404,8 @@ void compute_gather(const Kernel& k, OrtKernelContext* ctx) {
                   "gather fewer rows at a time");
   void* y = output(ctx, kGatherY, "Y", yshape, k.out_type,
                    "output_type " + std::to_string(k.out_type));
+  if (n == 0) return;  // an empty Y (its data pointer may be null)
   if (!y) throw OpError("output Y is missing");
-  if (n == 0) return;
   gather_rows(f, t, p, rows, k.out_type, y, session_parallel_for(ctx));
 }
 
