@@ -31,19 +31,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 
 
-def _feeds(batch: int) -> dict:
+def _feeds(batch: int) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from tests.models.real import example_inputs
 
     return example_inputs("minilm", batch=batch)
 
 
-def _session(path: str):  # noqa: ANN202 - an onnxruntime session
+def _session(path: str) -> Any:
     import onnxruntime as ort
 
     from onnxq import runtime
