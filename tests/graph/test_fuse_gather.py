@@ -20,6 +20,7 @@ import onnxq
 from onnxq.graph.functions import embed_functions
 from onnxq.graph.fuse import FUSIONS
 from onnxq.graph.fuse_gather import MAX_GROUP_ROWS, fuse_gather, rows_per_group
+from onnxq.graph.inspect import inspect_model
 from onnxq.graph.quantize import quantize_model
 from onnxq.graph.walk import node_attrs
 from tests.models import builders
@@ -194,6 +195,23 @@ def test_readers_elsewhere_and_graph_inputs_stay() -> None:
     model, _ = _packed_gather("mxfp4", (20, 64), -1)
     model.graph.node[1].attribute[0].i = 1  # Gather along axis 1: not a row lookup
     assert fuse_gather(model) == 0
+
+
+def test_inspect_counts_a_fused_table_once() -> None:
+    """GatherMX decodes a stored table: inspect lists it (once) with the unfused bytes."""
+    model, _ = _packed_gather("mxfp4", (20, 64), -1)
+    before = inspect_model(model)
+    model.graph.node.append(helper.make_node("Gather", ["table", "ids"], ["y2"], axis=0))
+    model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, None))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 2]), "fixed"))
+    model.graph.node[1].input[1] = "fixed"  # constant indices are not part of the table
+    assert fuse_gather(model) == 2
+    after = inspect_model(model)
+    assert [t.kind for t in after.tensors] == ["weight"]
+    (table,) = after.tensors
+    assert table.shape == (20, 64) and table.stored == before.tensors[0].stored
+    assert table.nbytes == before.tensors[0].nbytes
+    assert after.float_bytes == before.float_bytes + 16  # the 2 int64 indices
 
 
 def test_two_gathers_share_the_packed_table() -> None:
