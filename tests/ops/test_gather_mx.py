@@ -351,8 +351,12 @@ def test_bad_attributes(dt: str, attrs: dict[str, Any], needle: str) -> None:
 
 def test_huge_y_is_refused() -> None:
     """Y's element count is checked before the output is allocated."""
-    q, _ = _pack("mxfp4", (2, 4096), -1)
-    model = _model("mxfp4", (2, 4096), -1, _fields(q))
-    idx = np.broadcast_to(np.int64(1), (2**29,))  # 2^29 rows of 4096 = 2^41 elements
-    msg = _error(model, {"idx": np.ascontiguousarray(idx)})
-    assert "[GatherMX] Y of shape (536870912, 4096) would hold more than 2^40" in msg, msg
+    shape = (2, 2**20)  # an all-zero packed table: 1 MiB of codes
+    fields = {
+        "Q": np.zeros(2**20, np.uint8),
+        "Scale": np.zeros((2, 2**15), np.uint8),
+    }
+    model = _model("mxfp4", shape, -1, fields)
+    idx = np.ones(2**21, np.int64)  # 2^21 rows of 2^20 = 2^41 elements
+    msg = _error(model, {"idx": idx})
+    assert "[GatherMX] Y of shape (2097152, 1048576) would hold more than 2^40" in msg, msg
