@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import onnx
 
+from onnxq.graph.fuse_gather import fuse_gather
 from onnxq.graph.fuse_matmul import fuse_matmul
 
 __all__ = ["FUSIONS", "apply_fusions"]
@@ -23,6 +24,7 @@ Fusion = Callable[[onnx.ModelProto], int]
 # name -> fusion, in the order they run (one line per fusion module).
 FUSIONS: dict[str, Fusion] = {
     "matmul_mx": fuse_matmul,  # DequantizeMX -> MatMul/Gemm B: MatMulMX
+    "gather": fuse_gather,  # Gather of a packed table -> GatherMX (after any MatMul fusion)
 }
 
 

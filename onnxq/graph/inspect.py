@@ -151,6 +151,8 @@ def inspect_model(model: onnx.ModelProto) -> ModelSummary:
             found = quantized_tensor(node, stored)
             if found is None:
                 continue
+            if node.op_type == "GatherMX" and found.stored and set(found.stored) <= packed:
+                continue  # GatherMX nodes that share one packed table: listed once
             restored = reshaped.get(found.name) if found.stored else None
             if restored is not None and math.prod(restored[1]) == found.numel:
                 found = dataclasses.replace(
@@ -200,7 +202,7 @@ def quantized_tensor(
         return None
     common = {"name": node.output[0], "format": fmt, "shape": tuple(shape), "numel": numel}
     if len(node.input) > q_index and node.input[q_index] in stored:
-        inputs = tuple(i for i in node.input if i and i in stored)
+        inputs = tuple(i for i in node.input[q_index:] if i and i in stored)  # not Indices
         nbytes = sum(tensor_bytes(stored[i]) for i in inputs)
         bits = 8 * nbytes / numel if numel else None
         return QuantizedTensor(

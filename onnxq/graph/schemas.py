@@ -97,6 +97,12 @@ OPS: dict[str, OpSpec] = {
         ("Y",),
         ("dtype", "axis", "shape", "output_type"),
     ),
+    "GatherMX": OpSpec(
+        "GatherMX",
+        ("Indices", "Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?", "Table?"),
+        ("Y",),
+        ("dtype", "axis", "shape", "output_type"),
+    ),
 }
 
 
@@ -133,6 +139,7 @@ _TYPES: dict[str, tuple[str, tuple[str, ...]]] = {  # type constraint of each in
     "TenScale": ("G", _CODES),
     "Table": ("F", ("tensor(float)",)),
     "Shape": ("I", ("tensor(int64)",)),
+    "Indices": ("Tind", ("tensor(int32)", "tensor(int64)")),
 }
 _ATTRS: dict[str, tuple[OpSchema.AttrType, Any, str]] = {
     "dtype": (OpSchema.AttrType.STRING, None, "preset or data type code (onnxq.datatype)"),
@@ -202,7 +209,7 @@ def output_types(
         op_type: an op of `OPS`.
         attrs: the node's attributes as Python values (``dtype`` required).
         input_shape: X's shape for QuantizeMX and QuantizeDequantizeMX, A's for MatMulMX,
-            when known.
+            Indices' for GatherMX, when known.
         shape_input: DequantizeMX: the node has the ``Shape`` input (X's shape at run time).
         shape_value: what is known of that input: its dims (``None`` for a dim not known
             before run time), or None when not even its length is known.
@@ -277,6 +284,10 @@ def output_types(
         raise ValueError(f"{where} dtype {code!r} is not a codebook; use DequantizeMX")
     if op_type == "MatMulMX":
         return [_matmul_mx_output(list(y_shape or ()), out_type, input_shape)]
+    if op_type == "GatherMX":  # Indices.shape + the table's row shape
+        table = tuple(y_shape or ())
+        rows = None if input_shape is None else (*input_shape, *table[1:])
+        return [(out_type, rows)]
     return [(out_type, y_shape)]  # type: ignore[list-item]
 
 
@@ -361,6 +372,9 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
         value = ctx.get_attribute(name)
         if value is not None:
             attrs[name] = _attr_value(value)
+    if op_type == "GatherMX":
+        _infer_gather(ctx, attrs)
+        return
     input_shape = None
     if op_type == "QuantizeMX" and ctx.get_num_inputs() > 0:
         x = ctx.get_input_type(0)
@@ -442,6 +456,20 @@ def _infer_matmul_mx(ctx: onnx.shape_inference.InferenceContext, attrs: dict[str
         for d in dims[:-1]:
             t.tensor_type.shape.dim.add().CopyFrom(d)
         t.tensor_type.shape.dim.add().dim_value = n
+
+
+def _infer_gather(ctx: onnx.shape_inference.InferenceContext, attrs: dict[str, Any]) -> None:
+    """GatherMX's Y: Indices' dims (symbolic ones kept) followed by the table's row dims."""
+    elem, _ = output_types("GatherMX", attrs)[0]
+    t = onnx.TypeProto()
+    t.tensor_type.elem_type = elem
+    indices = ctx.get_input_type(0) if ctx.get_num_inputs() > 0 else None
+    if indices is not None and indices.tensor_type.HasField("shape"):
+        t.tensor_type.shape.SetInParent()
+        for d in indices.tensor_type.shape.dim:
+            t.tensor_type.shape.dim.add().CopyFrom(d)
+        for d in list(attrs["shape"])[1:]:
+            t.tensor_type.shape.dim.add().dim_value = int(d)
     if ctx.get_num_outputs() > 0 and ctx.has_output(0):
         ctx.set_output_type(0, t)
 
@@ -500,7 +528,7 @@ _inferred_by_onnx = False  # the registered schemas carry `_infer`
 
 
 def register_schemas() -> None:
-    """Register the onnxq schemas with ONNX (once per process; later calls do nothing).
+    """Register the schemas of `OPS` with ONNX (once per process; later calls do nothing).
 
     Schemas that carry a Python inference function are deregistered at interpreter exit.
     """
@@ -563,7 +591,7 @@ def _static_shape(t: onnx.TypeProto | None) -> tuple[int, ...] | None:
     return None
 
 
-_SHAPED = ("QuantizeMX", "QuantizeDequantizeMX", "MatMulMX")  # outputs follow input 0
+_SHAPED = ("QuantizeMX", "QuantizeDequantizeMX", "MatMulMX", "GatherMX")  # follow input 0
 
 
 def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:

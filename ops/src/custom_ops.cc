@@ -1,9 +1,10 @@
-// The onnxruntime custom ops QuantizeMX, DequantizeMX, CodebookLookup, QuantizeDequantizeMX and
-// MatMulMX (domain `onnxq`, version 1; contract in docs/ops.md): their registration (the
-// OrtCustomOp table and RegisterCustomOps). Their inputs, outputs and attributes come from
-// onnxq/graph/schemas.py through the generated onnxq_op_contract.h; ort_io.cc is
-// onnxruntime's side of a kernel (attributes, tensors, threads), ort_kernel_cpu.cc and
-// ort_kernel_cuda.cc compute the ops.
+// The onnxruntime custom ops QuantizeMX, DequantizeMX, CodebookLookup, QuantizeDequantizeMX,
+// MatMulMX and GatherMX (domain `onnxq`, version 1; contract in docs/ops.md): their
+// registration (the OrtCustomOp table and RegisterCustomOps). Their inputs, outputs and
+// attributes come from onnxq/graph/schemas.py through the generated onnxq_op_contract.h;
+// ort_io.cc is onnxruntime's side of a kernel (attributes, tensors, threads),
+// ort_kernel_cpu.cc, ort_kernel_mmx.cc, ort_kernel_gather.cc and ort_kernel_cuda.cc compute
+// the ops.
 //
 // Written against the onnxruntime C API with the status-returning entry points
 // (OrtCustomOp::CreateKernelV2 / KernelComputeV2, API 16+): every callback catches everything,
@@ -66,6 +67,7 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
     init_kernel(k.get(), info);
     if (def(op).cuda) init_cuda_kernel(k.get());
     if (k->kind == kMatMul) init_matmul_mx(k.get(), info);
+    if (k->kind == kGather) init_gather(*k);  // the table stays packed: no constant decode
     if (!k->gpu && (k->kind == kDequantize || k->kind == kLookup))
       init_const_decode(k.get(), info);
     *kernel = k.release();
@@ -94,6 +96,8 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) noexcept {
       compute_quant_dequant(k, ctx);
     } else if (k.kind == kMatMul) {
       compute_matmul_mx(k, ctx);
+    } else if (k.kind == kGather) {
+      compute_gather(k, ctx);
     } else {
       compute_dequantize(k, ctx);
     }
@@ -192,6 +196,14 @@ std::vector<OpDef>& op_defs() {
       for (auto t : codes)
         defs.push_back(make_def(kMatMul, {kTF32, kU8, sc, z, t, kU8, kU8, kTF32}, {kTF32}));
   defs.push_back(make_def(kMatMul, any_inputs(kMatMul), {kTF32}));
+  // GatherMX (CPU only): Indices int64 or int32, then DequantizeMX's inputs and Table. Every
+  // input is typed in a variant (an "any" input would share its type with Y's).
+  for (auto ix : {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32})
+    for (auto sc : codes)
+      for (auto z : codes)
+        for (auto t : codes)
+          defs.push_back(make_def(kGather, {ix, kU8, sc, z, t, kU8, kU8, kTF32}, {kAny}));
+  defs.push_back(make_def(kGather, any_inputs(kGather), {kAny}));
   // The same QuantizeMX / DequantizeMX for the CUDA execution provider, when the library embeds
   // GPU kernels (ONNXQ_CUDA_OPS=0 leaves them out: every node then runs on the CPU).
   const char* env = std::getenv("ONNXQ_CUDA_OPS");

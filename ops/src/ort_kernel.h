@@ -20,12 +20,13 @@ namespace onnxq {
 namespace ort {
 
 // The ops in the order of the contract (onnxq/graph/schemas.py OPS, onnxq_op_contract.h).
-enum OpKind { kQuantize, kDequantize, kLookup, kQuantDequant, kMatMul };
-static_assert(contract::kOpCount == 5 && contract::op_index("QuantizeMX") == kQuantize &&
+enum OpKind { kQuantize, kDequantize, kLookup, kQuantDequant, kMatMul, kGather };
+static_assert(contract::kOpCount == 6 && contract::op_index("QuantizeMX") == kQuantize &&
                   contract::op_index("DequantizeMX") == kDequantize &&
                   contract::op_index("CodebookLookup") == kLookup &&
                   contract::op_index("QuantizeDequantizeMX") == kQuantDequant &&
-                  contract::op_index("MatMulMX") == kMatMul,
+                  contract::op_index("MatMulMX") == kMatMul &&
+                  contract::op_index("GatherMX") == kGather,
               "schemas.py OPS and the custom ops disagree on the ops");
 inline const char* op_name(OpKind kind) { return contract::kOps[kind].name; }
 
@@ -89,6 +90,10 @@ void compute_quant_dequant(const Kernel& k, OrtKernelContext* ctx);
 // compute on the CPU.
 void init_matmul_mx(Kernel* k, const OrtKernelInfo* info);
 void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx);
+// GatherMX (gather_mx.cc): refuses at session creation what it cannot decode; Y from the
+// gathered rows' packed codes only.
+void init_gather(const Kernel& k);
+void compute_gather(const Kernel& k, OrtKernelContext* ctx);
 
 // The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.
 void init_cuda_kernel(Kernel* k);

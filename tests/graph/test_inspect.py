@@ -72,7 +72,7 @@ def _model() -> onnx.ModelProto:
 
 
 def test_decode_ops_come_from_the_op_table() -> None:
-    assert DECODE_OPS == ("DequantizeMX", "CodebookLookup", "MatMulMX")
+    assert DECODE_OPS == ("DequantizeMX", "CodebookLookup", "MatMulMX", "GatherMX")
 
 
 def test_inspect_model_lists_weights_and_activations_with_their_sizes() -> None:

@@ -89,6 +89,7 @@ def _run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> dict[str, np.
 def test_standard_target_matches_onnxq_target_bit_for_bit(name: str, weights: str) -> None:
     model, inputs = builders.BUILDERS[name]()
     std = quantize_model(model, weights=weights, target="standard")
+    # Unfused: every decoded weight stays a DequantizeMX output to compare (fusion: its tests).
     ref = quantize_model(model, weights=weights, target="onnxq", fuse=False)
     # No custom op anywhere: nodes, functions, opset imports.
     assert all(n.domain in ("", "ai.onnx") for g in _graphs(std.graph) for n in g.node)

@@ -54,7 +54,8 @@ NaN decodes to the quiet NaN of the same sign; `onnxq.cast` never writes such co
 Modules: `body` (the graph writer, bit streams, tile geometry), `values` (exact decoding of
 codes and power-of-two tables), `signature` (overload names, the FunctionProto of an op, its
 inputs and outputs read from `onnxq.graph.schemas.OPS`), `dequantize` (DequantizeMX,
-CodebookLookup), `quantize` (QuantizeMX), `dynamic` (the run-time tile layout and bit
+CodebookLookup), `gather` (GatherMX: the table's decode, then Gather), `matmul` (MatMulMX:
+B's decode, then Gemm), `quantize` (QuantizeMX), `dynamic` (the run-time tile layout and bit
 streams), `quantize_dynamic` (QuantizeMX on unknown dims, QuantizeDequantizeMX),
 `quantize_float` (float tile scales with a tensor scale), `dequantize_dynamic` (DequantizeMX
 from its Shape input) and `embed` (whole models, `fallback_shape`).
@@ -73,6 +74,7 @@ from onnxq.graph.functions.embed import (
     fallback_shape,
     inline_for_reference,
 )
+from onnxq.graph.functions.gather import gather_mx_function
 from onnxq.graph.functions.quantize import quantize_mx_function
 from onnxq.graph.functions.signature import OP_TYPES, OPSET, overload_name
 from onnxq.graph.functions.values import _exponent_table as _exponent_table
@@ -88,6 +90,7 @@ __all__ = [
     "dequantize_mx_function",
     "embed_functions",
     "fallback_shape",
+    "gather_mx_function",
     "inline_for_reference",
     "overload_name",
     "quantize_mx_function",

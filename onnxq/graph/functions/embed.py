@@ -13,6 +13,7 @@ from onnxq.formats.datatype import DataType, datatype
 from onnxq.graph.functions.dequantize import codebook_lookup_function, dequantize_mx_function
 from onnxq.graph.functions.dequantize_dynamic import dequantize_mx_dynamic
 from onnxq.graph.functions.dynamic import dynamic_dims
+from onnxq.graph.functions.gather import gather_mx_function
 from onnxq.graph.functions.matmul import matmul_mx_function
 from onnxq.graph.functions.quantize import quantize_mx_function
 from onnxq.graph.functions.quantize_dynamic import (
@@ -29,12 +30,12 @@ def build_function(
 ) -> onnx.FunctionProto:
     """The function for one node: ``op_type``, its attributes and X's shape.
 
-    For DequantizeMX, CodebookLookup and MatMulMX (B's) ``shape`` is the ``shape`` attribute;
-    for QuantizeMX and QuantizeDequantizeMX it is the input's shape, and ``attrs`` may hold
-    ``num_outputs`` (a QuantizeMX node's output count, not an op attribute). A shape whose rank
-    is known but some dims are not (None) gets a body that reads the sizes at run time: from
-    ``Shape(X)`` for QuantizeMX, from the ``Shape`` input for DequantizeMX;
-    QuantizeDequantizeMX always reads them. A static shape keeps its static body.
+    For DequantizeMX, CodebookLookup, MatMulMX (B's) and GatherMX (the table's) ``shape`` is
+    the ``shape`` attribute; for QuantizeMX and QuantizeDequantizeMX it is the input's shape,
+    and ``attrs`` may hold ``num_outputs`` (a QuantizeMX node's output count, not an op
+    attribute). A shape whose rank is known but some dims are not (None) gets a body that reads
+    the sizes at run time: from ``Shape(X)`` for QuantizeMX, from the ``Shape`` input for
+    DequantizeMX; QuantizeDequantizeMX always reads them. A static shape keeps its static body.
 
     Raises:
         NotImplementedError: the format has no bit-exact standard-ONNX body yet.
@@ -64,6 +65,10 @@ def build_function(
         )
     if op_type == "MatMulMX":
         return matmul_mx_function(
+            attrs["dtype"], axis, shape, int(attrs.get("output_type", TensorProto.FLOAT))
+        )
+    if op_type == "GatherMX":
+        return gather_mx_function(
             attrs["dtype"], axis, shape, int(attrs.get("output_type", TensorProto.FLOAT))
         )
     raise ValueError(f"unknown onnxq op {op_type!r}: expected one of {', '.join(OP_TYPES)}")
