@@ -51,7 +51,12 @@ from onnxq.graph.functions.body import _expand as _expand
 from onnxq.graph.functions.body import _grid_shape as _grid_shape
 from onnxq.graph.functions.body import _tiled_dims as _tiled_dims
 from onnxq.graph.functions.dequantize import codebook_lookup_function, dequantize_mx_function
-from onnxq.graph.functions.embed import build_function, embed_functions, inline_for_reference
+from onnxq.graph.functions.embed import (
+    build_function,
+    embed_functions,
+    fallback_shape,
+    inline_for_reference,
+)
 from onnxq.graph.functions.quantize import quantize_mx_function
 from onnxq.graph.functions.signature import OP_TYPES, OPSET, overload_name
 from onnxq.graph.functions.values import _exponent_table as _exponent_table
@@ -66,6 +71,7 @@ __all__ = [
     "codebook_lookup_function",
     "dequantize_mx_function",
     "embed_functions",
+    "fallback_shape",
     "inline_for_reference",
     "overload_name",
     "quantize_mx_function",

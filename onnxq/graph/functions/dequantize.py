@@ -115,7 +115,8 @@ def dequantize_mx_function(
         y = _dequantize_float_scale(body, dt, dims, ax, codes)
     y = _zero_pruned(body, y, kept)
     _finish(body, y, out)
-    return _function("DequantizeMX", overload_name("DequantizeMX", attrs, dims), body)
+    overload = overload_name("DequantizeMX", attrs, dims)
+    return _function("DequantizeMX", overload, body)
 
 
 def _dequantize_exponent(

@@ -11,16 +11,35 @@ from onnx import TensorProto, helper
 from onnxq.formats.datatype import DataType, datatype
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 from onnxq.graph.functions.body import _Body
+from onnxq.graph.functions.dynamic import check_rank, dynamic_dims
 from onnxq.graph.schemas import DOMAIN, OPS, input_names, output_names
 
 OPSET = 21
-OP_TYPES = tuple(OPS)
+
+# The fused activation op and DequantizeMX's run-time Shape input (docs/ops.md). Until the
+# op table holds them they are declared here, so their fallbacks exist either way: a plain
+# onnxruntime runs a model-local function whatever schema is registered.
+_QDQ = "QuantizeDequantizeMX"
+_QUANTIZE_ATTRS = ("dtype", "axis", "round_mode", "scale_mode", "nan_policy", "seed", "int_range")
+OP_TYPES = tuple(OPS) + (() if _QDQ in OPS else (_QDQ,))
 
 _OUTPUT_TYPES = {TensorProto.FLOAT: "f32", TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16"}
 
 
 def _as_dtype(dtype: DataType | str) -> DataType:
     return dtype if isinstance(dtype, DataType) else datatype(dtype)
+
+
+def _io(op_type: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The op's input names, output names and attributes (OPS, or the contract above)."""
+    if op_type in OPS:
+        ins, outs = input_names(op_type), output_names(op_type)
+        attrs = tuple(OPS[op_type].attributes)
+    else:
+        ins, outs, attrs = ("X",), ("Y",), _QUANTIZE_ATTRS
+    if op_type == "DequantizeMX" and "Shape" not in ins:
+        ins += ("Shape",)
+    return ins, outs, attrs
 
 
 def _check_geometry(shape: Sequence[int], axis: int) -> tuple[tuple[int, ...], int]:
@@ -36,12 +55,19 @@ def overload_name(op_type: str, attrs: Mapping[str, Any], shape: Sequence[int]) 
     """The overload string that identifies one specialization of ``op_type``.
 
     It is built from the canonical data type code and every attribute that changes the body,
-    so equal nodes share one function. Only ``[a-z0-9_]`` characters are used.
+    so equal nodes share one function: ``s4x64`` names a static shape, ``r3`` a body of rank 3
+    that reads X's sizes at run time. Only
+    ``[a-z0-9_]`` characters are used.
     """
     dt = _as_dtype(attrs.get("dtype", ""))
-    dims, axis = _check_geometry(shape, int(attrs.get("axis", -1)))
-    parts = [dt.code, f"a{axis}", "s" + "x".join(str(d) for d in dims)]
-    if op_type == "QuantizeMX":
+    if dynamic_dims(shape):  # the body reads the sizes at run time
+        rank, axis = check_rank(list(shape), int(attrs.get("axis", -1)), op_type)
+        geometry = f"r{rank}"
+    else:
+        dims, axis = _check_geometry(shape, int(attrs.get("axis", -1)))
+        geometry = "s" + "x".join(str(d) for d in dims)
+    parts = [dt.code, f"a{axis}", geometry]
+    if op_type in ("QuantizeMX", _QDQ):
         parts += [
             RoundMode.parse(attrs.get("round_mode", "even")).value,
             ScaleMode.parse(attrs.get("scale_mode", "floor")).value,
@@ -65,16 +91,21 @@ def _output_type(value: Any) -> int:
 
 
 def _function(
-    op_type: str, overload: str, body: _Body, num_outputs: int | None = None
+    op_type: str,
+    overload: str,
+    body: _Body,
+    num_outputs: int | None = None,
 ) -> onnx.FunctionProto:
+    """The FunctionProto of ``body``: every input of the op and its first ``num_outputs``."""
+    ins, outs, attrs = _io(op_type)
     fn = helper.make_function(
         DOMAIN,
         op_type,
-        list(input_names(op_type)),
-        list(output_names(op_type)[:num_outputs]),
+        list(ins),
+        list(outs[:num_outputs]),
         body.nodes,
         [helper.make_opsetid("", OPSET)],
-        list(OPS[op_type].attributes),
+        list(attrs),
         doc_string=f"onnxq {op_type} for {overload}: standard-ONNX fallback",
     )
     fn.overload = overload
