@@ -174,7 +174,11 @@ class SkippedEntry:
 
     def as_dict(self) -> dict[str, str]:
         """The ``onnxq_skipped`` metadata entry."""
-        return {"tensor": self.tensor, "consumers": ", ".join(self.consumers), "reason": self.reason}
+        return {
+            "tensor": self.tensor,
+            "consumers": ", ".join(self.consumers),
+            "reason": self.reason,
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
