@@ -167,9 +167,9 @@ def no_fallback(the_plan: QuantPlan, target: str, calibrated: set[str]) -> list[
     materialisers give each node, before any weight is quantized: one entry per tensor
     (``tensor``, ``kind``, ``format``, ``modes``, ``reason``).
     """
-    cache: dict[tuple[str, str, tuple[int, ...]], str | None] = {}
+    cache: dict[tuple[str, str, tuple[int | None, ...]], str | None] = {}
 
-    def refusal(op: str, attrs: dict[str, Any], shape: list[int]) -> str | None:
+    def refusal(op: str, attrs: dict[str, Any], shape: list[int | None]) -> str | None:
         key = (op, json.dumps(attrs, sort_keys=True), tuple(shape))
         if key not in cache:
             try:
@@ -204,19 +204,23 @@ def no_fallback(the_plan: QuantPlan, target: str, calibrated: set[str]) -> list[
                 )
     for a in the_plan.activations:
         assert isinstance(a, ActivationPlan)
-        if a.tensor in calibrated or not static_shape(a.shape):
-            continue
+        if a.tensor in calibrated or a.shape is None:
+            continue  # calibrated pairs are plain ops; an unknown rank is skipped, not quantized
         if isinstance(a.dtype.nspec, Codebook):
             continue  # refused by the activation rewrite (onnxq.graph.quantize)
-        dims = [int(d) for d in a.shape or () if d is not None]
+        # Unknown dims stay None: the builders then make the bodies that read the sizes at
+        # run time, as `_embed` will (QuantizeMX from Shape(X), DequantizeMX from its Shape
+        # input; QuantizeDequantizeMX refuses nothing that this pair does not).
+        dims: list[int | None] = [None if d is None else int(d) for d in a.shape]
         attrs = {
             "dtype": a.dtype.code,
             "axis": a.axis,
             "round_mode": a.round_mode,
             "scale_mode": a.scale_mode,
         }
+        known = tuple(int(d) for d in dims if d is not None) if static_shape(dims) else None
         try:
-            kinds = [elem for elem, _ in output_types("QuantizeMX", attrs, tuple(dims))]
+            kinds = [elem for elem, _ in output_types("QuantizeMX", attrs, known)]
         except ValueError:
             continue
         while kinds and not kinds[-1]:

@@ -60,7 +60,7 @@ from onnxq.formats.datatype import DataType
 from onnxq.graph import calibrate_pass, model_io, pass_checks
 from onnxq.graph.activation_nodes import activation_nodes
 from onnxq.graph.calibrate import StaticScale, qdq_nodes
-from onnxq.graph.functions import build_function
+from onnxq.graph.functions import build_function, fallback_shape
 from onnxq.graph.fuse import apply_fusions
 from onnxq.graph.lower import lower_weight
 from onnxq.graph.plan import (
@@ -378,23 +378,27 @@ def _inline_fallbacks(model: onnx.ModelProto, missing: list[dict[str, str]]) -> 
 
 
 def _embed(model: onnx.ModelProto, shapes: Mapping[str, list[int | None]]) -> list[dict[str, str]]:
-    """Add the function fallback of every onnxq node that has one; list the others."""
+    """Add the function fallback of every onnxq node that has one; list the others.
+
+    X's shape comes from ``shapes`` (the inferred types) or, for a DequantizeMX node, from its
+    ``shape`` attribute or its run-time ``Shape`` input (`functions.fallback_shape`); unknown
+    dims get bodies that read the sizes at run time.
+    """
     missing: list[dict[str, str]] = []
     have = {(f.domain, f.name, f.overload) for f in model.functions}
     for scope in scopes(model.graph):
+        producers = {o: n for n in scope.graph.node for o in n.output}
         for node in scope.graph.node:
             if node.domain != DOMAIN:
                 continue
             attrs = node_attrs(node)
             if node.op_type == "QuantizeMX":
-                shape = shapes.get(node.input[0])
                 attrs["num_outputs"] = len(node.output)
-            else:
-                shape = list(attrs.get("shape", []))
             try:
-                if not shape or any(d is None for d in shape):
-                    raise ValueError("no static input shape")
-                fn = build_function(node.op_type, attrs, [int(d) for d in shape if d is not None])
+                shape = fallback_shape(node, shapes, producers)
+                if shape is None:
+                    raise ValueError("the rank of its input is unknown")
+                fn = build_function(node.op_type, attrs, shape)
             except (NotImplementedError, ValueError) as err:
                 missing.append({"node": node.name, "reason": str(err)})
                 continue
