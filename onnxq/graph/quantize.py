@@ -137,6 +137,8 @@ def _weight_nodes(
     assert isinstance(q, QTensor)
     inits: dict[str, TensorProto] = {}
     for key in _keys(OPS["DequantizeMX"].inputs):  # names are drawn in this order
+        if key == "shape":  # the run-time Shape input: a weight's shape is the attribute
+            continue
         value = getattr(q, _QTENSOR_FIELDS.get(key, key))
         if value is not None:
             name = names.fresh(f"{entry.tensor}__{key}")

@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 from onnx.defs import OpSchema
 
 from onnxq.cast.layout import Tiling
@@ -75,7 +75,7 @@ OPS: dict[str, OpSpec] = {
     ),
     "DequantizeMX": OpSpec(
         "DequantizeMX",
-        ("Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?"),
+        ("Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?", "Shape?"),
         ("Y",),
         ("dtype", "axis", "shape", "output_type"),
     ),
@@ -84,6 +84,12 @@ OPS: dict[str, OpSpec] = {
         ("Q", "Meta", "Scale", "Table?"),
         ("Y",),
         ("dtype", "axis", "shape", "output_type"),
+    ),
+    "QuantizeDequantizeMX": OpSpec(
+        "QuantizeDequantizeMX",
+        ("X",),
+        ("Y",),
+        ("dtype", "axis", "round_mode", "scale_mode", "nan_policy", "seed", "int_range"),
     ),
 }
 
@@ -118,6 +124,7 @@ _TYPES: dict[str, tuple[str, tuple[str, ...]]] = {  # type constraint of each in
     "Zero": ("Z", _CODES),
     "TenScale": ("G", _CODES),
     "Table": ("F", ("tensor(float)",)),
+    "Shape": ("I", ("tensor(int64)",)),
 }
 _ATTRS: dict[str, tuple[OpSchema.AttrType, Any, str]] = {
     "dtype": (OpSchema.AttrType.STRING, None, "preset or data type code (onnxq.datatype)"),
@@ -130,6 +137,9 @@ _ATTRS: dict[str, tuple[OpSchema.AttrType, Any, str]] = {
     "shape": (OpSchema.AttrType.INTS, None, "the shape of X"),
     "output_type": (OpSchema.AttrType.INT, 1, "1 float, 10 float16, 16 bfloat16"),
 }
+# Attributes with no default that an op may leave out: DequantizeMX's `shape`, when the Shape
+# input gives X's shape at run time.
+_OPTIONAL_ATTRS = {("DequantizeMX", "shape")}
 
 
 def _code_type(bits: int) -> int:
@@ -170,22 +180,34 @@ def _tiling_shapes(
 
 
 def output_types(
-    op_type: str, attrs: dict[str, Any], input_shape: tuple[int, ...] | None = None
+    op_type: str,
+    attrs: dict[str, Any],
+    input_shape: tuple[int, ...] | None = None,
+    *,
+    shape_input: bool = False,
+    shape_value: tuple[int | None, ...] | None = None,
+    input_type: int = 0,
 ) -> list[tuple[int, tuple[int, ...] | None]]:
     """Element type and shape (None when unknown) of each output of one node.
 
     Args:
-        op_type: ``QuantizeMX``, ``DequantizeMX`` or ``CodebookLookup``.
+        op_type: ``QuantizeMX``, ``DequantizeMX``, ``CodebookLookup`` or ``QuantizeDequantizeMX``.
         attrs: the node's attributes as Python values (``dtype`` required).
         input_shape: X's shape for QuantizeMX, when known.
+        shape_input: DequantizeMX: the node has the ``Shape`` input (X's shape at run time).
+        shape_value: what is known of that input: its dims (``None`` for a dim not known
+            before run time), or None when not even its length is known.
+        input_type: QuantizeDequantizeMX: X's element type (Y's); 0 when unknown.
 
     Returns:
         One ``(TensorProto element type, shape or None)`` per output in `OPS` order; a type of
-        0 marks an output the data type does not have.
+        0 marks an output the data type does not have. DequantizeMX's Y shape may hold None
+        for a dim only its Shape input knows at run time.
 
     Raises:
-        ValueError: unknown op, a bad dtype, axis, shape or output_type (message starts with
-            ``[op_type]``).
+        ValueError: unknown op, a bad dtype, axis, shape or output_type, or a DequantizeMX
+            with neither the ``shape`` attribute nor the ``Shape`` input, or with both
+            disagreeing (message starts with ``[op_type]``).
     """
     if op_type not in OPS:
         raise ValueError(f"unknown onnxq op {op_type!r}; expected one of {sorted(OPS)}")
@@ -199,6 +221,15 @@ def output_types(
         raise ValueError(f"{where} dtype {code!r}: {err}") from None
     axis = int(attrs.get("axis", -1))
     s = dt.sspec
+    if op_type == "QuantizeDequantizeMX":
+        if isinstance(dt.nspec, Codebook):
+            raise ValueError(
+                f"{where} dtype {code!r} is a codebook: its decode is CodebookLookup; use the "
+                "QuantizeMX -> CodebookLookup pair"
+            )
+        if input_shape is not None and not -len(input_shape) <= axis < len(input_shape):
+            raise ValueError(f"{where} axis {axis} is out of range for X of {input_shape}")
+        return [(input_type, input_shape)]
     if op_type == "QuantizeMX":
         nspec = dt.nspec
         meta_bits = nspec.meta_bits if isinstance(nspec, Codebook) else 1
@@ -223,9 +254,7 @@ def output_types(
             if s is not None and s.sparsity[1]
             else (0, None),
         ]
-    shape = attrs.get("shape")
-    if not shape or any(int(d) < 1 for d in shape):
-        raise ValueError(f"{where} attribute 'shape' must hold X's positive dims, got {shape}")
+    y_shape = _y_shape(op_type, attrs.get("shape"), shape_input, shape_value)
     out_type = int(attrs.get("output_type", TensorProto.FLOAT))
     if out_type not in _OUTPUT_TYPES:
         raise ValueError(
@@ -234,7 +263,53 @@ def output_types(
         )
     if op_type == "CodebookLookup" and not isinstance(dt.nspec, Codebook):
         raise ValueError(f"{where} dtype {code!r} is not a codebook; use DequantizeMX")
-    return [(out_type, tuple(int(d) for d in shape))]
+    return [(out_type, y_shape)]  # type: ignore[list-item]
+
+
+def _y_shape(
+    op_type: str,
+    attr: Any,
+    shape_input: bool,
+    shape_value: tuple[int | None, ...] | None,
+) -> tuple[int | None, ...] | None:
+    """Y's shape from the ``shape`` attribute and / or the ``Shape`` input (docs/ops.md)."""
+    where = f"[{op_type}]"
+    if attr is None and not (op_type == "DequantizeMX" and shape_input):
+        fix = (
+            " or the Shape input (int64, X's shape at run time)"
+            if op_type == "DequantizeMX"
+            else ""
+        )
+        raise ValueError(f"{where} X's shape is unknown: give the attribute 'shape'{fix}")
+    given = None
+    if attr is not None:
+        given = tuple(int(d) for d in attr)
+        if not given or any(d < 1 for d in given):
+            fix = "; leave it out and feed the Shape input" if op_type == "DequantizeMX" else ""
+            raise ValueError(
+                f"{where} attribute 'shape' must hold X's positive dims, got {list(attr)}{fix}"
+            )
+    if not shape_input:
+        return given
+    runtime = (
+        None if shape_value is None else tuple(None if d is None else int(d) for d in shape_value)
+    )
+    if runtime is not None:
+        if not runtime:
+            raise ValueError(f"{where} input Shape is empty; X has at least one dim")
+        if any(d is not None and d < 0 for d in runtime):
+            raise ValueError(f"{where} input Shape {list(runtime)} holds a negative dim")
+    if given is None:
+        return runtime
+    if runtime is not None and (
+        len(runtime) != len(given)
+        or any(r is not None and r != g for r, g in zip(runtime, given, strict=False))
+    ):
+        raise ValueError(
+            f"{where} attribute 'shape' {list(given)} and input Shape {list(runtime)} disagree; "
+            "drop the attribute (the Shape input is X's shape at run time) or make them equal"
+        )
+    return given
 
 
 def _attr_value(value: Any) -> Any:
@@ -262,7 +337,14 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
             dims = x.tensor_type.shape.dim
             if all(d.HasField("dim_value") for d in dims) and dims:
                 input_shape = tuple(d.dim_value for d in dims)
-    for i, (elem, shape) in enumerate(output_types(op_type, attrs, input_shape)):
+    if op_type == "QuantizeDequantizeMX":
+        _infer_qdq(attrs, ctx)
+        return
+    shape_input, shape_value = _shape_input(op_type, ctx)
+    results = output_types(
+        op_type, attrs, input_shape, shape_input=shape_input, shape_value=shape_value
+    )
+    for i, (elem, shape) in enumerate(results):
         if i >= ctx.get_num_outputs() or not elem or not ctx.has_output(i):
             continue
         t = onnx.TypeProto()
@@ -270,8 +352,45 @@ def _infer(op_type: str, ctx: onnx.shape_inference.InferenceContext) -> None:
         if shape is not None:
             t.tensor_type.shape.SetInParent()
             for d in shape:
-                t.tensor_type.shape.dim.add().dim_value = d
+                dim = t.tensor_type.shape.dim.add()
+                if d is not None:
+                    dim.dim_value = d
         ctx.set_output_type(i, t)
+
+
+def _infer_qdq(attrs: dict[str, Any], ctx: onnx.shape_inference.InferenceContext) -> None:
+    """QuantizeDequantizeMX: Y has X's type and shape, symbolic dims included."""
+    x = ctx.get_input_type(0) if ctx.get_num_inputs() > 0 else None
+    static = _static_shape(x)
+    output_types("QuantizeDequantizeMX", attrs, static)  # checks dtype and axis
+    if x is None or not x.tensor_type.elem_type or not ctx.has_output(0):
+        return
+    t = onnx.TypeProto()
+    t.CopyFrom(x)
+    ctx.set_output_type(0, t)
+
+
+def _shape_input(
+    op_type: str, ctx: onnx.shape_inference.InferenceContext
+) -> tuple[bool, tuple[int | None, ...] | None]:
+    """Whether the node has the Shape input, and what inference knows of its value."""
+    if op_type != "DequantizeMX":
+        return False, None
+    slot = input_index(op_type, "Shape")
+    if ctx.get_num_inputs() <= slot or not ctx.has_input(slot):
+        return False, None
+    data = ctx.get_input_data(slot)  # an initializer or a constant
+    if data is not None:
+        return True, tuple(int(v) for v in numpy_helper.to_array(data).reshape(-1))
+    symbolic = ctx.get_symbolic_input(slot)  # Shape(X) under data propagation
+    if symbolic is not None and len(symbolic.dim):
+        return True, tuple(d.dim_value if d.HasField("dim_value") else None for d in symbolic.dim)
+    t = ctx.get_input_type(slot)
+    if t is not None and t.tensor_type.HasField("shape"):
+        dims = t.tensor_type.shape.dim
+        if len(dims) == 1 and dims[0].HasField("dim_value"):
+            return True, (None,) * dims[0].dim_value  # its length is X's rank
+    return True, None
 
 
 def _schema(spec: OpSpec) -> OpSchema:
@@ -290,7 +409,8 @@ def _schema(spec: OpSpec) -> OpSchema:
     for name in spec.attributes:
         kind, default, doc = _ATTRS[name]
         if default is None:
-            attributes.append(OpSchema.Attribute(name, kind, doc, required=True))
+            required = (spec.name, name) not in _OPTIONAL_ATTRS
+            attributes.append(OpSchema.Attribute(name, kind, doc, required=required))
         else:
             attributes.append(OpSchema.Attribute(name, _default_attr(name, default), doc))
     schema = OpSchema(
@@ -327,7 +447,7 @@ _inferred_by_onnx = False  # the registered schemas carry `_infer`
 
 
 def register_schemas() -> None:
-    """Register the three schemas with ONNX (once per process; later calls do nothing).
+    """Register the onnxq schemas with ONNX (once per process; later calls do nothing).
 
     Schemas that carry a Python inference function are deregistered at interpreter exit.
     """
@@ -412,13 +532,22 @@ def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
             if not todo:
                 continue
             x_type = known.get(node.input[0]) if node.input else None
-            if node.op_type == "QuantizeMX" and x_type is None and not last_pass:
+            takes_x = node.op_type in ("QuantizeMX", "QuantizeDequantizeMX")
+            if takes_x and x_type is None and not last_pass:
                 continue  # X's type may come from a later round
             attrs: dict[str, Any] = {}
             for a in node.attribute:
                 attrs[a.name] = _attr_value(a)
-            shape = _static_shape(x_type) if node.op_type == "QuantizeMX" else None
-            results = output_types(node.op_type, attrs, shape)
+            shape = _static_shape(x_type) if takes_x else None
+            has_shape, shape_value = _shape_initializer(node, graph)
+            results = output_types(
+                node.op_type,
+                attrs,
+                shape,
+                shape_input=has_shape,
+                shape_value=shape_value,
+                input_type=x_type.tensor_type.elem_type if x_type is not None else 0,
+            )
             outputs = {v.name: v for v in graph.output}
             for i, name in todo:
                 typed.add(name)
@@ -436,3 +565,18 @@ def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
             if last_pass or all(o in typed for _, n in nodes for o in n.output if o):
                 return inferred
             last_pass = True
+
+
+def _shape_initializer(
+    node: onnx.NodeProto, graph: onnx.GraphProto
+) -> tuple[bool, tuple[int | None, ...] | None]:
+    """`_shape_input` for `_propagate`: the Shape input's value when it is an initializer."""
+    if node.op_type != "DequantizeMX":
+        return False, None
+    slot = input_index("DequantizeMX", "Shape")
+    if len(node.input) <= slot or not node.input[slot]:
+        return False, None
+    for t in graph.initializer:
+        if t.name == node.input[slot]:
+            return True, tuple(int(v) for v in numpy_helper.to_array(t).reshape(-1))
+    return True, None

@@ -1,8 +1,9 @@
-// The onnxruntime custom ops QuantizeMX, DequantizeMX and CodebookLookup (domain `onnxq`,
-// version 1; contract in docs/ops.md): their registration (the OrtCustomOp table and
-// RegisterCustomOps). Their inputs, outputs and attributes come from onnxq/graph/schemas.py
-// through the generated onnxq_op_contract.h; ort_io.cc is onnxruntime's side of a kernel
-// (attributes, tensors, threads), ort_kernel_cpu.cc and ort_kernel_cuda.cc compute the ops.
+// The onnxruntime custom ops QuantizeMX, DequantizeMX, CodebookLookup and QuantizeDequantizeMX
+// (domain `onnxq`, version 1; contract in docs/ops.md): their registration (the OrtCustomOp
+// table and RegisterCustomOps). Their inputs, outputs and attributes come from
+// onnxq/graph/schemas.py through the generated onnxq_op_contract.h; ort_io.cc is
+// onnxruntime's side of a kernel (attributes, tensors, threads), ort_kernel_cpu.cc and
+// ort_kernel_cuda.cc compute the ops.
 //
 // Written against the onnxruntime C API with the status-returning entry points
 // (OrtCustomOp::CreateKernelV2 / KernelComputeV2, API 16+): every callback catches everything,
@@ -64,7 +65,8 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
     k->op = name;
     init_kernel(k.get(), info);
     if (def(op).cuda) init_cuda_kernel(k.get());
-    if (!k->gpu && k->kind != kQuantize) init_const_decode(k.get(), info);
+    if (!k->gpu && (k->kind == kDequantize || k->kind == kLookup))
+      init_const_decode(k.get(), info);
     *kernel = k.release();
     return nullptr;
   } catch (const std::bad_alloc&) {
@@ -87,6 +89,8 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) noexcept {
       }
     } else if (k.kind == kQuantize) {
       compute_quantize(k, ctx);
+    } else if (k.kind == kQuantDequant) {
+      compute_quant_dequant(k, ctx);
     } else {
       compute_dequantize(k, ctx);
     }
@@ -119,11 +123,14 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, bool cuda = false
   for (size_t i = 0; i < d.inputs.size(); ++i)
     d.in_char.push_back(i == 0 && !c.inputs[i].optional ? INPUT_OUTPUT_REQUIRED
                                                         : INPUT_OUTPUT_OPTIONAL);
-  // Outputs of "any" type must be optional for onnxruntime (CreateSchema); the others are as
-  // the schema says (QuantizeMX's Q is required).
+  // Outputs of "any" type must be optional for onnxruntime (CreateSchema), and every variant
+  // of an op must agree: QuantizeDequantizeMX's Y (fixed in all but its any-type variant) is
+  // optional too; the others are as the schema says (QuantizeMX's Q is required). The kernels
+  // require their outputs themselves.
   for (size_t i = 0; i < d.outputs.size(); ++i)
-    d.out_char.push_back(!c.outputs[i].optional && d.outputs[i] != kAny ? INPUT_OUTPUT_REQUIRED
-                                                                        : INPUT_OUTPUT_OPTIONAL);
+    d.out_char.push_back(!c.outputs[i].optional && d.outputs[i] != kAny && kind != kQuantDequant
+                             ? INPUT_OUTPUT_REQUIRED
+                             : INPUT_OUTPUT_OPTIONAL);
   d.GetName = [](const OrtCustomOp* op) noexcept { return op_name(def(op).kind); };
   d.GetExecutionProviderType = [](const OrtCustomOp* op) noexcept -> const char* {
     return def(op).cuda ? "CUDAExecutionProvider" : "CPUExecutionProvider";
@@ -138,7 +145,13 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, bool cuda = false
   d.GetOutputCharacteristic = [](const OrtCustomOp* op, size_t i) noexcept {
     return def(op).out_char[i];
   };
-  d.GetInputMemoryType = [](const OrtCustomOp*, size_t) noexcept { return OrtMemTypeDefault; };
+  // DequantizeMX's Shape input is read on the host, also on the CUDA execution provider.
+  d.GetInputMemoryType = [](const OrtCustomOp* op, size_t i) noexcept {
+    const OpDef& o = def(op);
+    return o.cuda && o.kind == kDequantize && static_cast<int>(i) == kInShape
+               ? OrtMemTypeCPUInput
+               : OrtMemTypeDefault;
+  };
   d.GetVariadicInputMinArity = [](const OrtCustomOp*) noexcept { return 1; };
   d.GetVariadicInputHomogeneity = [](const OrtCustomOp*) noexcept { return 1; };
   d.GetVariadicOutputMinArity = [](const OrtCustomOp*) noexcept { return 1; };
@@ -163,10 +176,13 @@ std::vector<OpDef>& op_defs() {
   for (auto sc : codes)
     for (auto z : codes)
       for (auto t : codes)
-        defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8}, {kAny}));
+        defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8, kI64}, {kAny}));
   defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}));
   for (auto sc : codes) defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}));
   defs.push_back(make_def(kLookup, any_inputs(kLookup), {kAny}));
+  // Y is X's type: onnxruntime infers it from these (no declared output type needed).
+  for (auto x : {kTF32, kTF16, kTBF16}) defs.push_back(make_def(kQuantDequant, {x}, {x}));
+  defs.push_back(make_def(kQuantDequant, {kAny}, {kAny}));
   // The same QuantizeMX / DequantizeMX for the CUDA execution provider, when the library embeds
   // GPU kernels (ONNXQ_CUDA_OPS=0 leaves them out: every node then runs on the CPU).
   const char* env = std::getenv("ONNXQ_CUDA_OPS");
@@ -176,7 +192,7 @@ std::vector<OpDef>& op_defs() {
     for (auto sc : codes)
       for (auto z : codes)
         for (auto t : codes)
-          defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8}, {kAny}, true));
+          defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8, kI64}, {kAny}, true));
     defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}, true));
   }
   return defs;

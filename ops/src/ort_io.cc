@@ -192,7 +192,10 @@ void* output(OrtKernelContext* ctx, size_t index, const char* name,
                   " makes it " + type_name(want_type));
   void* data = nullptr;
   check(g_api->GetTensorMutableData(v, &data), std::string("writing output ") + name);
-  return data;
+  // onnxruntime gives a zero-size tensor no buffer: a placeholder tells "present" from
+  // "missing" (nothing is written through it: the tensor has no bytes).
+  alignas(8) static uint8_t no_bytes[8];
+  return data ? data : no_bytes;
 }
 
 // -- threads ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ constexpr ONNXTensorElementDataType kAny = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFIN
 constexpr ONNXTensorElementDataType kU8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
 constexpr ONNXTensorElementDataType kU16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16;
 constexpr ONNXTensorElementDataType kU32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT32;
+constexpr ONNXTensorElementDataType kI64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
 constexpr ONNXTensorElementDataType kTF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr ONNXTensorElementDataType kTF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 constexpr ONNXTensorElementDataType kTBF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
@@ -62,7 +63,7 @@ In input(OrtKernelContext* ctx, size_t index, const char* name);
 // input it leaves out); false when one is not constant. Only in the kernel's constructor.
 bool constant_inputs(const OrtKernelInfo* info, std::vector<In>* out);
 // Allocates output `index` with `shape` and checks its declared element type; nullptr when
-// the node does not have that output.
+// the node does not have that output (a zero-size output gets a non-null placeholder).
 void* output(OrtKernelContext* ctx, size_t index, const char* name,
              const std::vector<int64_t>& shape, int want_type, const std::string& why);
 

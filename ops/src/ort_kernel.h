@@ -19,10 +19,11 @@ namespace onnxq {
 namespace ort {
 
 // The ops in the order of the contract (onnxq/graph/schemas.py OPS, onnxq_op_contract.h).
-enum OpKind { kQuantize, kDequantize, kLookup };
-static_assert(contract::kOpCount == 3 && contract::op_index("QuantizeMX") == kQuantize &&
+enum OpKind { kQuantize, kDequantize, kLookup, kQuantDequant };
+static_assert(contract::kOpCount == 4 && contract::op_index("QuantizeMX") == kQuantize &&
                   contract::op_index("DequantizeMX") == kDequantize &&
-                  contract::op_index("CodebookLookup") == kLookup,
+                  contract::op_index("CodebookLookup") == kLookup &&
+                  contract::op_index("QuantizeDequantizeMX") == kQuantDequant,
               "schemas.py OPS and the custom ops disagree on the ops");
 inline const char* op_name(OpKind kind) { return contract::kOps[kind].name; }
 
@@ -36,9 +37,12 @@ constexpr QuantizeOutputs kQOut{
     contract::output_index(kQuantize, "Zero"),     contract::output_index(kQuantize, "TenScale"),
     contract::output_index(kQuantize, "Meta"),     contract::output_index(kQuantize, "Mask")};
 constexpr int kOutY = contract::output_index(kDequantize, "Y");
+constexpr int kInShape = contract::input_index(kDequantize, "Shape");
 static_assert(kInX >= 0 && kQOut.q >= 0 && kQOut.scale >= 0 && kQOut.zero >= 0 &&
                   kQOut.ts >= 0 && kQOut.meta >= 0 && kQOut.mask >= 0 && kOutY >= 0 &&
-                  contract::output_index(kLookup, "Y") == kOutY,
+                  kInShape >= 0 && contract::output_index(kLookup, "Y") == kOutY &&
+                  contract::input_index(kQuantDequant, "X") == kInX &&
+                  contract::output_index(kQuantDequant, "Y") == kOutY,
               "schemas.py OPS lacks an input or output the custom ops write");
 
 struct Kernel {
@@ -49,7 +53,8 @@ struct Kernel {
   bool fmt_ready = false;
   int64_t axis = -1;
   Modes modes;
-  std::vector<int64_t> shape;  // Dequantize / Lookup: X's shape
+  std::vector<int64_t> shape;  // Dequantize / Lookup: X's shape (the attribute; may be empty
+                               // for Dequantize, whose Shape input then gives it at run time)
   int out_type = kTF32;         // ONNX element type of Y
   const cuda::AotFormat* gpu = nullptr;  // CUDA EP registrations: the embedded kernels' format
   // Dequantize / Lookup on the CPU: Y decoded once at session creation when every input is a
@@ -59,6 +64,10 @@ struct Kernel {
 
 // Reads and checks the node's attributes (every op).
 void init_kernel(Kernel* k, const OrtKernelInfo* info);
+// X's shape for a DequantizeMX / CodebookLookup node: DequantizeMX's Shape input when it is
+// given (int64, 1-D, every dim >= 0, the non-zero dims' product at most 2^40; equal to the
+// attribute when both are given), else the attribute. An OpError on any other Shape.
+std::vector<int64_t> node_shape(const Kernel& k, const In& shape_input);
 // The axis in [0, ndim); an OpError naming `x` and its shape otherwise.
 int normal_axis(int64_t axis, size_t ndim, const std::vector<int64_t>& shape, const char* x);
 // DequantizeMX and CodebookLookup on the CPU: decodes Y into Kernel::const_y when every input
@@ -68,6 +77,8 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept;
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx);
 // DequantizeMX and CodebookLookup.
 void compute_dequantize(const Kernel& k, OrtKernelContext* ctx);
+// QuantizeDequantizeMX: QuantizeMX's cast writing only the decoded values (the virtual cast).
+void compute_quant_dequant(const Kernel& k, OrtKernelContext* ctx);
 
 // The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.
 void init_cuda_kernel(Kernel* k);

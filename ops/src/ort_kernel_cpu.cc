@@ -15,6 +15,26 @@
 namespace onnxq {
 namespace ort {
 
+namespace {
+
+// Element counts of a DequantizeMX / CodebookLookup shape are at most this (2^40 elements,
+// far past any memory; make_geometry's 2^48 bound stays out of reach).
+constexpr int64_t kMaxCount = int64_t(1) << 40;
+// The Shape input's most dims (numpy's limit; far more than a model's tensors have).
+constexpr int64_t kMaxRank = 64;
+
+// Whether the node names DequantizeMX's Shape input.
+bool has_shape_input(const OrtKernelInfo* info) {
+  size_t n = 0;
+  check(g_api->KernelInfo_GetInputCount(info, &n), "counting inputs");
+  if (static_cast<size_t>(kInShape) >= n) return false;
+  size_t size = 0;
+  check(g_api->KernelInfo_GetInputName(info, kInShape, nullptr, &size), "reading an input name");
+  return size > 1;  // an empty name (size 1: its terminator) leaves the input out
+}
+
+}  // namespace
+
 void init_kernel(Kernel* k, const OrtKernelInfo* info) {
   std::string dtype;
   if (!attr_string(info, "dtype", &dtype))
@@ -27,7 +47,10 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info) {
     k->fmt_ready = true;
   }
   attr_int(info, "axis", &k->axis);
-  if (k->kind == kQuantize) {
+  if (k->kind == kQuantDequant && (k->parsed.generic_codebook || k->fmt.codebook()))
+    throw OpError("dtype '" + dtype + "' is a codebook, which this op does not cast; use the " +
+                  "QuantizeMX -> CodebookLookup pair");
+  if (k->kind == kQuantize || k->kind == kQuantDequant) {
     std::string s;
     if (k->parsed.generic_codebook)
       throw OpError("dtype '" + dtype + "' is a generic codebook with no mappings; QuantizeMX " +
@@ -50,24 +73,63 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info) {
   }
   if (k->kind == kLookup && !k->fmt.codebook() && !k->parsed.generic_codebook)
     throw OpError("dtype '" + dtype + "' is not a codebook; use DequantizeMX");
-  if (!attr_ints(info, "shape", &k->shape))
+  // DequantizeMX may leave the attribute out: its Shape input then gives X's shape (checked
+  // at each Run, node_shape).
+  if (attr_ints(info, "shape", &k->shape)) {
+    if (k->shape.empty()) throw OpError("attribute 'shape' is empty; X has at least one dim");
+    // count <= 2^40 / d before each product: no int64 overflow, whatever the dims.
+    int64_t count = 1;
+    for (int64_t d : k->shape) {
+      if (d < 1 || count > kMaxCount / d)
+        throw OpError("attribute 'shape' " + shape_str(k->shape) +
+                      " must hold positive dims of a tensor of at most 2^40 elements; set it " +
+                      "to X's shape" +
+                      (k->kind == kDequantize ? " (or leave it out and feed the Shape input)"
+                                              : ""));
+      count *= d;
+    }
+  } else if (k->kind == kLookup) {
     throw OpError("attribute 'shape' (the ints of X's shape) is required");
-  if (k->shape.empty()) throw OpError("attribute 'shape' is empty; X has at least one dim");
-  // count <= 2^40 / d before each product: no int64 overflow, whatever the dims.
-  constexpr int64_t kMaxCount = int64_t(1) << 40;
-  int64_t count = 1;
-  for (int64_t d : k->shape) {
-    if (d < 1 || count > kMaxCount / d)
-      throw OpError("attribute 'shape' " + shape_str(k->shape) +
-                    " must hold positive dims of a tensor of at most 2^40 elements; set it to " +
-                    "X's shape");
-    count *= d;
+  } else if (!has_shape_input(info)) {
+    throw OpError("X's shape is unknown: give the attribute 'shape' (X's dims) or the Shape "
+                  "input (int64, X's shape at run time, e.g. from Shape(X))");
   }
   int64_t t = kTF32;
   if (attr_int(info, "output_type", &t) && t != kTF32 && t != kTF16 && t != kTBF16)
     throw OpError("attribute 'output_type' " + std::to_string(t) +
                   " must be 1 (float), 10 (float16) or 16 (bfloat16)");
   k->out_type = static_cast<int>(t);
+}
+
+std::vector<int64_t> node_shape(const Kernel& k, const In& in) {
+  if (!in) {
+    if (k.shape.empty())
+      throw OpError("input Shape is missing and the node has no attribute 'shape'; feed X's "
+                    "shape (int64, e.g. Shape(X)) or set the attribute");
+    return k.shape;
+  }
+  const std::string got = type_name(in.type) + " of shape " + shape_str(in.shape);
+  if (in.type != kI64 || in.shape.size() != 1)
+    throw OpError("input Shape must be a 1-D int64 tensor (X's shape), got " + got);
+  if (in.count < 1 || in.count > kMaxRank)
+    throw OpError("input Shape has " + std::to_string(in.count) + " dims; X needs 1 to " +
+                  std::to_string(kMaxRank) + "; feed X's shape");
+  const int64_t* v = static_cast<const int64_t*>(in.data);
+  std::vector<int64_t> shape(v, v + in.count);
+  // The product of the non-zero dims, bounded before each step: no int64 overflow, and a zero
+  // dim cannot hide a huge one (the grid shapes are made of them).
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && count > kMaxCount / d))
+      throw OpError("input Shape " + shape_str(shape) + " must hold dims >= 0 whose non-zero " +
+                    "ones multiply to at most 2^40; feed X's shape");
+    if (d > 0) count *= d;
+  }
+  if (!k.shape.empty() && shape != k.shape)
+    throw OpError("attribute 'shape' " + shape_str(k.shape) + " and input Shape " +
+                  shape_str(shape) + " disagree; drop the attribute (the Shape input is X's " +
+                  "shape at run time) or make them equal");
+  return shape;
 }
 
 int normal_axis(int64_t axis, size_t ndim, const std::vector<int64_t>& shape, const char* x) {
@@ -111,6 +173,30 @@ constexpr Slots kLookupSlots = slots_of(kLookup);
 static_assert(kDequantSlots.q >= 0 && kLookupSlots.q >= 0 && kLookupSlots.table >= 0,
               "schemas.py OPS lacks an input the custom ops read");
 
+// QuantizeMX of an X with a zero dim: every output the data type has, in the shapes an X of
+// that shape gives (Q of 0 bytes; a grid with a zero dim, or one tensor-wide code) and code 0
+// wherever there is a field (no element reads it).
+void quantize_empty(OrtKernelContext* ctx, const Format& f, const std::vector<int64_t>& grid,
+                    int64_t nscale, int64_t nmeta, const std::string& why) {
+  if (!output(ctx, kQOut.q, "Q", {0}, kU8, why)) throw OpError("output Q is missing");
+  auto zeros = [&](size_t index, const char* name, bool has, const std::vector<int64_t>& shape,
+                   int type, int64_t bytes) {
+    void* out = output(ctx, index, name, has ? shape : std::vector<int64_t>{0},
+                       has ? type : 0, why);
+    if (out && has && bytes > 0) std::memset(out, 0, static_cast<size_t>(bytes));
+  };
+  auto width = [](const Num& n) { return static_cast<int64_t>(code_width(n.bits)); };
+  zeros(kQOut.scale, "Scale", f.scaled, grid, code_type(f.scale.bits), nscale * width(f.scale));
+  const bool z = f.scaled && f.has_zero, t = f.scaled && f.has_ts;
+  zeros(kQOut.zero, "Zero", z, grid, z ? code_type(f.zero.bits) : 0,
+        z ? nscale * width(f.zero) : 0);
+  zeros(kQOut.ts, "TenScale", t, {1}, t ? code_type(f.ts.bits) : 0, t ? width(f.ts) : 0);
+  const bool m = f.scaled && nmeta && f.meta_bits();
+  const int64_t meta_bytes = m ? packed_nbytes(nmeta, f.meta_bits()) : 0;
+  zeros(kQOut.meta, "Meta", true, {meta_bytes}, kU8, meta_bytes);
+  output(ctx, kQOut.mask, "Mask", {0}, kU8, why);
+}
+
 }  // namespace
 
 void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
@@ -120,7 +206,6 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
     throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type) +
                   " of shape " + shape_str(x.shape));
   if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
-  if (x.count == 0) throw OpError("cannot cast an empty tensor of shape " + shape_str(x.shape));
   const Format& f = k.fmt;
   int axis = normal_axis(k.axis, x.shape.size(), x.shape, "X");
   Geometry g;
@@ -131,6 +216,10 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   int64_t nscale = g.scale_count(), nmeta = f.has_meta() ? g.meta_count() : 0;
   const std::string why = "dtype '" + k.parsed.code + "'";
   std::vector<int64_t> grid = grid_shape(g, x.shape, axis, g.nR, g.nC);
+  if (x.count == 0) {
+    quantize_empty(ctx, f, grid, nscale, nmeta, why);
+    return;
+  }
   QuantizeIO io;
   io.x = x.data;
   io.x_type = float_kind(x.type);
@@ -199,6 +288,32 @@ void compute_quantize(const Kernel& k, OrtKernelContext* ctx) {
   if (mk && io.mask) pack_bits(mask.data(), 1, x.count, 1, nullptr, static_cast<uint8_t*>(mk));
 }
 
+void compute_quant_dequant(const Kernel& k, OrtKernelContext* ctx) {
+  In x = input(ctx, kInX, "X");
+  if (!x) throw OpError("input X is missing");
+  if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
+    throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type) +
+                  " of shape " + shape_str(x.shape));
+  if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
+  int axis = normal_axis(k.axis, x.shape.size(), x.shape, "X");
+  Geometry g;
+  std::string e = make_geometry(k.fmt, x.shape, axis, &g);
+  if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
+  void* y = output(ctx, kOutY, "Y", x.shape, x.type, "input X of type " + type_name(x.type));
+  if (!y) throw OpError("output Y is missing");
+  if (x.count == 0) return;  // an empty Y
+  // The virtual cast: X read once, Y written once, no codes, scales or mask written (the
+  // fast row kernels decode each tile as they encode it; the values are DequantizeMX's of
+  // QuantizeMX's codes, bit for bit).
+  QuantizeIO io;
+  io.x = x.data;
+  io.x_type = float_kind(x.type);
+  io.values = y;
+  io.values_type = io.x_type;
+  e = quantize(k.fmt, k.modes, x.shape, axis, io, session_parallel_for(ctx));
+  if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
+}
+
 namespace {
 
 // Input `slot` of the node, by its contract name (the Run's or the constant initializers').
@@ -230,11 +345,10 @@ const Format& node_format(const Kernel& k, const Slots& s, const InputFn& get,
 }
 
 // Checks every input against docs/ops.md and decodes Y into the buffer y_out() gives.
-void decode(const Kernel& k, const InputFn& get, const std::function<void*()>& y_out,
-            const ParallelFor& pf) {
+void decode(const Kernel& k, const InputFn& get, const std::vector<int64_t>& shape,
+            const std::function<void*()>& y_out, const ParallelFor& pf) {
   const Slots& s = k.kind == kLookup ? kLookupSlots : kDequantSlots;
-  const std::vector<int64_t>& shape = k.shape;
-  int axis = normal_axis(k.axis, shape.size(), shape, "the attribute shape");
+  int axis = normal_axis(k.axis, shape.size(), shape, "X's shape");
   Format table_fmt;
   const Format& f = node_format(k, s, get, &table_fmt);
   Geometry g;
@@ -325,6 +439,7 @@ void decode(const Kernel& k, const InputFn& get, const std::function<void*()>& y
   }
   io.values = y_out();
   io.values_type = float_kind(k.out_type);
+  if (g.size == 0) return;  // an empty Y: its inputs checked, nothing to decode
   e = dequantize(f, shape, axis, io, pf);
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
 }
@@ -362,16 +477,19 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept {
     if (mode == "0") return;
     std::vector<In> ins;
     if (!constant_inputs(info, &ins)) return;
-    int64_t count = 1;
-    for (int64_t d : k->shape) count *= d;  // init_kernel bounds it by 2^40
-    if (count == 0) return;  // nothing to keep (and no sample to time a copy with)
-    std::vector<uint8_t> y(static_cast<size_t>(count) * (k->out_type == kTF32 ? 4 : 2));
     InputFn get = [&ins](int slot, const char*) {
       return slot < static_cast<int>(ins.size()) ? ins[slot] : In{};
     };
+    // A constant Shape input counts as the shape (node_shape bounds it by 2^40 elements).
+    const std::vector<int64_t> shape =
+        node_shape(*k, k->kind == kDequantize ? get(kInShape, "Shape") : In{});
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    if (count == 0) return;  // nothing to keep (and no sample to time a copy with)
+    std::vector<uint8_t> y(static_cast<size_t>(count) * (k->out_type == kTF32 ? 4 : 2));
     ParallelFor pf = default_parallel_for(0);
     auto t0 = std::chrono::steady_clock::now();
-    decode(*k, get, [&y]() -> void* { return y.data(); }, pf);
+    decode(*k, get, shape, [&y]() -> void* { return y.data(); }, pf);
     std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
     if (mode == "1" || copy_beats_decode(y, took.count(), pf)) k->const_y = std::move(y);
   } catch (...) {
@@ -380,18 +498,22 @@ void init_const_decode(Kernel* k, const OrtKernelInfo* info) noexcept {
 }
 
 void compute_dequantize(const Kernel& k, OrtKernelContext* ctx) {
+  const std::vector<int64_t> shape =
+      node_shape(k, k.kind == kDequantize ? input(ctx, kInShape, "Shape") : In{});
   auto y_out = [&]() -> void* {
-    void* y = output(ctx, kOutY, "Y", k.shape, k.out_type,
+    void* y = output(ctx, kOutY, "Y", shape, k.out_type,
                      "output_type " + std::to_string(k.out_type));
     if (!y) throw OpError("output Y is missing");
     return y;
   };
   ParallelFor pf = session_parallel_for(ctx);
   if (k.const_y.empty()) {
-    decode(k, [ctx](int slot, const char* name) { return input(ctx, slot, name); }, y_out, pf);
+    decode(k, [ctx](int slot, const char* name) { return input(ctx, slot, name); }, shape, y_out,
+           pf);
     return;
   }
-  // Decoded at session creation: copy it over the session's threads.
+  // Decoded at session creation (with this shape: a Shape input that was constant then is the
+  // same now): copy it over the session's threads.
   parallel_copy(static_cast<uint8_t*>(y_out()), k.const_y.data(),
                 static_cast<int64_t>(k.const_y.size()), pf);
 }

@@ -24,7 +24,8 @@ void init_cuda_kernel(Kernel* k) {
                                k->modes.nan_policy != 0 || k->modes.full_int_range))
     throw OpError("the CUDA kernels are compiled for the default modes (round even, scale floor, "
                   "nan element, symmetric ints)" + std::string(where));
-  if (k->kind == kDequantize && k->axis != -1 &&
+  // (Without the attribute, X's rank is known at Run only: compute_cuda_dequantize checks it.)
+  if (k->kind == kDequantize && k->axis != -1 && !k->shape.empty() &&
       k->axis != static_cast<int64_t>(k->shape.size()) - 1)
     throw OpError("the CUDA kernels tile along the last axis only (axis " +
                   std::to_string(k->axis) + ")" + where);
@@ -86,7 +87,12 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx) {
 
 void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx) {
   const cuda::AotFormat& F = *k.gpu;
-  const std::vector<int64_t>& shape = k.shape;
+  // X's shape: the Shape input (in host memory, GetInputMemoryType) or the attribute.
+  const std::vector<int64_t> shape = node_shape(k, input(ctx, kInShape, "Shape"));
+  int axis = normal_axis(k.axis, shape.size(), shape, "X's shape");
+  if (axis != static_cast<int>(shape.size()) - 1)
+    throw OpError("the CUDA kernels tile along the last axis only (axis " +
+                  std::to_string(k.axis) + " of X " + shape_str(shape) + ")");
   int64_t count = 1;
   for (int64_t d : shape) count *= d;
   auto need = [&](size_t index, const char* name, int type, const std::vector<int64_t>& want) {
@@ -107,6 +113,7 @@ void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx) {
   void* y =
       output(ctx, kOutY, "Y", shape, k.out_type, "output_type " + std::to_string(k.out_type));
   if (!y) throw OpError("output Y is missing");
+  if (count == 0) return;  // an empty Y
   std::string e = cuda::dequantize_packed(
       k.parsed.code, static_cast<int>(shape.size()), shape.data(), -1, q.data, scale.data, ts,
       meta, y, float_kind(k.out_type), gpu_stream(ctx));

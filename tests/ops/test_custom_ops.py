@@ -215,6 +215,19 @@ def test_ops_table_matches_library() -> None:
             _check("mx6", x, -1)
         elif op.name == "DequantizeMX":
             _check("nvfp4", x, -1)
+        elif op.name == "QuantizeDequantizeMX":
+            node = helper.make_node(op.name, ["x"], ["y"], domain="onnxq", dtype="mxfp6")
+            graph = helper.make_graph(
+                [node],
+                "qdq",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+            )
+            model = helper.make_model(
+                graph, opset_imports=_model("mx6", x.shape, -1, 1)[0].opset_import
+            )
+            (y,) = runtime.session(model).run(None, {"x": x})
+            assert np.array_equal(_bits(y), _bits(onnxq.cast(x, "mxfp6")))
         else:
             test_codebook_lookup()
         assert len(op.outputs) == (6 if op.name == "QuantizeMX" else 1)
