@@ -535,9 +535,8 @@ def quantize_model(
             (and without the recipe key ``custom_ops_only: true``) such a model is refused.
         allow_empty: return (and write) the model even when the choices select no tensor;
             without it that is an error.
-        fuse: quantize each activation with one QuantizeDequantizeMX node (False: a
-            QuantizeMX -> DequantizeMX pair) and merge packed weights with the ops that read
-            them (onnxq.graph.fuse). The recipe key ``fuse: false`` turns it off too.
+        fuse: one QuantizeDequantizeMX per activation (False: QuantizeMX -> DequantizeMX), and
+            the fusions of onnxq.graph.fuse; the recipe key ``fuse: false`` turns it off too.
 
     Returns:
         The quantized model. When it is written with external data (the input had external
@@ -588,8 +587,7 @@ def quantize_model(
         statics, calibration_meta = calibrate_pass.calibrate(
             m, to_calibrate, calibration, calibration_method, percentile
         )
-    fuse = fuse and chosen.fuse
-    rewrite = _Rewrite(m, weight_storage, target, spill, fuse)
+    rewrite = _Rewrite(m, weight_storage, target, spill, fuse := fuse and chosen.fuse)
     _rewrite(rewrite, the_plan, statics, report)
     fused = apply_fusions(m) if fuse and target == "onnxq" else {}
     m, missing = _with_fallbacks(m, types, target)
