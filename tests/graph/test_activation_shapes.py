@@ -315,3 +315,19 @@ def test_cli_bad_shapes_exit_2_in_one_line(tmp_path: Path, case: str) -> None:
     if case == "only_unknown_rank":  # the weight is still quantized
         assert weights.returncode == 0, weights.stderr
     assert _digest(src) == before
+
+
+def test_cli_no_fuse_writes_pairs_and_inspect_counts_them(tmp_path: Path) -> None:
+    src, fused, pairs = tmp_path / "m.onnx", tmp_path / "f.onnx", tmp_path / "p.onnx"
+    onnx.save(_attention(["b", "s", 32]), src)
+    for out, extra in ((fused, ()), (pairs, ("--no-fuse",))):
+        done = _cli("quantize", str(src), "-o", str(out), "--activations", "mxfp8", *extra)
+        assert done.returncode == 0, done.stderr
+        assert "5 activations quantized" in done.stdout and "left float" not in done.stdout
+        shown = _cli("inspect", str(out))
+        assert "activations: 5 quantized, 0 left float" in shown.stdout, shown.stdout
+        assert "?x?x32" in shown.stdout  # dims known only at run time
+    assert _ops(onnx.load(str(fused)), "QuantizeDequantizeMX")
+    q = onnx.load(str(pairs))
+    assert not _ops(q, "QuantizeDequantizeMX") and len(_ops(q, "Shape")) == 5
+    assert "--no-fuse" in _cli("quantize", "--help").stdout

@@ -10,6 +10,9 @@ its output's cosine to the float model's is printed (``pytest -s``) and bounded.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -125,3 +128,21 @@ def test_unfused_pairs_quantize_every_activation(
     assert not [n for n in q.graph.node if n.op_type == "QuantizeDequantizeMX"]
     if name in RUN_PAIR:
         _run(name, path, out, feeds)
+
+
+def test_classifier_with_minus_one_batch_takes_the_bfp16_deploy_preset(tmp_path: Path) -> None:
+    """The issue's error: `[DequantizeMX] attribute 'shape' must hold X's positive dims`."""
+    try:
+        path = real.model_path("ppocrv4_cls")
+    except real.MissingModelError as err:
+        pytest.skip(str(err))
+    out = tmp_path / "q.onnx"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    argv = ["quantize", str(path), "-o", str(out), "--preset", "bfp16-deploy"]
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxq", *argv], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    q = onnx.load(str(out))
+    assert activation_share(q)[0] == activation_share(q)[1] == 54
+    assert "54 weights" in done.stdout and "54 activations quantized" in done.stdout
