@@ -39,7 +39,13 @@ from onnxq.cli.common import (
     table,
 )
 from onnxq.cli.inputs import feeds, parse_dims, run_session, save_npz, session
-from onnxq.graph.inspect import MalformedNodeError, QuantizedTensor, file_bytes, inspect_model
+from onnxq.graph.inspect import (
+    MalformedNodeError,
+    QuantizedTensor,
+    file_bytes,
+    inspect_model,
+    skipped_activations,
+)
 from onnxq.progress import ProgressBar
 
 
@@ -163,6 +169,7 @@ def _quantize(
                     overwrite=args.overwrite,
                     custom_ops_only=args.custom_ops_only,
                     allow_empty=args.allow_empty,
+                    fuse=args.fuse,
                 )
             except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as err:
                 raise UsageError(str(err)) from None
@@ -217,10 +224,9 @@ def _counts(model: onnx.ModelProto) -> str:
         counts = json.loads(meta.get("onnxq_quantized", "{}"))
         if counts:
             parts.append(", ".join(f"{int(v)} {k}" for k, v in counts.items()) + " quantized")
-    with contextlib.suppress(ValueError, TypeError):
-        skipped = len(json.loads(meta.get("onnxq_skipped", "[]")))
-        if skipped:
-            parts.append(f"{skipped} skipped (onnxq inspect says why)")
+    skipped = skipped_activations(meta)
+    if skipped:
+        parts.append(f"{len(skipped)} activation(s) left float (onnxq inspect says why)")
     if "onnxq_custom_ops_only" in meta:
         parts.append("custom-op-only model: it runs only with the onnxq custom-op library")
     return "".join(f"; {p}" for p in parts)
@@ -373,7 +379,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 # -- inspect ---------------------------------------------------------------------------------
 def _inspect_row(t: QuantizedTensor) -> list[object]:
-    shape = "x".join(map(str, t.shape)) or "scalar"
+    shape = "x".join("?" if d < 0 else str(d) for d in t.shape) or "scalar"
     if t.tiled_shape is not None:  # a short reduction axis, tiled as a matrix
         shape += f" (tiled {'x'.join(map(str, t.tiled_shape))})"
     if t.kind == "weight":
@@ -394,7 +400,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"{src}: {found.nodes} nodes, {found.stored_tensors} stored tensors, "
         f"file {human(file_bytes(src, model))}"
     ]
-    lines += [f"  {k}: {one_line(v)[:200]}" for k, v in sorted(found.metadata.items())]
+    listed = {"onnxq_skipped"}  # printed in full below
+    lines += [
+        f"  {k}: {one_line(v)[:200]}" for k, v in sorted(found.metadata.items()) if k not in listed
+    ]
     if found.tensors:
         rows = [_inspect_row(t) for t in found.tensors]
         lines += ["", table(["tensor", "kind", "format", "shape", "bits/value", "bytes"], rows)]
@@ -403,6 +412,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             "no quantized tensors (no DequantizeMX, CodebookLookup or blocked "
             "DequantizeLinear; fake-quantized weights are stored as float)"
         ]
+    lines += ["", f"activations: {found.activations} quantized, {len(found.skipped)} left float"]
+    lines += [
+        f"  left float: {one_line(s['tensor'])[:120]} (read by {one_line(s['consumers'])[:120]})"
+        f": {one_line(s['reason'])[:300]}"
+        for s in found.skipped
+    ]
     before, after = found.float_bytes, found.stored_bytes
     lines += [
         "",

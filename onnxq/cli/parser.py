@@ -153,6 +153,14 @@ def _add_quantize(sub: _Subparsers) -> None:
         "inspect` say so; without this flag such a model is refused",
     )
     q.add_argument(
+        "--no-fuse",
+        dest="fuse",
+        action="store_false",
+        help="quantize each activation with a QuantizeMX -> DequantizeMX pair instead of one "
+        "QuantizeDequantizeMX node (same values), and merge no packed weight with the op "
+        "that reads it (recipe key `fuse: false` does the same)",
+    )
+    q.add_argument(
         "--allow-empty",
         action="store_true",
         help="write OUT even when the formats or recipe select no tensor of the model "

@@ -2,14 +2,17 @@
 
 `inspect_model` lists every tensor a model stores quantized (a weight decoded by a DequantizeMX,
 CodebookLookup or DequantizeLinear node from stored inputs) or quantizes at run time (an
-activation decoded by an onnxq op from a computed input), and the weights' bytes as float and
-as stored. Nothing here reads external data: sizes come from each tensor's dims and type.
-``onnxq inspect`` prints what it returns.
+activation decoded by an onnxq op from a computed input, or quantized and decoded in one
+QuantizeDequantizeMX node), the activations the quantizer left in float with the reason
+(``onnxq_skipped``), and the weights' bytes as float and as stored. Nothing here reads
+external data: sizes come from each tensor's dims and type. ``onnxq inspect`` prints what it
+returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,11 +35,14 @@ __all__ = [
     "format_name",
     "inspect_model",
     "quantized_tensor",
+    "skipped_activations",
     "tensor_bytes",
 ]
 
 # The onnxq ops that decode a quantized tensor: packed codes Q in, values Y out.
 DECODE_OPS = tuple(n for n, s in OPS.items() if "Q" in s.inputs and s.outputs == ("Y",))
+# The onnxq op that quantizes an activation and decodes it in one node (docs/ops.md).
+FUSED_ACTIVATION_OP = "QuantizeDequantizeMX"
 _STANDARD = ("", "ai.onnx")
 # Sub-byte element types that numpy's itemsize would overstate.
 _ELEM_BITS = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}
@@ -54,6 +60,7 @@ class QuantizedTensor:
 
     ``name`` is the decoding node's first output; ``format`` a preset name or data type code
     (``"int8 block 32"``, ``"int8 axis 1"`` or ``"int8 tensor"`` for DequantizeLinear);
+    ``shape`` the decoded dims, -1 for a dim known only at run time (``numel`` is then 0);
     ``output_bits`` the bits per value of the decoded float output; ``stored`` the names of
     the node's stored inputs (empty for activations). ``nbytes`` is the stored bytes of a
     weight (None for activations); ``bits_per_value`` is ``8 * nbytes / numel`` for a weight
@@ -89,6 +96,12 @@ class ModelSummary:
     tensors: list[QuantizedTensor]
     float_bytes: int
     stored_bytes: int
+    skipped: list[dict[str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def activations(self) -> int:
+        """How many activations the model quantizes at run time."""
+        return sum(t.kind == "activation" for t in self.tensors)
 
 
 def tensor_bytes(tensor: onnx.TensorProto) -> int:
@@ -135,8 +148,39 @@ def format_name(text: str) -> str:
     return names[0][1] if names else text
 
 
+def skipped_activations(metadata: Mapping[str, str]) -> list[dict[str, str]]:
+    """The ``onnxq_skipped`` entries (tensor, consumers, reason) of a model's metadata.
+
+    The metadata is untrusted: anything but a JSON list of mappings gives one entry saying so.
+    """
+    text = metadata.get("onnxq_skipped")
+    if text is None:
+        return []
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        entries = None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        return [{"tensor": "?", "consumers": "", "reason": "unreadable onnxq_skipped metadata"}]
+    keys = ("tensor", "consumers", "reason")
+    return [{k: str(e.get(k, "")) for k in keys} for e in entries]
+
+
+def _value_dims(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """Declared dims of the graph's tensors, -1 for a dim not known before run time."""
+    dims = {}
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        t = info.type.tensor_type
+        if t.HasField("shape"):
+            dims[info.name] = tuple(
+                d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else -1
+                for d in t.shape.dim
+            )
+    return dims
+
+
 def inspect_model(model: onnx.ModelProto) -> ModelSummary:
-    """The quantized tensors and weight sizes of ``model`` (subgraphs included).
+    """The quantized tensors, skipped activations and weight sizes of ``model`` (subgraphs too).
 
     Raises:
         MalformedNodeError: an onnxq decoding node has no ``dtype`` or a bad one.
@@ -147,8 +191,9 @@ def inspect_model(model: onnx.ModelProto) -> ModelSummary:
     float_bytes = 0
     for graph in walk_graphs(model.graph):
         reshaped = reshaped_outputs(graph, stored)
+        shapes = _value_dims(graph)
         for node in graph.node:
-            found = quantized_tensor(node, stored)
+            found = quantized_tensor(node, stored, shapes)
             if found is None:
                 continue
             if node.op_type == "GatherMX" and found.stored and set(found.stored) <= packed:
@@ -171,21 +216,29 @@ def inspect_model(model: onnx.ModelProto) -> ModelSummary:
         tensors=tensors,
         float_bytes=float_bytes,
         stored_bytes=sum(tensor_bytes(t) for t in stored.values()),
+        skipped=skipped_activations(meta),
     )
 
 
 def quantized_tensor(
-    node: onnx.NodeProto, stored: Mapping[str, onnx.TensorProto]
+    node: onnx.NodeProto,
+    stored: Mapping[str, onnx.TensorProto],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> QuantizedTensor | None:
     """The tensor a node decodes, or None when the node decodes none.
 
-    ``stored`` holds the model's stored tensors by name (`onnxq.graph.walk.stored_tensors`).
+    ``stored`` holds the model's stored tensors by name (`onnxq.graph.walk.stored_tensors`);
+    ``shapes`` the declared dims of tensors (-1 where unknown), for the shape of an activation
+    whose node does not state it (a ``Shape`` input, QuantizeDequantizeMX).
 
     Raises:
         MalformedNodeError: an onnxq decoding node has no ``dtype`` or a bad one.
     """
-    if node.domain == DOMAIN and node.op_type in DECODE_OPS:
+    fused = node.domain == DOMAIN and node.op_type == FUSED_ACTIVATION_OP
+    if node.domain == DOMAIN and (node.op_type in DECODE_OPS or fused):
         fmt, shape, out_type, q_index = _onnxq_decoder(node)
+        if not shape and node.output and shapes is not None:
+            shape = list(shapes.get(node.output[0], ()))
     elif node.op_type == "DequantizeLinear" and node.domain in _STANDARD:
         if not node.input or node.input[0] not in stored:
             return None
@@ -193,7 +246,7 @@ def quantized_tensor(
         q_index = 0  # x, the quantized input
     else:
         return None
-    numel = math.prod(shape)
+    numel = math.prod(shape) if all(d >= 0 for d in shape) else 0
     try:
         out_bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(out_type).itemsize
     except (KeyError, ValueError, TypeError):  # not a float type: the node is broken
@@ -201,7 +254,7 @@ def quantized_tensor(
     if not node.output:
         return None
     common = {"name": node.output[0], "format": fmt, "shape": tuple(shape), "numel": numel}
-    if len(node.input) > q_index and node.input[q_index] in stored:
+    if q_index >= 0 and len(node.input) > q_index and node.input[q_index] in stored:
         inputs = tuple(i for i in node.input[q_index:] if i and i in stored)  # not Indices
         nbytes = sum(tensor_bytes(stored[i]) for i in inputs)
         bits = 8 * nbytes / numel if numel else None
@@ -242,6 +295,8 @@ def _onnxq_decoder(node: onnx.NodeProto) -> tuple[str, list[int], int, int]:
     except ValueError as err:
         raise MalformedNodeError(f"node {label!r}: bad dtype: {err}") from None
     out_type = int(attrs.get("output_type", onnx.TensorProto.FLOAT))
+    if node.op_type == FUSED_ACTIVATION_OP:  # Y has X's type; it reads no stored codes
+        return fmt, shape, out_type, -1
     return fmt, shape, out_type, OPS[node.op_type].inputs.index("Q")
 
 

@@ -118,7 +118,7 @@ def progress_callback(progress: Any) -> Callable[[int, int, str], None] | None:
 
 
 def static_shape(shape: list[int | None] | None) -> bool:
-    """True when every dim is known (the onnxq ops need static shapes)."""
+    """True when every dim is known before run time."""
     return shape is not None and all(d is not None for d in shape)
 
 
@@ -143,8 +143,8 @@ def nothing_selected(model: onnx.ModelProto, recipe: Recipe, label: str, skipped
     targets = [n for n in nodes if n.op_type in recipe.op_types]
     if skipped:
         why = (
-            f"its {skipped} activation(s) have no static shape (DequantizeMX needs one: fix "
-            "the input shapes)"
+            f"its {skipped} activation(s) have an unknown rank, so their tile axis cannot be "
+            "known (declare the input shapes, or fix what stops shape inference)"
         )
     elif not targets:
         why = f"the model has no {'/'.join(recipe.op_types)} node"

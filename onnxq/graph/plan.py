@@ -32,6 +32,7 @@ __all__ = [
     "PlanEntry",
     "QuantPlan",
     "Scope",
+    "SkippedEntry",
     "WeightEntry",
     "WeightPlan",
     "lookup",
@@ -99,7 +100,8 @@ def _conv_transpose(_attrs: Mapping[str, Any]) -> list[Role]:
 
 
 def _recurrent(_attrs: Mapping[str, Any]) -> list[Role]:
-    return [(0, False, _last), (1, True, _last), (2, True, _last)]
+    # W and R computed by other nodes are quantized as activations (reduced along input/hidden).
+    return [(0, False, _last), (1, False, _last), (2, False, _last)]
 
 
 def _gather(attrs: Mapping[str, Any]) -> list[Role]:
@@ -171,11 +173,33 @@ class ActivationEntry(PlanEntry):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SkippedEntry:
+    """A float input of a target op that stays float, and why (its tile axis is unknown)."""
+
+    tensor: str
+    consumers: tuple[str, ...]
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        """The ``onnxq_skipped`` metadata entry."""
+        return {
+            "tensor": self.tensor,
+            "consumers": ", ".join(self.consumers),
+            "reason": self.reason,
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantPlan:
-    """Everything the graph pass will change: weights first, then activations."""
+    """Everything the graph pass will change: weights first, then activations.
+
+    ``skipped`` lists the float inputs of target ops that stay float: an activation is skipped
+    only when its tile axis cannot be known (unknown rank, or a scalar).
+    """
 
     weights: tuple[WeightEntry, ...] = ()
     activations: tuple[ActivationEntry, ...] = ()
+    skipped: tuple[SkippedEntry, ...] = ()
 
 
 # -- graph index ------------------------------------------------------------------------------
@@ -266,16 +290,33 @@ def _map_axis(axis: int, rank: int, perms: list[list[int] | None]) -> int:
 
 
 # -- planning ---------------------------------------------------------------------------------
-def tensor_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[int | None] | None]]:
-    """Tensor name -> (element type, dims with None for symbolic ones) across every graph."""
-    found: dict[str, tuple[int, list[int | None] | None]] = {}
+def _dim(d: onnx.TensorShapeProto.Dimension, symbolic: bool) -> int | str | None:
+    """A dim's size (a negative size, as some exporters write for "any", is unknown)."""
+    if d.HasField("dim_value"):
+        return d.dim_value if d.dim_value >= 0 else None
+    if symbolic and d.HasField("dim_param") and d.dim_param:
+        return d.dim_param
+    return None
+
+
+def tensor_types(
+    model: onnx.ModelProto, *, symbolic: bool = False
+) -> dict[str, tuple[int, list[Any] | None]]:
+    """Tensor name -> (element type, dims or None when the rank is unknown), every graph.
+
+    A dim is its size, or None when it is not known before run time (symbolic, negative such
+    as ``-1``, or unset); with ``symbolic`` a named dim is its name (``"batch"``) instead.
+    """
+    found: dict[str, tuple[int, list[Any] | None]] = {}
     for scope in scopes(model.graph):
         g = scope.graph
         for info in [*g.input, *g.value_info, *g.output]:
+            if not info.type.HasField("tensor_type"):
+                continue  # sequences, maps, optionals: not tensors
             t = info.type.tensor_type
             dims = None
             if t.HasField("shape"):
-                dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+                dims = [_dim(d, symbolic) for d in t.shape.dim]
             found[info.name] = (t.elem_type, dims)
         for init in g.initializer:
             found[init.name] = (init.data_type, list(init.dims))
@@ -301,26 +342,37 @@ class WeightPlan(WeightEntry):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ActivationPlan(ActivationEntry):
-    """A planned activation with the node inputs that read it and its type."""
+    """A planned activation with the node inputs that read it and its type.
+
+    ``shape`` holds X's dims (None where unknown before run time), ``dims`` the same with the
+    names of symbolic dims (for the value_info of the outputs); the rank is always known.
+    """
 
     slots: tuple[tuple[onnx.NodeProto, int], ...]
     scope: Scope
     elem_type: int
     shape: list[int | None] | None
+    dims: tuple[int | str | None, ...] | None = None
 
     @classmethod
     def make(cls, e: dict[str, Any]) -> ActivationPlan:
         """The entry from the mapping `plan` collects."""
         return cls(**{**e, "consumers": tuple(e["consumers"]), "slots": tuple(e["slots"])})
 
+    @property
+    def static(self) -> bool:
+        """True when every dim is known before run time and positive."""
+        return self.shape is not None and all(d is not None and d > 0 for d in self.shape)
+
 
 class _Collector:
     """The weights and activations found so far, one entry per tensor."""
 
-    def __init__(self, types: TensorTypes) -> None:
-        self.types = types
+    def __init__(self, types: TensorTypes, symbols: TensorTypes) -> None:
+        self.types, self.symbols = types, symbols
         self.weights: dict[tuple[int, str], dict[str, Any]] = {}
-        self.acts: dict[str, dict[str, Any]] = {}
+        self.acts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.skipped: dict[str, dict[str, Any]] = {}
 
     def weight(
         self,
@@ -374,50 +426,87 @@ class _Collector:
         self, scope: Scope, name: str, choice: NodeChoice, role: Role, node: onnx.NodeProto
     ) -> None:
         index, _, axis_of = role
-        elem, shape = self.types.get(name, (TensorProto.FLOAT, None))
-        rank = len(shape) if shape is not None else 2
+        label = node_label(node)
+        elem, shape = self.types.get(name, (0, None))
+        if elem and elem not in FLOAT_TYPES:
+            return  # not a float input (an int MatMul, a bad model): nothing to quantize
+        if shape is None or not shape:
+            self._skip(name, label, _UNKNOWN_RANK if shape is None else _SCALAR)
+            return
+        rank = len(shape)
         axis = choice.activation_axis if choice.activation_axis is not None else axis_of(rank)
-        if shape is not None:
-            axis %= max(rank, 1)
-        entry = self.acts.get(name)
+        if not -rank <= axis < rank:
+            raise ValueError(
+                f"node {label!r}: activation axis {axis} is out of range for input {index} "
+                f"{name!r} of rank {rank}"
+            )
+        axis %= rank
+        key = (name, axis)
+        entry = self.acts.get(key)
         if entry is not None:
-            entry["consumers"].append(node_label(node))
+            entry["consumers"].append(label)
             entry["slots"].append((node, index))
             return
-        self.acts[name] = {
+        dims = self.symbols.get(name, (0, None))[1]
+        self.acts[key] = {
             "tensor": name,
             "dtype": choice.activations,
             "axis": axis,
             "round_mode": choice.round_mode,
             "scale_mode": choice.scale_mode,
-            "consumers": [node_label(node)],
+            "consumers": [label],
             "slots": [(node, index)],
             "scope": scope,
             "elem_type": elem or TensorProto.FLOAT,
             "shape": shape,
+            "dims": tuple(dims) if dims is not None and len(dims) == rank else tuple(shape),
             "reason": f"{node.op_type} input {index}: reduction axis {axis}",
         }
 
+    def _skip(self, name: str, label: str, reason: str) -> None:
+        entry = self.skipped.setdefault(name, {"reason": reason, "consumers": []})
+        entry["consumers"].append(label)
 
-def plan(model: onnx.ModelProto, recipe: Choices, types: TensorTypes | None = None) -> QuantPlan:
+
+_UNKNOWN_RANK = (
+    "unknown rank (shape inference gives no shape), so its tile axis cannot be known; declare "
+    "the model inputs' shapes (or fix what stops shape inference) to quantize it"
+)
+_SCALAR = "a scalar has no axis to tile along"
+
+
+def plan(
+    model: onnx.ModelProto,
+    recipe: Choices,
+    types: TensorTypes | None = None,
+    symbols: TensorTypes | None = None,
+) -> QuantPlan:
     """What `quantize_model` would quantize in ``model`` (not modified), and why.
+
+    Every float input of a target op that is not a weight is an activation, whatever its
+    dims (symbolic, ``-1``, unknown or zero); it is skipped only when its rank is unknown.
 
     Args:
         model: the float model.
         recipe: the choices (validated against the model's node names here).
-        types: tensor element types and dims from shape inference; inferred when None.
+        types: tensor element types and dims from shape inference (`tensor_types`); inferred
+            when None.
+        symbols: the same with symbolic dims named (``tensor_types(..., symbolic=True)``), for
+            the outputs' value_info; ``types`` when None.
 
     Returns:
-        The plan: one entry per weight (shared weights once) and per activation tensor.
+        The plan: one entry per weight (shared weights once), per activation tensor and tile
+        axis, and per skipped activation.
 
     Raises:
-        ValueError: a recipe pattern matches no node.
+        ValueError: a recipe pattern matches no node, or an axis override is out of range.
     """
     all_scopes = list(scopes(model.graph))
     recipe.check_nodes(n.name for s in all_scopes for n in s.graph.node)
     if types is None:
-        types = tensor_types(infer_shapes(model))
-    found = _Collector(types)
+        inferred = infer_shapes(model)
+        types, symbols = tensor_types(inferred), tensor_types(inferred, symbolic=True)
+    found = _Collector(types, symbols if symbols is not None else types)
     for scope in all_scopes:
         for node in scope.graph.node:
             if node.domain not in ("", "ai.onnx"):
@@ -439,4 +528,8 @@ def plan(model: onnx.ModelProto, recipe: Choices, types: TensorTypes | None = No
     return QuantPlan(
         weights=tuple(WeightPlan.make(e) for e in found.weights.values()),
         activations=tuple(ActivationPlan.make(e) for e in found.acts.values()),
+        skipped=tuple(
+            SkippedEntry(tensor=k, consumers=tuple(v["consumers"]), reason=v["reason"])
+            for k, v in found.skipped.items()
+        ),
     )

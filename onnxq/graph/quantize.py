@@ -14,10 +14,13 @@ tensor with its data type, tile axis and the reason - and `quantize_model` mater
   (subgraphs read it from the outer scope); ``fake`` storage replaces the values in place.
   Conv weights whose reduction axis is shorter than a tile (depthwise) are tiled as the matrix
   ``[M, C/group*kh*kw]`` and a ``Reshape`` restores their shape (`onnxq.graph.tiling`).
-- activations get one ``QuantizeMX -> DequantizeMX`` pair per tensor, placed after its
-  producer; the target consumers read the dequantized tensor. The onnxq ops need static
-  shapes (DequantizeMX's ``shape`` attribute), so an activation with a symbolic dim is left in
-  float and listed in the ``onnxq_skipped`` metadata.
+- activations (every float input of a target op that is not a weight) get, per tensor and
+  tile axis, one ``QuantizeDequantizeMX`` node (``fuse=True``) or a ``QuantizeMX ->
+  DequantizeMX`` pair (``fuse=False``; DequantizeMX learns a shape known only at run time
+  from a ``Shape(X)`` node), placed after the producer (`onnxq.graph.activation_nodes`); the
+  target consumers read the dequantized tensor. Symbolic, ``-1``, unknown and zero dims all
+  work: only an activation of unknown rank (its tile axis cannot be known) stays float,
+  listed with its reason in the ``onnxq_skipped`` metadata.
 
 ``target="standard"`` writes no onnxq node: each packed weight becomes plain ai.onnx nodes
 (``DequantizeLinear`` with ``block_size``, or ``Gather`` on a value table times the tile
@@ -42,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +60,7 @@ from onnxq.cast.api import QTensor, cast
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.graph import calibrate_pass, model_io, pass_checks
+from onnxq.graph.activation_nodes import activation_nodes
 from onnxq.graph.calibrate import StaticScale, qdq_nodes
 from onnxq.graph.functions import build_function, fallback_shape
 from onnxq.graph.fuse import apply_fusions
@@ -64,6 +69,7 @@ from onnxq.graph.plan import (
     ActivationPlan,
     QuantPlan,
     Scope,
+    TensorTypes,
     WeightPlan,
     lookup,
     plan,
@@ -200,14 +206,20 @@ class _Rewrite:
     """
 
     def __init__(
-        self, model: onnx.ModelProto, storage: str, target: str, spill: model_io.Spill | None
+        self,
+        model: onnx.ModelProto,
+        storage: str,
+        target: str,
+        spill: model_io.Spill | None,
+        fuse: bool = True,
     ) -> None:
         self.model, self.storage, self.target, self.spill = model, storage, target, spill
+        self.fuse = fuse  # activations: one QuantizeDequantizeMX instead of the pair
         self.names = _Names(model)
         g = model.graph
         self.main_defined = {t.name for t in g.initializer} | {i.name for i in g.input}
         self.main_defined |= {o for n in g.node for o in n.output}
-        self.skipped: list[dict[str, str]] = []
+        self.activations = 0  # quantized so far
         self.inserts: Inserts = {}
         self.static_inits: list[TensorProto] = []
         self.dq_nodes: list[onnx.NodeProto] = []
@@ -222,52 +234,17 @@ class _Rewrite:
         return owner
 
     def activation(self, entry: ActivationPlan) -> None:
-        """Rewire the consumers and queue the QuantizeMX -> DequantizeMX pair after the producer."""
-        shape = entry.shape
-        if shape is None or any(d is None for d in shape):
-            reason = "no static shape (DequantizeMX needs one)"
-            self.skipped.append({"tensor": entry.tensor, "reason": reason})
-            return
-        if isinstance(entry.dtype.nspec, Codebook):
-            raise ValueError(
-                f"activation {entry.tensor!r}: codebook formats ({entry.dtype.name}) are for "
-                "weights; choose a non-codebook activation format"
-            )
-        dims = [int(d) for d in shape if d is not None]
-        attrs = {
-            "dtype": entry.dtype.code,
-            "axis": entry.axis,
-            "round_mode": entry.round_mode,
-            "scale_mode": entry.scale_mode,
-        }
-        types = output_types("QuantizeMX", attrs, tuple(dims))
-        base, fresh = entry.tensor, self.names.fresh
-        keys = _keys(OPS["QuantizeMX"].outputs)
-        outs = [
-            fresh(f"{base}__{k}") if elem else "" for k, (elem, _) in zip(keys, types, strict=True)
-        ]
-        while not outs[-1]:
-            outs.pop()
-        qx = helper.make_node(
-            "QuantizeMX", [base], outs, name=fresh(f"{base}__qx"), domain=DOMAIN, **attrs
-        )
-        dq_name = fresh(f"{base}__dqx")
-        dq = helper.make_node(
-            "DequantizeMX",
-            outs,
-            [dq_name],
-            name=fresh(f"{base}__dqa"),
-            domain=DOMAIN,
-            dtype=entry.dtype.code,
-            axis=entry.axis,
-            shape=dims,
-            output_type=entry.elem_type,
-        )
+        """Rewire the consumers and queue the activation's nodes after its producer.
+
+        One QuantizeDequantizeMX with ``fuse``, else QuantizeMX -> DequantizeMX (with a
+        Shape(X) node when X's shape is known only at run time); `activation_nodes`.
+        """
+        nodes, infos, out = activation_nodes(entry, self.names.fresh, self.fuse)
         for node, index in entry.slots:
-            node.input[index] = dq_name
-        owner = self._queue(entry, [qx, dq])
-        _declare(owner.graph, qx, dims)
-        _declare(owner.graph, dq, None)
+            node.input[index] = out
+        owner = self._queue(entry, nodes)
+        owner.graph.value_info.extend(infos)
+        self.activations += 1
 
     def calibrated(self, entry: ActivationPlan, params: StaticScale) -> None:
         """Rewire the consumers and queue the static QuantizeLinear -> DequantizeLinear pair."""
@@ -277,6 +254,7 @@ class _Rewrite:
             node.input[index] = out
         self.static_inits.extend(inits)
         self._queue(entry, nodes)
+        self.activations += 1
 
     def weight(self, entry: WeightPlan) -> None:
         """Quantize one weight; its removal waits in ``removals`` (keeps references valid)."""
@@ -472,16 +450,14 @@ def _record(
     model: onnx.ModelProto,
     meta: dict[str, str],
     the_plan: QuantPlan,
-    skipped: list[dict[str, str]],
+    activations: int,
     missing: list[dict[str, str]],
     calibration_meta: dict[str, Any] | None,
     custom_ops_only: bool,
 ) -> None:
     """Write the metadata (counts, nodes that lack a fallback...) and the minimal IR version."""
-    quantized = {
-        "weights": len(the_plan.weights),
-        "activations": len(the_plan.activations) - len(skipped),
-    }
+    quantized = {"weights": len(the_plan.weights), "activations": activations}
+    skipped = [s.as_dict() for s in the_plan.skipped]
     meta["onnxq_quantized"] = json.dumps(quantized)
     target = meta["onnxq_target"]
     if missing and target != "standard":
@@ -503,16 +479,24 @@ def _record(
     model.ir_version = ir
 
 
-def _inferred_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[int | None] | None]]:
-    """Tensor types from shape inference, with large payloads out of the model meanwhile."""
+def _inferred_types(model: onnx.ModelProto) -> tuple[TensorTypes, TensorTypes]:
+    """Tensor types from shape inference (dims, and dims with symbolic names kept).
+
+    Large payloads are out of the model meanwhile. When inference fails, the types the model
+    declares are used: activations whose rank is then unknown are skipped, with a reason.
+    """
     with model_io.stripped(model):
         try:
-            return tensor_types(infer_shapes(model))
+            inferred = infer_shapes(model)
         except onnx.shape_inference.InferenceError as err:
-            raise ValueError(
-                f"shape inference fails on the model ({' '.join(str(err).split())[:300]}): it "
-                "is not valid ONNX; check it with onnx.checker.check_model(full_check=True)"
-            ) from None
+            warnings.warn(
+                f"shape inference fails on the model ({' '.join(str(err).split())[:200]}); "
+                "using the shapes it declares (activations of unknown rank stay float)",
+                UserWarning,
+                stacklevel=3,
+            )
+            inferred = model
+        return tensor_types(inferred), tensor_types(inferred, symbolic=True)
 
 
 def quantize_model(
@@ -565,7 +549,8 @@ def quantize_model(
             (and without the recipe key ``custom_ops_only: true``) such a model is refused.
         allow_empty: return (and write) the model even when the choices select no tensor;
             without it that is an error.
-        fuse: merge packed weights with the ops that read them (onnxq.graph.fuse).
+        fuse: one QuantizeDequantizeMX per activation (False: QuantizeMX -> DequantizeMX), and
+            the fusions of onnxq.graph.fuse; the recipe key ``fuse: false`` turns it off too.
 
     Returns:
         The quantized model. When it is written with external data (the input had external
@@ -600,14 +585,13 @@ def quantize_model(
     register_schemas()
     m, spill = model_io.load(model, out_path)
     m = model_io.to_opset(m)
-    types = _inferred_types(m)
-    the_plan = plan(m, chosen, types)
+    types, symbols = _inferred_types(m)
+    the_plan = plan(m, chosen, types, symbols)
     planned = [a for a in the_plan.activations if isinstance(a, ActivationPlan)]
     to_calibrate = calibrate_pass.activation_modes(planned, calibration, target)
     calibrated = {a.tensor for a in to_calibrate}
-    kept = [a for a in planned if a.tensor in calibrated or pass_checks.static_shape(a.shape)]
-    if not the_plan.weights and not kept and not allow_empty:
-        raise ValueError(pass_checks.nothing_selected(m, chosen, label, len(planned)))
+    if not the_plan.weights and not planned and not allow_empty:
+        raise ValueError(pass_checks.nothing_selected(m, chosen, label, len(the_plan.skipped)))
     gaps = pass_checks.no_fallback(the_plan, target, calibrated)
     if gaps and not custom_ops_only:
         raise NotImplementedError(pass_checks.no_fallback_message(gaps, target))
@@ -617,7 +601,7 @@ def quantize_model(
         statics, calibration_meta = calibrate_pass.calibrate(
             m, to_calibrate, calibration, calibration_method, percentile
         )
-    rewrite = _Rewrite(m, weight_storage, target, spill)
+    rewrite = _Rewrite(m, weight_storage, target, spill, fuse := fuse and chosen.fuse)
     _rewrite(rewrite, the_plan, statics, report)
     fused = apply_fusions(m) if fuse and target == "onnxq" else {}
     m, missing = _with_fallbacks(m, types, target)
@@ -629,7 +613,7 @@ def quantize_model(
     }
     if any(fused.values()):
         meta["onnxq_fused"] = json.dumps({k: v for k, v in fused.items() if v})
-    _record(m, meta, the_plan, rewrite.skipped, missing, calibration_meta, custom_ops_only)
+    _record(m, meta, the_plan, rewrite.activations, missing, calibration_meta, custom_ops_only)
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     model_io.finish(m, out_path, spill, source)
     if report is not None and hasattr(report, "close"):

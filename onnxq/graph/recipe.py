@@ -22,6 +22,7 @@ Recipe schema (YAML; JSON is the same structure)::
     node_overrides:             # per node-name glob (later patterns win)
       "layer0/*": {weights: mx6, weight_axis: 0, round_mode: away}
     custom_ops_only: false      # true: allow nodes with no standard-ONNX fallback
+    fuse: true                  # false: QuantizeMX -> DequantizeMX pairs, no fusions
 
 Override keys: ``weights``, ``activations``, ``round_mode``, ``scale_mode``, ``weight_axis``,
 ``activation_axis`` (an axis replaces the reduction axis the quantizer would choose).
@@ -79,6 +80,7 @@ _TOP_KEYS = (
     "op_type_overrides",
     "node_overrides",
     "custom_ops_only",
+    "fuse",
 )
 _OVERRIDE_KEYS = (
     "weights",
@@ -211,6 +213,8 @@ class Recipe:
         node_overrides: per node-name glob choices, applied in order after op-type ones.
         custom_ops_only: allow a model that runs only with the onnxq custom-op library
             (nodes with no standard-ONNX fallback); see `onnxq.quantize_model`.
+        fuse: False quantizes activations with QuantizeMX -> DequantizeMX pairs and runs no
+            fusion, as ``quantize_model(fuse=False)`` (``--no-fuse``) does.
     """
 
     weights: DataType | None = None
@@ -222,6 +226,7 @@ class Recipe:
     op_type_overrides: tuple[tuple[str, Override], ...] = ()
     node_overrides: tuple[tuple[str, Override], ...] = ()
     custom_ops_only: bool = False
+    fuse: bool = True
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "recipe") -> Recipe:
@@ -244,11 +249,10 @@ class Recipe:
             raise ValueError(f"{where}.exclude: expected a list of node-name patterns")
         if not all(isinstance(p, str) for p in exclude):
             raise ValueError(f"{where}.exclude: expected node-name patterns (strings)")
-        custom_ops_only = data.get("custom_ops_only", False)
-        if not isinstance(custom_ops_only, bool):
-            raise ValueError(
-                f"{where}.custom_ops_only: expected true or false, got {custom_ops_only!r}"
-            )
+        custom_ops_only, fuse = data.get("custom_ops_only", False), data.get("fuse", True)
+        for key, flag in (("custom_ops_only", custom_ops_only), ("fuse", fuse)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{where}.{key}: expected true or false, got {flag!r}")
 
         def overrides(key: str, ops_only: bool) -> tuple[tuple[str, Override], ...]:
             table = data.get(key) or {}
@@ -273,6 +277,7 @@ class Recipe:
             op_type_overrides=overrides("op_type_overrides", True),
             node_overrides=overrides("node_overrides", False),
             custom_ops_only=custom_ops_only,
+            fuse=fuse,
         )
 
     def sets_a_format(self) -> bool:
@@ -294,6 +299,7 @@ class Recipe:
             "op_type_overrides": {k: v.to_dict() for k, v in self.op_type_overrides},
             "node_overrides": {k: v.to_dict() for k, v in self.node_overrides},
             **({"custom_ops_only": True} if self.custom_ops_only else {}),
+            **({} if self.fuse else {"fuse": False}),
         }
 
     def to_json(self) -> str:

@@ -192,12 +192,12 @@ def test_onnxq_target_uses_the_same_static_pair() -> None:
     b = quantize_model(model, target="standard", **kw)
     assert _calibration(a) == _calibration(b)
     ops = [n.op_type for n in a.graph.node]
-    assert "QuantizeMX" not in ops and ops.count("QuantizeLinear") == 3
-    # Without calibration the onnxq target stays dynamic (a float-scale QuantizeMX, which has
-    # no standard-ONNX fallback: only when asked for) and standard refuses.
+    assert "QuantizeDequantizeMX" not in ops and ops.count("QuantizeLinear") == 3
+    # Without calibration the onnxq target stays dynamic (a float-scale QuantizeDequantizeMX,
+    # which has no standard-ONNX fallback: only when asked for) and standard refuses.
     with pytest.raises(NotImplementedError, match="--calibration DIR"):
         quantize_model(model, activations="fp8e4_tensor")
-    assert "QuantizeMX" in [
+    assert "QuantizeDequantizeMX" in [
         n.op_type
         for n in quantize_model(model, activations="fp8e4_tensor", custom_ops_only=True).graph.node
     ]

