@@ -10,8 +10,8 @@ weight scale mode (``onnxq.graph.recipe.DEFAULT_WEIGHT_SCALE_MODE``).
 Models (skipped, with a line saying why, when their package is missing):
 
 - ``det``: the PP-OCRv4 text detector of ``rapidocr-onnxruntime`` (``models/`` folder), on
-  scikit-image's ``text`` photo cropped to 160x448, as three channels normalised with the
-  ImageNet mean and deviation (rapidocr's preprocessing); output: the text probability map.
+  three lines of text rendered with matplotlib at 160x448, normalised as rapidocr does
+  ((x / 255 - 0.5) / 0.5); output: the text probability map.
 - ``rec``: the PP-OCRv6 small recognizer of ``rapidocr`` on `tests.models.real.example_inputs`.
 - ``minilm``: paraphrase-MiniLM-L3-v2, 2 x 16 word pieces (``example_inputs``).
 - ``silero``: Silero VAD, one 576-sample frame of noise and a zero state (``example_inputs``).
@@ -61,12 +61,19 @@ def _det_path() -> Path:
 
 
 def _det_input() -> dict[str, np.ndarray]:
-    from skimage import data
+    """Three lines of dark text on white, 160x448, rendered with matplotlib (Agg)."""
+    import matplotlib
 
-    gray = data.text()[:160, :448].astype(np.float32) / 255.0
-    mean = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
-    std = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
-    x = (np.repeat(gray[None], 3, axis=0) - mean) / std
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig = plt.figure(figsize=(4.48, 1.6), dpi=100)
+    for i, line in enumerate(("Quantized weights, 2026", "MXFP8 E4M3 scales", "onnxq 0123456789")):
+        fig.text(0.04, 0.75 - 0.3 * i, line, fontsize=17, color="black")
+    fig.canvas.draw()
+    rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(np.float32)
+    plt.close(fig)
+    x = (rgb.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5  # rapidocr: mean 0.5, std 0.5
     return {"x": x[None].astype(np.float32)}
 
 
@@ -75,21 +82,22 @@ def load(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     if name == "det":
         return onnx.load(str(_det_path())), _det_input()
     real = {"rec": "ppocr", "minilm": "minilm", "silero": "silero"}[name]
-    return onnx.load(str(model_path(real))), example_inputs(real, batch=1 if name != "minilm" else 2)
+    return onnx.load(str(model_path(real))), example_inputs(
+        real, batch=1 if name != "minilm" else 2
+    )
 
 
-def first_output(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
-    """The model's first output in onnxruntime (one thread)."""
+def outputs(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
+    """Every output of the model in onnxruntime (one thread), flattened and concatenated."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(
-        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-    )
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
-    return np.asarray(sess.run(None, {k: v for k, v in feed.items() if k in names})[0])
+    outs = sess.run(None, {k: v for k, v in feed.items() if k in names})
+    return np.concatenate([np.asarray(o, np.float64).ravel() for o in outs])
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -110,7 +118,7 @@ def measure(
         except MissingModelError as err:
             print(f"{name}: skipped ({err})", file=sys.stderr)
             continue
-        ref = first_output(model, feed)
+        ref = outputs(model, feed)
         for fmt in formats:
             for mode in modes:
                 start = time.perf_counter()
@@ -120,18 +128,26 @@ def measure(
                     weight_storage="fake",
                 )
                 seconds = time.perf_counter() - start
-                cos = cosine(ref, first_output(q, feed))
-                rows.append({"model": name, "format": fmt, "mode": mode, "cosine": cos,
-                             "quantize_s": round(seconds, 2)})
-                print(f"{name:7s} {fmt:7s} {mode:7s} cosine {cos:.6f} ({seconds:.1f} s)",
-                      file=sys.stderr)
+                cos = cosine(ref, outputs(q, feed))
+                rows.append(
+                    {
+                        "model": name,
+                        "format": fmt,
+                        "mode": mode,
+                        "cosine": cos,
+                        "quantize_s": round(seconds, 2),
+                    }
+                )
+                print(
+                    f"{name:7s} {fmt:7s} {mode:7s} cosine {cos:.6f} ({seconds:.1f} s)",
+                    file=sys.stderr,
+                )
     return rows
 
 
 def markdown(rows: list[dict[str, object]], modes: Sequence[str]) -> str:
     """A table: one line per model and format, one column per mode (best in bold)."""
-    lines = ["| model | format | " + " | ".join(modes) + " |",
-             "|---|---|" + "---|" * len(modes)]
+    lines = ["| model | format | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
     keys = dict.fromkeys((r["model"], r["format"]) for r in rows)
     for model, fmt in keys:
         vals = {r["mode"]: r["cosine"] for r in rows if (r["model"], r["format"]) == (model, fmt)}
