@@ -13,7 +13,8 @@ Models (skipped, with a line saying why, when their package is missing):
   three lines of text rendered with matplotlib at 160x448, normalised as rapidocr does
   ((x / 255 - 0.5) / 0.5); output: the text probability map.
 - ``rec``: the PP-OCRv6 small recognizer of ``rapidocr`` on `tests.models.real.example_inputs`.
-- ``minilm``: paraphrase-MiniLM-L3-v2, 2 x 16 word pieces (``example_inputs``).
+- ``minilm``: paraphrase-MiniLM-L3-v2, 2 x 16 word pieces (``example_inputs``); output: the
+  two sentence embeddings.
 - ``silero``: Silero VAD, one 576-sample frame of noise and a zero state (``example_inputs``).
 
 ``rceil`` is the format's rounding-up rule (2^ceil(log2(absmax / maxfloat))); it is the
@@ -87,8 +88,12 @@ def load(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     )
 
 
-def outputs(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
-    """Every output of the model in onnxruntime (one thread), flattened and concatenated."""
+def outputs(model: onnx.ModelProto, feed: dict[str, np.ndarray], name: str = "") -> np.ndarray:
+    """The compared outputs in onnxruntime (one thread), flattened and concatenated.
+
+    Every output, but MiniLM's sentence embedding only (its other outputs echo the token ids
+    and mask, or hold the per-token states the embedding pools).
+    """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -97,6 +102,8 @@ def outputs(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
     outs = sess.run(None, {k: v for k, v in feed.items() if k in names})
+    if name == "minilm":
+        outs = outs[-1:]
     return np.concatenate([np.asarray(o, np.float64).ravel() for o in outs])
 
 
@@ -118,7 +125,7 @@ def measure(
         except MissingModelError as err:
             print(f"{name}: skipped ({err})", file=sys.stderr)
             continue
-        ref = outputs(model, feed)
+        ref = outputs(model, feed, name)
         for fmt in formats:
             for mode in modes:
                 start = time.perf_counter()
@@ -128,13 +135,16 @@ def measure(
                     weight_storage="fake",
                 )
                 seconds = time.perf_counter() - start
-                cos = cosine(ref, outputs(q, feed))
+                out = outputs(q, feed, name)
+                cos = cosine(ref, out)
+                rel = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
                 rows.append(
                     {
                         "model": name,
                         "format": fmt,
                         "mode": mode,
                         "cosine": cos,
+                        "rel_err": rel,
                         "quantize_s": round(seconds, 2),
                     }
                 )
@@ -146,16 +156,19 @@ def measure(
 
 
 def markdown(rows: list[dict[str, object]], modes: Sequence[str]) -> str:
-    """A table: one line per model and format, one column per mode (best in bold)."""
-    lines = ["| model | format | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+    """One line per model and format: cosine, then relative error, per mode (best in bold)."""
+    head = " | ".join(f"cos {m}" for m in modes) + " | " + " | ".join(f"rel {m}" for m in modes)
+    lines = [f"| model | format | {head} |", "|---|---|" + "---|" * (2 * len(modes))]
     keys = dict.fromkeys((r["model"], r["format"]) for r in rows)
     for model, fmt in keys:
-        vals = {r["mode"]: r["cosine"] for r in rows if (r["model"], r["format"]) == (model, fmt)}
-        best = max(vals.values())
-        cells = [
-            f"**{vals[m]:.4f}**" if vals.get(m) == best else f"{vals[m]:.4f}" if m in vals else "-"
-            for m in modes
-        ]
+        mine = [r for r in rows if (r["model"], r["format"]) == (model, fmt)]
+        cells = []
+        for metric, best_of in (("cosine", max), ("rel_err", min)):
+            vals = {r["mode"]: float(r[metric]) for r in mine}
+            best = best_of(vals.values())
+            for m in modes:
+                text = f"{vals[m]:.4f}" if m in vals else "-"
+                cells.append(f"**{text}**" if vals.get(m) == best else text)
         lines.append(f"| {model} | {fmt} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

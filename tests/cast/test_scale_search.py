@@ -42,7 +42,7 @@ FAMILIES = [
 def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Magnitudes over many binades, zeros, subnormals, NaN and +-Inf, a whole zero row."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, size=shape[:-1] + (1,)))
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, size=(*shape[:-1], 1)))
     x = x.astype(np.float32)
     flat = x.reshape(-1)
     n = flat.size
