@@ -149,7 +149,8 @@ def measure(
                     }
                 )
                 print(
-                    f"{name:7s} {fmt:7s} {mode:7s} cosine {cos:.6f} ({seconds:.1f} s)",
+                    f"{name:7s} {fmt:7s} {mode:7s} cosine {cos:.6f} rel {rel:.5f} "
+                    f"({seconds:.1f} s)",
                     file=sys.stderr,
                 )
     return rows
