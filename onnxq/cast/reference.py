@@ -256,28 +256,23 @@ def quantize(
     if s.family == "zero":  # the scale and zero are a pair from min/max: no search
         y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     else:
+        common = (xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, metric)
 
         def run(step: int, into: Encoded) -> tuple[np.ndarray, np.ndarray | None]:
             if s.family == "exponent":
-                return _exponent_scaled(
-                    xt,
-                    absx,
-                    amax,
-                    rt,
-                    n,
-                    dt,
-                    tiling,
-                    round_mode,
-                    scale_mode,
-                    metric,
-                    full_int_range,
-                    into,
-                    want_codes,
-                    max_finite,
-                    step,
-                )
+                return _exponent_scaled(*common, full_int_range, into, want_codes, max_finite, step)
             return _float_scaled(
-                xt, amax, rt, n, dt, round_mode, full_int_range, into, want_codes, finite_dtype, step
+                xt,
+                amax,
+                rt,
+                n,
+                dt,
+                round_mode,
+                full_int_range,
+                into,
+                want_codes,
+                finite_dtype,
+                step,
             )
 
         if scale_mode is ScaleMode.SEARCH:
