@@ -120,8 +120,12 @@ def test_standard_target_matches_onnxq_target_bit_for_bit(name: str, weights: st
     # And against the cast engine directly.
     for entry in plan(model, Recipe(weights=onnxq.datatype(weights))).weights:
         out = entry.tensor if entry.tensor in infos else f"{entry.tensor}__w"
+        assert entry.scale_mode == "search"  # the weights' default (docs/formats.md)
         expected = onnxq.cast(
-            numpy_helper.to_array(entry.source.tensor), entry.dtype, axis=entry.axis
+            numpy_helper.to_array(entry.source.tensor),
+            entry.dtype,
+            axis=entry.axis,
+            scale_mode=entry.scale_mode,
         )
         assert np.array_equal(_bits(got[out]), _bits(expected)), entry.tensor
 
