@@ -66,7 +66,9 @@ def cast(
         axis: the axis 1-D tiles run along (2-D tiles: the last two after moving it last).
         round_mode: ``even``, ``away``, ``zero`` or ``stochastic``.
         scale_mode: ``floor``, ``ceil``, ``midmax``, ``option3``, ``topbinade``, ``rceil``,
-            ``even`` (power-of-two scales of float elements; ints always use floor).
+            ``even`` (power-of-two scales of float elements; ints always use floor), or
+            ``search`` (per tile, the candidate scale with the least squared error, for
+            stored weights; CPU backends only; docs/formats.md, "Scale modes").
         nan_policy: ``element`` or ``block`` (docs/architecture.md, decision 5).
         seed: stochastic rounding seed; the same seed gives the same bits on every backend.
         backend: ``auto``, ``reference``, ``native`` or ``triton``.

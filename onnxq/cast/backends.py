@@ -18,7 +18,7 @@ import numpy as np
 
 from onnxq.cast import native, reference
 from onnxq.cast.request import CastRequest, Encoded
-from onnxq.formats.modes import Backend, CastMode
+from onnxq.formats.modes import Backend, CastMode, ScaleMode
 
 __all__ = ["BACKENDS", "Quantize", "choose_for_array", "choose_for_tensor", "triton_gap"]
 
@@ -191,6 +191,11 @@ def triton_gap(shape: tuple[int, ...], request: CastRequest) -> str | None:
         return f"the Triton engine needs triton ({err})"
     if request.metric is not None:
         return "the Triton engine does not implement custom codebook metrics"
+    if request.scale_mode is ScaleMode.SEARCH:
+        return (
+            "the Triton engine does not implement scale_mode 'search' (a per-tile search for "
+            "stored weight scales); the CPU engines do"
+        )
     dt = request.dtype
     if dt.nspec.is_codebook:
         from onnxq.cast import triton_codebook as tcb

@@ -55,6 +55,7 @@ _SCALE = {
     ScaleMode.TOPBINADE: 4,
     ScaleMode.RCEIL: 5,
     ScaleMode.EVEN: 6,
+    ScaleMode.SEARCH: 7,
 }
 _POLICY = {NanPolicy.ELEMENT: 0, NanPolicy.BLOCK: 1}
 

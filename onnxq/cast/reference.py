@@ -8,6 +8,8 @@ codes back into float32. The order of operations mirrors docs/architecture.md:
 2. Tiles (layout.py), each tile's absmax over finite values (NaN policy: decision 5).
 3. The scale: exponent (scale-mode rules, decisions 2-3), float (absmax / maxfloat
    cast to the scale type, over an optional tensor scale), or float scale + zero point.
+   Scale mode ``search`` casts each tile with a few candidate scales and keeps the one with
+   the least squared error (scale_search.py).
 4. The elements: scaled, rounded (elements.py), clamped; codebooks pick a mapping per tile
    or subtile by error; MX9/6/4 shift a subtile by one when all its exponents are below the
    tile's (the MX9/MX6/MX4 document, decision 10).
@@ -34,6 +36,7 @@ from onnxq.cast.elements import (
 )
 from onnxq.cast.layout import Tiling
 from onnxq.cast.request import Encoded, Metric
+from onnxq.cast.scale_search import STEPS, float_step, select, tile_sq_error
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
@@ -250,29 +253,32 @@ def quantize(
         nan_tiles = None
 
     out = Encoded(values=np.empty(0, np.float32))
-    if s.family == "exponent":
-        y, codes_t = _exponent_scaled(
-            xt,
-            absx,
-            amax,
-            rt,
-            n,
-            dt,
-            tiling,
-            round_mode,
-            scale_mode,
-            metric,
-            full_int_range,
-            out,
-            want_codes,
-            max_finite,
-        )
-    elif s.family == "zero":
+    if s.family == "zero":  # the scale and zero are a pair from min/max: no search
         y, codes_t = _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     else:
-        y, codes_t = _float_scaled(
-            xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes, finite_dtype
-        )
+        common = (xt, absx, amax, rt, n, dt, tiling, round_mode, scale_mode, metric)
+
+        def run(step: int, into: Encoded) -> tuple[np.ndarray, np.ndarray | None]:
+            if s.family == "exponent":
+                return _exponent_scaled(*common, full_int_range, into, want_codes, max_finite, step)
+            return _float_scaled(
+                xt,
+                amax,
+                rt,
+                n,
+                dt,
+                round_mode,
+                full_int_range,
+                into,
+                want_codes,
+                finite_dtype,
+                step,
+            )
+
+        if scale_mode is ScaleMode.SEARCH:
+            y, codes_t = _searched(run, xt, out)
+        else:
+            y, codes_t = run(0, out)
 
     if nan_tiles is not None:
         y = np.where(nan_tiles[..., None], np.float32(np.nan), y)
@@ -306,6 +312,27 @@ def _canonical_nan(values: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), np.float32(np.nan), values)
 
 
+def _searched(run, xt: np.ndarray, out: Encoded) -> tuple[np.ndarray, np.ndarray | None]:
+    """Scale mode ``search``: every candidate of scale_search.STEPS, the least error per tile."""
+    best_err = best_y = best_codes = None
+    for step in STEPS:
+        trial = Encoded(values=np.empty(0, np.float32))
+        y, codes = run(step, trial)
+        err = tile_sq_error(y, xt)
+        if best_err is None:
+            best_err, best_y, best_codes = err, y, codes
+            out.scale, out.meta, out.tenscale = trial.scale, trial.meta, trial.tenscale
+            continue
+        better = err < best_err  # strictly: ties keep the earlier candidate
+        best_err = np.where(better, err, best_err)
+        best_y = select(better, y, best_y)
+        best_codes = select(better, codes, best_codes)
+        out.scale = select(better, trial.scale, out.scale)
+        out.meta = select(better, trial.meta, out.meta)
+    assert best_y is not None
+    return best_y, best_codes
+
+
 def _code_dtype(spec: NumberSpec) -> np.dtype:
     for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
         if spec.bits <= np.dtype(dtype).itemsize * 8:
@@ -328,15 +355,18 @@ def _exponent_scaled(
     out,
     want_codes,
     max_finite,
+    step=0,
 ):
     s = dt.sspec
     book = n if n.is_codebook else None
     elem = n.compute_spec
     # The stored exponent treats ints as fixed point with one integer bit (OCP MXINT8, spec
-    # 003); `sexp` is the exponent of the element grid step, `frac` lower.
+    # 003); `sexp` is the exponent of the element grid step, `frac` lower. `step`: a
+    # candidate of scale mode search, relative to floor.
     frac = elem.int_fraction_bits
     low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
-    stored = _scale_exponent(amax, elem, scale_mode) + frac
+    mode = ScaleMode.FLOOR if scale_mode is ScaleMode.SEARCH else scale_mode
+    stored = _scale_exponent(amax, elem, mode) + frac + step
     sexp = np.where(amax > 0, np.clip(stored, low, high), low) - frac
     v = xt.astype(np.float64) * pow2(-sexp)[..., None]
     # The element magnitude whose decoded value is max_finite: the clamp's bound (exact).
@@ -427,7 +457,9 @@ def _zero_float_top(sc: np.ndarray, zero: np.ndarray, qmax: float, finite_dtype)
     return q
 
 
-def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes, finite_dtype):
+def _float_scaled(
+    xt, amax, rt, n, dt, round_mode, full_int_range, out, want_codes, finite_dtype, step=0
+):
     s = dt.sspec
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         raw = amax / np.float32(n.maxfloat)
@@ -437,7 +469,7 @@ def _float_scaled(xt, amax, rt, n, dt, round_mode, full_int_range, out, want_cod
             out.tenscale = encode_values(np.array([ts], dtype=np.float64), s.tenscale).astype(
                 _code_dtype(s.tenscale)
             )
-        sc = _cast_scale(raw, s.scale)
+        sc = float_step(_cast_scale(raw, s.scale), s.scale, step)  # step: search's candidate
         eff = (sc * ts).astype(np.float32) if s.tenscale is not None else sc
         # A zero scale (all finite values zero) sends everything to 0, but NaN stays NaN.
         v = np.where(eff[..., None] > 0, xt / eff[..., None], np.where(np.isnan(xt), xt, 0))

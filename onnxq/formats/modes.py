@@ -64,7 +64,10 @@ class RoundMode(_Choice):
 
 
 class ScaleMode(_Choice):
-    """How a power-of-two scale exponent is chosen from a tile's absmax (architecture decision 3).
+    """How a tile's scale is chosen (architecture decision 3).
+
+    The rules pick a power-of-two exponent from the tile's absmax; ``search`` picks among a
+    few candidate scales by the tile's error.
 
     `maxexp` = floor(log2(absmax)) from the float bits; the stored exponent is
     `maxexp' - emax_element` where maxexp' is:
@@ -80,6 +83,11 @@ class ScaleMode(_Choice):
     RCEIL = "rceil"
     # torchao EVEN: absmax rounded half-away to mbits+1 significant bits, then floor(log2).
     EVEN = "even"
+    # Not a rule of absmax: each tile tries a few scales and keeps the one whose decoded tile
+    # is nearest the input (least squared error; onnxq/cast/scale_search.py, docs/formats.md
+    # "Scale modes"). For stored weights, whose scales the quantizer chooses once; float
+    # scales (NVFP4) are searched too. Activations are quantized at run time by a rule.
+    SEARCH = "search"
 
     @classmethod
     def _label(cls) -> str:

@@ -62,6 +62,8 @@ class NodeChoice(Protocol):
     @property
     def scale_mode(self) -> str | None: ...
     @property
+    def weight_scale_mode(self) -> str | None: ...
+    @property
     def weight_axis(self) -> int | None: ...
     @property
     def activation_axis(self) -> int | None: ...
@@ -409,7 +411,7 @@ class _Collector:
                 "dtype": choice.weights,
                 "axis": axis,
                 "round_mode": choice.round_mode,
-                "scale_mode": choice.scale_mode,
+                "scale_mode": choice.weight_scale_mode or choice.scale_mode,
                 "consumers": [label],
                 "reason": reason,
                 "tiled_shape": tiled,

@@ -12,7 +12,9 @@ Recipe schema (YAML; JSON is the same structure)::
     weights: mxfp4              # default weight data type (preset or code); null = none
     activations: mxfp8e4        # default activation data type; null = none
     round_mode: even            # even, away, zero, stochastic
-    scale_mode: floor           # floor, ceil, midmax, option3, topbinade, rceil, even
+    scale_mode: floor           # floor, ceil, midmax, option3, topbinade, rceil, even, search
+                                # (weights and activations; unset: see below)
+    weight_scale_mode: search   # weights only (beats scale_mode in the same layer)
     op_types: [MatMul, Gemm]    # replaces the default target op types
     add_op_types: [RNN]         # added to them
     remove_op_types: [Gather]   # removed from them
@@ -24,8 +26,17 @@ Recipe schema (YAML; JSON is the same structure)::
     custom_ops_only: false      # true: allow nodes with no standard-ONNX fallback
     fuse: true                  # false: QuantizeMX -> DequantizeMX pairs, no fusions
 
-Override keys: ``weights``, ``activations``, ``round_mode``, ``scale_mode``, ``weight_axis``,
-``activation_axis`` (an axis replaces the reduction axis the quantizer would choose).
+Override keys: ``weights``, ``activations``, ``round_mode``, ``scale_mode``,
+``weight_scale_mode``, ``weight_axis``, ``activation_axis`` (an axis replaces the reduction
+axis the quantizer would choose).
+
+Scale modes: weight scales are stored, so the quantizer may choose them; with no
+``scale_mode`` or ``weight_scale_mode`` set, weights use `DEFAULT_WEIGHT_SCALE_MODE`
+(``search``: per tile, the candidate scale with the least squared error; the measurements
+behind this default are in docs/formats.md, "Scale modes"). Activations are quantized at run
+time by a rule: ``floor`` unless ``scale_mode`` names another rule (``search`` names none, so
+activations keep ``floor`` under it). A later layer (op type, then node overrides) replaces
+an earlier one's choice; within a layer ``weight_scale_mode`` beats ``scale_mode`` for weights.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from onnxq.graph.plan import (
 
 __all__ = [
     "DEFAULT_OP_TYPES",
+    "DEFAULT_WEIGHT_SCALE_MODE",
     "KEEP_FLOAT",
     "SUPPORTED_OP_TYPES",
     "ActivationEntry",
@@ -67,12 +79,17 @@ __all__ = [
 DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "Gather")
 # An override's format value that keeps the tensor in float (YAML/JSON null).
 KEEP_FLOAT = "float"
+# The weights' scale mode when the recipe sets none (docs/formats.md, "Scale modes"), and the
+# activations' run-time rule.
+DEFAULT_WEIGHT_SCALE_MODE = "search"
+_ACTIVATION_SCALE_MODE = "floor"
 
 _TOP_KEYS = (
     "weights",
     "activations",
     "round_mode",
     "scale_mode",
+    "weight_scale_mode",
     "op_types",
     "add_op_types",
     "remove_op_types",
@@ -87,6 +104,7 @@ _OVERRIDE_KEYS = (
     "activations",
     "round_mode",
     "scale_mode",
+    "weight_scale_mode",
     "weight_axis",
     "activation_axis",
 )
@@ -157,6 +175,7 @@ class Override:
     scale_mode: str | None = None
     weight_axis: int | None = None
     activation_axis: int | None = None
+    weight_scale_mode: str | None = None
 
     @classmethod
     def from_mapping(cls, data: Any, where: str) -> Override:
@@ -181,6 +200,9 @@ class Override:
             activations=fmt("activations"),
             round_mode=_mode(RoundMode, data.get("round_mode"), f"{where}.round_mode"),
             scale_mode=_mode(ScaleMode, data.get("scale_mode"), f"{where}.scale_mode"),
+            weight_scale_mode=_mode(
+                ScaleMode, data.get("weight_scale_mode"), f"{where}.weight_scale_mode"
+            ),
             weight_axis=_axis(data.get("weight_axis"), f"{where}.weight_axis"),
             activation_axis=_axis(data.get("activation_axis"), f"{where}.activation_axis"),
         )
@@ -206,7 +228,10 @@ class Recipe:
         weights: default weight data type; None quantizes no weights.
         activations: default activation data type; None quantizes no activations.
         round_mode: element rounding (`RoundMode` value).
-        scale_mode: scale selection (`ScaleMode` value).
+        scale_mode: scale selection (`ScaleMode` value) of weights and activations; None:
+            weights `DEFAULT_WEIGHT_SCALE_MODE`, activations ``floor``.
+        weight_scale_mode: the weights' scale selection, beating ``scale_mode``; None: as
+            ``scale_mode`` says.
         op_types: the target op types.
         exclude: node-name globs kept in float.
         op_type_overrides: per op type choices.
@@ -220,13 +245,14 @@ class Recipe:
     weights: DataType | None = None
     activations: DataType | None = None
     round_mode: str = "even"
-    scale_mode: str = "floor"
+    scale_mode: str | None = None
     op_types: tuple[str, ...] = DEFAULT_OP_TYPES
     exclude: tuple[str, ...] = ()
     op_type_overrides: tuple[tuple[str, Override], ...] = ()
     node_overrides: tuple[tuple[str, Override], ...] = ()
     custom_ops_only: bool = False
     fuse: bool = True
+    weight_scale_mode: str | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "recipe") -> Recipe:
@@ -270,8 +296,10 @@ class Recipe:
             activations=_format(data.get("activations"), f"{where}.activations"),
             round_mode=_mode(RoundMode, data.get("round_mode", "even"), f"{where}.round_mode")
             or "even",
-            scale_mode=_mode(ScaleMode, data.get("scale_mode", "floor"), f"{where}.scale_mode")
-            or "floor",
+            scale_mode=_mode(ScaleMode, data.get("scale_mode"), f"{where}.scale_mode"),
+            weight_scale_mode=_mode(
+                ScaleMode, data.get("weight_scale_mode"), f"{where}.weight_scale_mode"
+            ),
             op_types=tuple(ops),
             exclude=tuple(str(p) for p in exclude),
             op_type_overrides=overrides("op_type_overrides", True),
@@ -293,7 +321,12 @@ class Recipe:
             "weights": None if self.weights is None else self.weights.name,
             "activations": None if self.activations is None else self.activations.name,
             "round_mode": self.round_mode,
-            "scale_mode": self.scale_mode,
+            **({"scale_mode": self.scale_mode} if self.scale_mode is not None else {}),
+            **(
+                {"weight_scale_mode": self.weight_scale_mode}
+                if self.weight_scale_mode is not None
+                else {}
+            ),
             "op_types": list(self.op_types),
             "exclude": list(self.exclude),
             "op_type_overrides": {k: v.to_dict() for k, v in self.op_type_overrides},
@@ -328,8 +361,9 @@ class Recipe:
         """The effective choices for one node, or None when it is not a target.
 
         Returns:
-            An `Override` with every field decided: formats (None = keep float), modes and
-            axes (None = the op's reduction axis).
+            An `Override` with every field decided: formats (None = keep float), modes
+            (``scale_mode`` the activations', ``weight_scale_mode`` the weights'; module doc)
+            and axes (None = the op's reduction axis).
         """
         if op_type not in self.op_types:
             return None
@@ -340,6 +374,7 @@ class Recipe:
             "activations": self.activations,
             "round_mode": self.round_mode,
             "scale_mode": self.scale_mode,
+            "weight_scale_mode": self.weight_scale_mode or self.scale_mode,
             "weight_axis": None,
             "activation_axis": None,
         }
@@ -352,9 +387,15 @@ class Recipe:
                 value = getattr(layer, field.name)
                 if value is not None:
                     chosen[field.name] = value
+            if layer.weight_scale_mode is None and layer.scale_mode is not None:
+                chosen["weight_scale_mode"] = layer.scale_mode  # this layer's, for weights too
         for key in ("weights", "activations"):
             if chosen[key] == KEEP_FLOAT:
                 chosen[key] = None
+        # Activations keep a run-time rule; `search` (stored scales only) names none.
+        if chosen["scale_mode"] in (None, ScaleMode.SEARCH.value):
+            chosen["scale_mode"] = _ACTIVATION_SCALE_MODE
+        chosen["weight_scale_mode"] = chosen["weight_scale_mode"] or DEFAULT_WEIGHT_SCALE_MODE
         return Override(**chosen)
 
 

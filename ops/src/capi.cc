@@ -91,7 +91,7 @@ int32_t onnxq_quantize(const onnxq_format* f, const onnxq_modes* m, const void* 
     modes.full_int_range = m->full_int_range != 0;
     modes.seed = m->seed;
     if (modes.round_mode < 0 || modes.round_mode > 3 || modes.scale_mode < 0 ||
-        modes.scale_mode > 6 || modes.nan_policy < 0 || modes.nan_policy > 1)
+        modes.scale_mode > 7 || modes.nan_policy < 0 || modes.nan_policy > 1)
       return onnxq::write_error(err, errlen, std::string(op) + "bad round/scale mode or nan policy");
     std::vector<int64_t> dims(shape, shape + ndim);
     onnxq::QuantizeIO io;

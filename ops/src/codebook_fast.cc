@@ -72,7 +72,7 @@ bool cb_setup(const Ctx& c, CbFast* F) {
   // that keeps subnormals (no flush-to-zero / denormals-are-zero).
   if (fpu_flushes()) return false;
   if (c.path != kExpBook || !f.codebook() || f.sparse_m || c.stochastic) return false;
-  if (c.m.round_mode > kZero) return false;
+  if (c.m.round_mode > kZero || c.m.scale_mode == kSSearch) return false;
   if (g.kind != 1 || g.Post != 1 || io.x_type != kF32) return false;
   if (io.values && io.values_type != kF32) return false;
   if (io.mask) return false;

@@ -157,6 +157,7 @@ bool fast_applies(const Ctx& c) {
   if (codes && (f.code_bits() > 8 || c.io.mask || (c.io.zero && f.has_zero))) return false;
   if (codes && f.scaled && f.scale.bits > 8) return false;
   if (f.sparse_m || f.codebook() || c.stochastic || c.m.round_mode > kZero) return false;
+  if (c.m.scale_mode == kSSearch) return false;  // the search runs tile by tile
   if (c.path != kExp && c.path != kExpShift && c.path != kFloatScale) return false;
   if (n.kind != kFloat && n.kind != kInt) return false;
   if (g.Tc > 1024 || g.Tc < 1) return false;

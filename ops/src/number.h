@@ -15,7 +15,8 @@ enum Kind : int { kFloat = 0, kInt = 1, kUint = 2, kExponent = 3 };
 enum InfNaN : int { kNone = 0, kIeee = 1, kFn = 2, kFnuz = 3, kInuz = 4 };
 enum RoundMode : int { kEven = 0, kAway = 1, kZero = 2, kStochastic = 3 };
 enum ScaleMode : int {
-  kSFloor = 0, kSCeil = 1, kSMidmax = 2, kSOption3 = 3, kSTopbinade = 4, kSRceil = 5, kSEven = 6
+  kSFloor = 0, kSCeil = 1, kSMidmax = 2, kSOption3 = 3, kSTopbinade = 4, kSRceil = 5, kSEven = 6,
+  kSSearch = 7  // per-tile candidates by squared error (onnxq/cast/scale_search.py)
 };
 
 inline uint64_t dbits(double d) { uint64_t u; std::memcpy(&u, &d, 8); return u; }

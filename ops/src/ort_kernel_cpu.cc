@@ -57,6 +57,10 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info) {
                     "encodes presets and implicit codebooks (cb<I><M><desc>_...)");
     if (attr_string(info, "round_mode", &s))
       k->modes.round_mode = choice("round_mode", s, {"even", "away", "zero", "stochastic"});
+    if (attr_string(info, "scale_mode", &s) && s == "search")
+      throw OpError("scale_mode 'search' chooses stored weight scales once, in the quantizer "
+                    "(onnxq.cast); a QuantizeMX node quantizes at run time by a rule: use "
+                    "'floor' (the default) or another rule");
     if (attr_string(info, "scale_mode", &s))
       k->modes.scale_mode = choice(
           "scale_mode", s, {"floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"});

@@ -153,8 +153,28 @@ inline int scale_exponent(float amax, const Num& e, const Num& s, int mode) {
 }
 
 
-// The tile's scale, zero point and element clamp bounds from its statistics.
-TileParams tile_params(const Ctx& c, const Stats& st);
+// The tile's scale, zero point and element clamp bounds from its statistics. `step`: a
+// candidate of scale mode search (scale_search.py STEPS), relative to the floor exponent or
+// in codes of a float scale.
+TileParams tile_params(const Ctx& c, const Stats& st, int step = 0);
+
+// scale_search.float_step: the float scale `step` (+1 or -1) codes from sc in spec's grid.
+inline float float_step(float sc, const Num& spec, int step) {
+  if (step == 0) return sc;
+  double s = sc;
+  int fl = floor_log2(s > 0 ? s : 1.0);
+  int e = fl > spec.emin ? fl : spec.emin;
+  double ulp = pow2(e - spec.mbits);
+  double out;
+  if (step > 0) {
+    out = s > 0 ? s + ulp : pow2(spec.emin - spec.mbits);
+    out = out < spec.maxfloat ? out : spec.maxfloat;
+  } else {
+    bool at_pow2 = s == pow2(e) && e > spec.emin;  // the step below a power of two is half
+    out = s > 0 ? s - (at_pow2 ? ulp * 0.5 : ulp) : 0.0;
+  }
+  return static_cast<float>(out);
+}
 
 struct Scratch {
   std::vector<float> x;
@@ -162,6 +182,10 @@ struct Scratch {
   std::vector<uint8_t> keep;
   std::vector<double> v, q;
   std::vector<int> mag;
+  // Scale mode search: a trial run writes each position's decoded value into y instead of
+  // the outputs (and no meta).
+  bool trial = false;
+  std::vector<float> y;
 };
 
 // Gathers tile t into s.x (to_tiles order, zero padding) with input indices in s.idx (-1 for

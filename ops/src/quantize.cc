@@ -342,7 +342,10 @@ std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
   Ctx c{f, m, g, io, path, key, stochastic, code_w, code_width(f.scale.bits),
         f.has_zero ? code_width(f.zero.bits) : 1, 0.0f, nan_f};
   if (f.has_ts) tensor_scale(c, pf);
-  if (g.kind == 0 && path != kExpBook) {
+  // Scale mode search: every tile (a tensor scale's one tile too) through the general path,
+  // whose error sum has one defined order (scale_search.py).
+  const bool search = m.scale_mode == kSSearch && path != kZeroFloat && path != kZeroInt;
+  if (g.kind == 0 && path != kExpBook && !search) {
     cast_one_scale(c, pf);
     return "";
   }

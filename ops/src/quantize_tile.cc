@@ -17,7 +17,7 @@
 
 namespace onnxq::kern {
 
-TileParams tile_params(const Ctx& c, const Stats& st) {
+TileParams tile_params(const Ctx& c, const Stats& st, int step) {
   const Format& f = c.f;
   TileParams p;
   if (c.m.nan_policy == 1) {
@@ -29,7 +29,14 @@ TileParams tile_params(const Ctx& c, const Stats& st) {
     case kExp:
     case kExpShift:
     case kExpBook: {
-      p.sexp = scale_exponent(st.amax, f.elem, f.scale, c.m.scale_mode);
+      const bool search = c.m.scale_mode == kSSearch;
+      p.sexp = scale_exponent(st.amax, f.elem, f.scale, search ? kSFloor : c.m.scale_mode);
+      if (step != 0 && st.amax > 0) {  // a candidate of the search: the stored code moves
+        int frac = int_frac_bits(f.elem);
+        int stored = p.sexp + frac + step;
+        int low = -f.scale.bias, high = (1 << f.scale.ebits) - 2 - f.scale.bias;
+        p.sexp = (stored < low ? low : stored > high ? high : stored) - frac;
+      }
       p.inv = pow2(-p.sexp);
       p.pw = pow2(p.sexp);
       p.scale_code = p.nan_tile ? (1ull << f.scale.ebits) - 1
@@ -44,7 +51,7 @@ TileParams tile_params(const Ctx& c, const Stats& st) {
     case kFloatScale: {
       float raw = st.amax / static_cast<float>(f.elem.maxfloat);
       if (f.has_ts) raw = c.ts > 0 ? raw / c.ts : 0.0f;
-      p.sc = cast_scale(raw, f.scale);
+      p.sc = float_step(cast_scale(raw, f.scale), f.scale, step);
       p.eff = f.has_ts ? p.sc * c.ts : p.sc;
       p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
       double top = f.elem.maxfloat + (c.m.full_int_range && f.elem.kind == kInt ? 1.0 : 0.0);
@@ -257,12 +264,16 @@ inline double unit_sum(const double* sq, int64_t n) {
 }
 
 // One element's outputs: nothing for padding, zero for a pruned position.
-ONNXQ_ALWAYS_INLINE void emit_elem(const Ctx& c, const Scratch& s, int64_t k, float y,
+ONNXQ_ALWAYS_INLINE void emit_elem(const Ctx& c, Scratch& s, int64_t k, float y,
                                    uint64_t code) {
   const QuantizeIO& io = c.io;
   int64_t o = s.idx[k];
   if (o < 0) return;
   if (c.f.sparse_m && !s.keep[k]) y = 0.0f;  // pruned positions read as zero
+  if (s.trial) {
+    s.y[static_cast<size_t>(k)] = y;
+    return;
+  }
   if (io.values) store_y(io.values, io.values_type, o, y);
   if (io.codes) store_code(io.codes, c.code_w, o - c.codes_base, code);
 }
@@ -355,26 +366,15 @@ uint8_t codebook_unit(const Ctx& c, const TileParams& p, Scratch& s,
 
 }  // namespace
 
-void process_tile(const Ctx& c, int64_t t, Scratch& s) {
+namespace {
+
+// Every element (and unit meta) of gathered tile t with params p: into the outputs, or into
+// s.y when s.trial.
+void tile_elements(const Ctx& c, const TileParams& p, const Stats& st, int64_t t, Scratch& s) {
   const Geometry& g = c.g;
-  const Format& f = c.f;
   const QuantizeIO& io = c.io;
   int64_t b = t / (g.nR * g.nC), rt = (t / g.nC) % g.nR, ct = t % g.nC;
   int64_t Tr = g.Tr, Tc = g.Tc, n = Tr * Tc;
-  gather_tile(c, t, s);
-  if (f.sparse_m) {
-    if (io.mask) {
-      for (int64_t k = 0; k < n; ++k) if (s.idx[k] >= 0) io.mask[s.idx[k]] = s.keep[k];
-    }
-  }
-  Stats st;
-  bool want_range = c.path == kZeroFloat || c.path == kZeroInt;
-  for (int64_t k = 0; k < n; ++k) accumulate(st, s.x[k], want_range);
-  TileParams p = tile_params(c, st);
-  int64_t gi = g.kind == 0 ? 0 : g.grid(b, rt, ct, g.nR, g.nC);
-  if (io.scale) store_code(io.scale, c.scale_w, gi, p.scale_code);
-  if (io.zero && f.has_zero) store_code(io.zero, c.zero_w, gi, p.zero_code);
-
   if (c.path == kExp || c.path == kFloatScale || c.path == kZeroFloat || c.path == kZeroInt) {
     for (int64_t k = 0; k < n; ++k) {
       if (s.idx[k] < 0) continue;
@@ -389,6 +389,7 @@ void process_tile(const Ctx& c, int64_t t, Scratch& s) {
   int64_t Sr = g.Sc ? g.Sr : Tr, Sc = g.Sc ? g.Sc : Tc;
   int64_t ur = Tr / Sr, uc = Tc / Sc, usize = Sr * Sc;
   int64_t sub_rows = g.sub_rows(), sub_cols = g.sub_cols();
+  int64_t gi = g.kind == 0 ? 0 : g.grid(b, rt, ct, g.nR, g.nC);
   double thr = pow2(floor_log2(static_cast<double>(st.amax)));
   std::vector<int64_t> ue(usize);
   for (int64_t ui = 0; ui < ur; ++ui) {
@@ -396,7 +397,7 @@ void process_tile(const Ctx& c, int64_t t, Scratch& s) {
       for (int64_t a = 0; a < Sr; ++a)
         for (int64_t bb = 0; bb < Sc; ++bb) ue[a * Sc + bb] = (ui * Sr + a) * Tc + uj * Sc + bb;
       uint8_t meta = c.path == kExpShift ? shift_unit(c, p, s, ue, thr) : codebook_unit(c, p, s, ue);
-      if (io.meta) {
+      if (io.meta && !s.trial) {
         if (g.Sc) {
           int64_t gr = rt * ur + ui, gc = ct * uc + uj;
           if (gr < sub_rows && gc < sub_cols)
@@ -407,6 +408,62 @@ void process_tile(const Ctx& c, int64_t t, Scratch& s) {
       }
     }
   }
+}
+
+// Scale mode search (scale_search.py): the tile cast with each candidate of STEPS into s.y,
+// its squared error over finite inputs added in float64 in tile order; the least error wins,
+// ties keep the earlier candidate. Returns the winner's params.
+TileParams search_params(const Ctx& c, const Stats& st, int64_t t, Scratch& s) {
+  static const int kSteps[] = {0, 1, -1};
+  const int64_t n = c.g.Tr * c.g.Tc;
+  s.y.assign(static_cast<size_t>(n), 0.0f);
+  s.trial = true;
+  TileParams best;
+  double best_err = 0.0;
+  for (int i = 0; i < 3; ++i) {
+    TileParams p = tile_params(c, st, kSteps[i]);
+    TileParams run = p;
+    run.nan_tile = false;  // the error of a NaN tile's finite values, as the reference sees it
+    tile_elements(c, run, st, t, s);
+    double err = 0.0;
+    for (int64_t k = 0; k < n; ++k) {
+      float xv = s.x[static_cast<size_t>(k)];
+      if (s.idx[static_cast<size_t>(k)] < 0 || !std::isfinite(xv)) continue;
+      double d = static_cast<double>(s.y[static_cast<size_t>(k)]) - static_cast<double>(xv);
+      err += d * d;
+    }
+    if (i == 0 || err < best_err) {
+      best_err = err;
+      best = p;
+    }
+  }
+  s.trial = false;
+  return best;
+}
+
+}  // namespace
+
+void process_tile(const Ctx& c, int64_t t, Scratch& s) {
+  const Geometry& g = c.g;
+  const Format& f = c.f;
+  const QuantizeIO& io = c.io;
+  int64_t b = t / (g.nR * g.nC), rt = (t / g.nC) % g.nR, ct = t % g.nC;
+  int64_t n = g.Tr * g.Tc;
+  gather_tile(c, t, s);
+  if (f.sparse_m) {
+    if (io.mask) {
+      for (int64_t k = 0; k < n; ++k) if (s.idx[k] >= 0) io.mask[s.idx[k]] = s.keep[k];
+    }
+  }
+  Stats st;
+  bool want_range = c.path == kZeroFloat || c.path == kZeroInt;
+  for (int64_t k = 0; k < n; ++k) accumulate(st, s.x[k], want_range);
+  TileParams p = c.m.scale_mode == kSSearch && !want_range ? search_params(c, st, t, s)
+                                                            : tile_params(c, st);
+  int64_t gi = g.kind == 0 ? 0 : g.grid(b, rt, ct, g.nR, g.nC);
+  if (io.scale) store_code(io.scale, c.scale_w, gi, p.scale_code);
+  if (io.zero && f.has_zero) store_code(io.zero, c.zero_w, gi, p.zero_code);
+  tile_elements(c, p, st, t, s);
 }
 
 // Elementwise pass for one scale over the whole tensor (memory order: order-independent).

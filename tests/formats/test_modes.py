@@ -15,8 +15,9 @@ from onnxq.formats.modes import current_defaults, defaults
 # (enum, the values the documents name)
 DOCUMENTED = (
     (RoundMode, ("even", "away", "zero", "stochastic")),  # modes document "Rounding Mode"
-    # modes document "Scale Selection Mode" (five methods) + decision 3 (rceil, even)
-    (ScaleMode, ("floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even")),
+    # modes document "Scale Selection Mode" (five methods) + decision 3 (rceil, even) + the
+    # per-tile search for stored weights (docs/formats.md, "Scale modes")
+    (ScaleMode, ("floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even", "search")),
     (CastMode, ("virtual", "actual", "compress")),  # modes document "Cast Mode"
     (NanPolicy, ("element", "block")),  # architecture decision 5
     (Backend, ("auto", "reference", "native", "triton")),  # architecture decision 12

@@ -51,7 +51,9 @@ def test_supported_op_types_are_the_op_role_table() -> None:
 
 def test_defaults() -> None:
     r = Recipe()
-    assert (r.weights, r.activations, r.round_mode, r.scale_mode) == (None, None, "even", "floor")
+    # No scale mode set: weights get the search, activations floor (resolve, below).
+    assert (r.weights, r.activations, r.round_mode, r.scale_mode) == (None, None, "even", None)
+    assert r.weight_scale_mode is None
     assert r.op_types == DEFAULT_OP_TYPES
     assert not r.sets_a_format()
     assert not r.custom_ops_only
@@ -141,6 +143,7 @@ def test_resolve_layers_overrides_in_order() -> None:
         activations=datatype("mxfp8e4"),
         round_mode="even",
         scale_mode="floor",
+        weight_scale_mode="search",
     )
     gemm = r.resolve("Gemm", "l1")
     assert gemm == Override(
@@ -148,11 +151,46 @@ def test_resolve_layers_overrides_in_order() -> None:
         activations=None,
         round_mode="zero",
         scale_mode="floor",
+        weight_scale_mode="search",
         activation_axis=0,
     )
     assert r.sets_a_format()
     assert load_recipe({"op_type_overrides": {"Conv": {"weights": "mx6"}}}).sets_a_format()
     assert not load_recipe({"op_type_overrides": {"Conv": {"weights": None}}}).sets_a_format()
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        # (recipe keys, {node: (activation scale mode, weight scale mode)})
+        ({}, {"m": ("floor", "search"), "c": ("floor", "search")}),
+        ({"scale_mode": "floor"}, {"m": ("floor", "floor"), "c": ("floor", "floor")}),
+        ({"scale_mode": "ceil"}, {"m": ("ceil", "ceil"), "c": ("ceil", "ceil")}),
+        # search names no run-time rule: activations keep floor
+        ({"scale_mode": "search"}, {"m": ("floor", "search"), "c": ("floor", "search")}),
+        ({"weight_scale_mode": "rceil"}, {"m": ("floor", "rceil"), "c": ("floor", "rceil")}),
+        (
+            {"scale_mode": "ceil", "weight_scale_mode": "search"},
+            {"m": ("ceil", "search"), "c": ("ceil", "search")},
+        ),
+        # a later layer's scale_mode replaces an earlier weight_scale_mode
+        (
+            {"weight_scale_mode": "rceil", "op_type_overrides": {"Conv": {"scale_mode": "ceil"}}},
+            {"m": ("floor", "rceil"), "c": ("ceil", "ceil")},
+        ),
+        (
+            {"scale_mode": "midmax", "node_overrides": {"c": {"weight_scale_mode": "floor"}}},
+            {"m": ("midmax", "midmax"), "c": ("midmax", "floor")},
+        ),
+    ],
+)
+def test_scale_mode_layers(data: dict, expected: dict) -> None:
+    r = load_recipe({"weights": "mxfp4", "activations": "mxfp8e4", **data})
+    types = {"m": "MatMul", "c": "Conv"}
+    for node, (act, weight) in expected.items():
+        choice = r.resolve(types[node], node)
+        assert (choice.scale_mode, choice.weight_scale_mode) == (act, weight), node
+    assert load_recipe(r.to_dict()) == r  # the new key survives the round trip
 
 
 def test_check_nodes() -> None:

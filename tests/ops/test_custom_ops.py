@@ -318,6 +318,7 @@ def test_bad_dtype(dt: str, needle: str) -> None:
 @pytest.mark.parametrize(("attrs", "needle"), [
     ({"round_mode": "up"}, "unknown round_mode 'up'"),
     ({"scale_mode": "max"}, "unknown scale_mode"),
+    ({"scale_mode": "search"}, "scale_mode 'search' chooses stored weight scales"),
     ({"nan_policy": "x"}, "unknown nan_policy"),
     ({"axis": 2}, "axis 2 is out of range for X of shape (2, 32)"),
     ({"axis": -3}, "axis -3 is out of range"),
