@@ -110,6 +110,8 @@ def _quantize_support(
         raise NotImplementedError(f"QuantizeMX fallback for {name}: N:M sparsity")
     if rmode is RoundMode.STOCHASTIC:
         raise NotImplementedError(f"QuantizeMX fallback for {name}: stochastic rounding")
+    if smode is ScaleMode.SEARCH:  # a quantizer-time choice for stored weights, not a rule
+        raise NotImplementedError(f"QuantizeMX fallback for {name}: scale mode 'search'")
     if n.is_float and smode not in (ScaleMode.FLOOR, ScaleMode.CEIL):
         raise NotImplementedError(
             f"QuantizeMX fallback for {name}: scale mode {smode.value!r} (floor and ceil only)"
