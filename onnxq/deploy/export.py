@@ -63,7 +63,7 @@ from onnxq.deploy.layouts import (
 from onnxq.deploy.load import LoadError, load
 from onnxq.formats.datatype import datatype
 from onnxq.formats.modes import CastMode
-from onnxq.graph.schemas import DOMAIN, input_names
+from onnxq.graph.schemas import DOMAIN, input_index, input_names
 from onnxq.graph.tiling import reshaped_outputs
 from onnxq.graph.walk import node_attrs, stored_tensors, walk_graphs
 
@@ -84,6 +84,10 @@ _ALIGN = 64
 
 
 # -- finding the quantized weights -----------------------------------------------------------
+# The onnxq ops that read a packed weight (fused ones hold it as DequantizeMX's inputs, from Q).
+_PACKED_READERS = ("DequantizeMX", "CodebookLookup", "MatMulMX", "GatherMX")
+
+
 def _find(
     model: onnx.ModelProto,
 ) -> tuple[dict[str, QTensor], list[tuple[str, str]], dict[str, tuple[int, ...]]]:
@@ -98,17 +102,24 @@ def _find(
     for graph in walk_graphs(model.graph):
         reshaped = reshaped_outputs(graph, stored)
         for node in graph.node:
-            if node.domain != DOMAIN or not node.input or node.input[0] not in stored:
+            if node.domain != DOMAIN or node.op_type not in _PACKED_READERS:
+                continue
+            first = input_index(node.op_type, "Q")  # after A (MatMulMX) or Indices (GatherMX)
+            if len(node.input) <= first or node.input[first] not in stored:
                 continue
             attrs = node_attrs(node)
-            if node.op_type == "CodebookLookup":
+            if node.op_type == "CodebookLookup" or (
+                node.op_type == "GatherMX" and datatype(str(attrs.get("dtype"))).nspec.is_codebook
+            ):
                 others.append((node.output[0], str(attrs.get("dtype", "?"))))
-                continue
-            if node.op_type != "DequantizeMX":
                 continue
             arrays: dict[str, np.ndarray | None] = {}
             for i, key in enumerate(input_names("DequantizeMX")):
-                name = node.input[i] if i < len(node.input) else ""
+                if key == "Shape" and node.op_type != "DequantizeMX":
+                    arrays[key] = None  # the fused ops take the table's / B's shape attribute
+                    continue
+                slot = first + i
+                name = node.input[slot] if slot < len(node.input) else ""
                 if name and name not in stored:  # computed, not stored: not a weight
                     break
                 arrays[key] = numpy_helper.to_array(stored[name]) if name else None
@@ -122,6 +133,9 @@ def _find(
                 q_arr, meta, mask = arrays["Q"], arrays["Meta"], arrays["Mask"]
                 assert q_arr is not None
                 name = node.output[0]
+                if node.op_type != "DequantizeMX":  # fused: the weight's name, from its codes'
+                    q_name = node.input[first]
+                    name = q_name[: -len("__q")] if q_name.endswith("__q") else q_name
                 after = reshaped.get(name)
                 if after is not None and math.prod(after[1]) == math.prod(shape):
                     name = after[0]  # a conv weight with a short reduction axis

@@ -72,14 +72,18 @@ def _model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 def _expected(values: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
-    """Each weight cast by the numpy reference in the layout of WEIGHTS."""
+    """Each weight cast by the numpy reference in the layout of WEIGHTS.
+
+    Scale mode search: the pass's default for weights (docs/formats.md, "Scale modes").
+    """
     out = {}
+    mode = "search"
     for name, (shape, axis, _) in WEIGHTS.items():
         w, tiled = values[name], _tiled(name, fmt)
         if tiled is None:  # the input channels
-            out[name] = onnxq.cast(w, fmt, axis=axis, backend="reference")
+            out[name] = onnxq.cast(w, fmt, axis=axis, backend="reference", scale_mode=mode)
         else:
-            flat = onnxq.cast(w.reshape(tiled), fmt, axis=1, backend="reference")
+            flat = onnxq.cast(w.reshape(tiled), fmt, axis=1, backend="reference", scale_mode=mode)
             out[name] = flat.reshape(shape)
     return out
 

@@ -17,9 +17,11 @@ import onnxq
 SLOTS = ("Q", "Scale", "Zero", "TenScale", "Meta", "Mask")
 
 
-def packed(w: np.ndarray, dt: str, axis: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def packed(
+    w: np.ndarray, dt: str, axis: int = 0, scale_mode: str = "floor"
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(DequantizeMX's inputs for ``w``, the weight decoded by the numpy reference)."""
-    q = onnxq.cast(w, dt, axis=axis, mode="compress", backend="reference")
+    q = onnxq.cast(w, dt, axis=axis, mode="compress", backend="reference", scale_mode=scale_mode)
     fields = {"Q": q.data, "Scale": q.scale, "Zero": q.zero, "TenScale": q.tenscale}
     fields.update({"Meta": q.meta, "Mask": q.mask})
     fields = {k: np.ascontiguousarray(v) for k, v in fields.items() if v is not None}
