@@ -100,6 +100,10 @@ def fuse_matmul(model: onnx.ModelProto) -> int:
     inits = {t.name: t for t in graph.initializer}
     overridable = {i.name for i in graph.input}
     readers = _readers(model)
+    # A from a static QuantizeLinear -> DequantizeLinear pair (calibrated activations) stays
+    # unfused: onnxruntime's QDQ propagation through the fallback's Reshape builds an invalid
+    # QuantizeLinear (int8 output, uint8 zero point) when the model runs without the library.
+    static_qdq = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     fused = 0
     for dq in list(graph.node):
         if dq.domain != DOMAIN or dq.op_type != "DequantizeMX" or len(dq.output) != 1:
@@ -122,6 +126,8 @@ def fuse_matmul(model: onnx.ModelProto) -> int:
             continue
         if consumer not in graph.node:
             continue  # read inside a subgraph
+        if consumer.input[0] in static_qdq:
+            continue
         ok, bias = _bias(consumer, inits, int(attrs["shape"][1]))
         if not ok:
             continue

@@ -256,6 +256,9 @@ def quantized_tensor(
     common = {"name": node.output[0], "format": fmt, "shape": tuple(shape), "numel": numel}
     if q_index >= 0 and len(node.input) > q_index and node.input[q_index] in stored:
         inputs = tuple(i for i in node.input[q_index:] if i and i in stored)  # not Indices
+        if q_index > 0:  # MatMulMX / GatherMX: the weight's name, from its codes' (`W__q`)
+            q_name = node.input[q_index]
+            common["name"] = q_name[: -len("__q")] if q_name.endswith("__q") else q_name
         nbytes = sum(tensor_bytes(stored[i]) for i in inputs)
         bits = 8 * nbytes / numel if numel else None
         return QuantizedTensor(

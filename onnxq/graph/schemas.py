@@ -451,11 +451,15 @@ def _infer_matmul_mx(ctx: onnx.shape_inference.InferenceContext, attrs: dict[str
         dims = a.tensor_type.shape.dim
         k, n = (int(d) for d in attrs["shape"])
         if dims[-1].HasField("dim_value") and dims[-1].dim_value != k:
-            raise ValueError(f"[MatMulMX] input A's last dim {dims[-1].dim_value} must be K = {k}")
+            raise onnx.shape_inference.InferenceError(  # a shape error, as onnx's own ops raise
+                f"[MatMulMX] input A's last dim {dims[-1].dim_value} must be K = {k}"
+            )
         t.tensor_type.shape.SetInParent()
         for d in dims[:-1]:
             t.tensor_type.shape.dim.add().CopyFrom(d)
         t.tensor_type.shape.dim.add().dim_value = n
+    if ctx.get_num_outputs() > 0 and ctx.has_output(0):
+        ctx.set_output_type(0, t)
 
 
 def _infer_gather(ctx: onnx.shape_inference.InferenceContext, attrs: dict[str, Any]) -> None:
@@ -617,8 +621,8 @@ def _propagate(model: onnx.ModelProto) -> onnx.ModelProto:
                 continue
             x_type = known.get(node.input[0]) if node.input else None
             takes_x = node.op_type in _SHAPED
-            if takes_x and x_type is None and not last_pass:
-                continue  # X's type may come from a later round
+            if takes_x and _static_shape(x_type) is None and not last_pass:
+                continue  # X's type, or its shape, may come from a later round
             attrs: dict[str, Any] = {}
             for a in node.attribute:
                 attrs[a.name] = _attr_value(a)

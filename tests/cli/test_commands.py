@@ -256,7 +256,7 @@ def test_quantize_writes_a_smaller_model_and_one_summary_line(
     assert tiny.read_bytes() == before
     assert _leftovers(tmp_path) == []
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
-    assert "DequantizeMX" in ops
+    assert ops & {"DequantizeMX", "MatMulMX"}  # MatMulMX: the packed weight fused (default)
 
 
 def test_quantize_fake_storage_keeps_float_weights(
@@ -276,7 +276,8 @@ def test_quantize_overwrite_replaces_the_input_only_when_asked(
         ["quantize", str(tiny), "-o", str(tiny), "--weights", "mxfp4", "--overwrite"], capsys
     )
     assert code == 0, err
-    assert any(n.op_type == "DequantizeMX" for n in onnx.load(str(tiny)).graph.node)
+    packed_ops = ("DequantizeMX", "MatMulMX")  # fused by default
+    assert any(n.op_type in packed_ops for n in onnx.load(str(tiny)).graph.node)
 
 
 def test_progress_bar_draws_on_a_terminal_only() -> None:

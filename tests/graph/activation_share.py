@@ -20,6 +20,7 @@ TARGETS = {  # op type -> the input positions that are reduced (what the pass ma
     "GRU": (0, 1, 2),
     "RNN": (0, 1, 2),
 }
+FUSED_TARGETS = {"MatMulMX": (0,)}  # onnxq's MatMul on a packed B: A is the activation
 
 
 def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
@@ -73,9 +74,13 @@ def activation_share(model: onnx.ModelProto) -> tuple[int, int, list[str]]:
     quantized, total, missed = 0, 0, []
     for g in graphs:
         for node in g.node:
-            if node.domain not in ("", "ai.onnx") or node.op_type not in TARGETS:
+            if node.domain == "onnxq" and node.op_type in FUSED_TARGETS:
+                positions = FUSED_TARGETS[node.op_type]
+            elif node.domain in ("", "ai.onnx") and node.op_type in TARGETS:
+                positions = TARGETS[node.op_type]
+            else:
                 continue
-            for index in TARGETS[node.op_type]:
+            for index in positions:
                 if index >= len(node.input) or not node.input[index]:
                     continue
                 name, done = source(node.input[index])
