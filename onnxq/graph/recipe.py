@@ -16,7 +16,7 @@ Recipe schema (YAML; JSON is the same structure)::
                                 # (weights and activations; unset: see below)
     weight_scale_mode: search   # weights only (beats scale_mode in the same layer)
     op_types: [MatMul, Gemm]    # replaces the default target op types
-    add_op_types: [RNN]         # added to them
+    add_op_types: [Conv]        # added to them
     remove_op_types: [Gather]   # removed from them
     exclude: ["head*"]          # node-name globs left in float
     op_type_overrides:          # per op type; a null format keeps that part float
@@ -76,7 +76,7 @@ __all__ = [
 ]
 
 # The op types a recipe may name are those of the op-role table (onnxq.graph.plan.ROLES).
-DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "Gather")
+DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN", "Gather")
 # An override's format value that keeps the tensor in float (YAML/JSON null).
 KEEP_FLOAT = "float"
 # The weights' scale mode when the recipe sets none (docs/formats.md, "Scale modes"), and the

@@ -45,7 +45,16 @@ def test_supported_op_types_are_the_op_role_table() -> None:
         "Gather",
     )
     assert SUPPORTED_OP_TYPES == tuple(ROLES)
-    assert DEFAULT_OP_TYPES == ("MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "Gather")
+    assert DEFAULT_OP_TYPES == (
+        "MatMul",
+        "Gemm",
+        "Conv",
+        "ConvTranspose",
+        "LSTM",
+        "GRU",
+        "RNN",
+        "Gather",
+    )
     assert set(DEFAULT_OP_TYPES) <= set(SUPPORTED_OP_TYPES)
 
 
@@ -120,7 +129,7 @@ def test_yaml_and_json_files_load_the_same(tmp_path: Path) -> None:
 
 def test_remove_op_types_and_custom_ops_only() -> None:
     r = load_recipe({"weights": "mxfp4", "remove_op_types": ["Gather", "LSTM"]})
-    assert r.op_types == ("MatMul", "Gemm", "Conv", "ConvTranspose", "GRU")
+    assert r.op_types == ("MatMul", "Gemm", "Conv", "ConvTranspose", "GRU", "RNN")
     assert load_recipe({"weights": "mxfp4", "custom_ops_only": True}).custom_ops_only
     assert "custom_ops_only" not in Recipe().to_dict()
 
