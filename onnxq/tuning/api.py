@@ -28,11 +28,20 @@ from onnxq.graph.recipe import Recipe, load_recipe
 from onnxq.tuning.budget import Budget, parse_budget
 from onnxq.tuning.cache import TrialCache
 from onnxq.tuning.data import check_against, inputs_hash, load_samples, split
-from onnxq.tuning.layers import assignment_recipe, find_layers, parse_candidates
+from onnxq.tuning.layers import Layer, assignment_recipe, find_layers, parse_candidates
 from onnxq.tuning.report import build_report, output_paths, plot_png, table_text, write_all
 from onnxq.tuning.runners import make_runner
-from onnxq.tuning.search import HELD_OUT, SEARCH, Trials, bits_per_weight, promote, run_search
-from onnxq.tuning.trials import Context, make_session, run_outputs
+from onnxq.tuning.search import (
+    HELD_OUT,
+    SEARCH,
+    SearchResult,
+    Trials,
+    bits_per_weight,
+    cheapest_single,
+    promote,
+    run_search,
+)
+from onnxq.tuning.trials import TRIALS_REVISION, Context, make_session, run_outputs
 
 __all__ = ["TuneResult", "tune"]
 
@@ -192,7 +201,12 @@ def tune(
     )  # fmt: skip
     key_parts = {
         "model": hashlib.sha256(model_bytes).hexdigest(),
-        "settings": {"recipe": base.to_json(), "weights_only": weights_only, "v": __version__},
+        "settings": {
+            "recipe": base.to_json(),
+            "weights_only": weights_only,
+            "v": __version__,
+            "trials": TRIALS_REVISION,
+        },
         "metric": goal.name,
         "inputs": {k: inputs_hash(v) for k, v in splits.items()},
     }
@@ -206,17 +220,9 @@ def tune(
         runner.close()
         if bar is not None and hasattr(bar, "close"):
             bar.close()
-    while True:  # the written model is measured too; in the rare case it misses, repair on
-        chosen = assignment_recipe(base, layers, result.assignment, weights_only)
-        quantized, final = _final(proto, chosen, weight_storage, splits, ref, goal)
-        if all(goal.meets(v) for v in final.values()):
-            break
-        if not promote(result.assignment, formats, result.damage):
-            raise ValueError(
-                f"budget {goal.text} is out of reach: the written model misses it ({final}) "
-                "with every layer in the widest candidate; relax the budget"
-            )
-        result.repairs += 1
+    chosen, quantized, final = _written(
+        proto, base, layers, formats, result, weights_only, weight_storage, splits, ref, goal
+    )
     result.bits = bits_per_weight(layers, result.assignment)
     report = build_report(
         budget=goal, layers=layers, untuned=untuned, candidates=formats, result=result,
@@ -240,6 +246,40 @@ def _progress(progress: Any) -> Any:
     if not callable(progress):
         raise TypeError(f"progress must be a bool or a callable, not {progress!r}")
     return progress
+
+
+def _written(
+    proto: onnx.ModelProto,
+    base: Recipe,
+    layers: Sequence[Layer],
+    formats: Sequence[str],
+    result: SearchResult,
+    weights_only: bool,
+    storage: str,
+    splits: Mapping[str, Any],
+    ref: Mapping[str, Any],
+    goal: Budget,
+) -> tuple[dict[str, Any], onnx.ModelProto, dict[str, float]]:
+    """The recipe, model and metrics of the choice as written, repaired until it meets the budget.
+
+    The written model is measured too; in the rare case it misses, its most damaging layer is
+    promoted, never past the cheapest single format that met the budget in the trials.
+    """
+    single = cheapest_single(goal, result.uniform.values())
+    while True:
+        chosen = assignment_recipe(base, layers, result.assignment, weights_only)
+        quantized, final = _final(proto, chosen, storage, splits, ref, goal)
+        if all(goal.meets(v) for v in final.values()):
+            return chosen, quantized, final
+        if not promote(result.assignment, formats, result.damage):
+            raise ValueError(
+                f"budget {goal.text} is out of reach: the written model misses it ({final}) "
+                "with every layer in the widest candidate; relax the budget"
+            )
+        if single is not None and bits_per_weight(layers, result.assignment) >= single.bits:
+            result.assignment = dict(single.assignment)
+            single = None  # tried once: if it misses written too, promote on from it
+        result.repairs += 1
 
 
 def _final(

@@ -31,6 +31,7 @@ __all__ = [
     "find_layers",
     "glob_escape",
     "parse_candidates",
+    "weight_plans",
 ]
 
 DEFAULT_CANDIDATES = ("mxfp4", "mx6", "mxfp6", "mxfp8", "bfp16")
@@ -172,6 +173,24 @@ def assignment_recipe(
             nodes[key] = override
     data["node_overrides"] = nodes
     return data
+
+
+def weight_plans(
+    model: onnx.ModelProto,
+    base: Recipe,
+    layers: Sequence[Layer],
+    candidate: str,
+    types: Mapping[str, Any] | None = None,
+) -> dict[str, WeightPlan]:
+    """Tensor -> its planned entry with every layer in ``candidate``, as the graph pass plans it.
+
+    The data type decides more than the element grid: a conv weight's tiling (a short
+    reduction axis is tiled as a matrix only when shorter than the type's tile,
+    `onnxq.graph.tiling`), so a trial must read the entry planned for its own format.
+    """
+    uniform = {layer.name: candidate for layer in layers}
+    recipe = Recipe.from_mapping(assignment_recipe(base, layers, uniform, True))
+    return {e.tensor: e for e in plan(model, recipe, types).weights}  # type: ignore[arg-type]
 
 
 def has_activations(recipe: Mapping[str, Any]) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 from onnxq import _output
 from onnxq.tuning.budget import Budget
 from onnxq.tuning.layers import Layer, bits_of
-from onnxq.tuning.search import SearchResult
+from onnxq.tuning.search import SearchResult, cheapest_single
 
 __all__ = ["build_report", "output_paths", "plot_png", "table_text", "write_all"]
 
@@ -65,12 +65,7 @@ def build_report(
                 "sensitivity": {c: _num(v) for c, v in result.sensitivity[layer.name].items()},
             }
         )
-    meeting = [
-        p
-        for p in result.uniform.values()
-        if budget.meets(p.search or math.nan) and budget.meets(p.held_out or math.nan)
-    ]
-    single = min(meeting, key=lambda p: p.bits) if meeting else None
+    single = cheapest_single(budget, result.uniform.values())
     return {
         "budget": budget.text,
         "metric": budget.name,

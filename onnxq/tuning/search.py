@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from onnxq.tuning.budget import Budget
@@ -38,7 +38,15 @@ from onnxq.tuning.layers import Layer, bits_of
 from onnxq.tuning.runners import Runner
 from onnxq.tuning.trials import Job
 
-__all__ = ["OutOfReachError", "Point", "SearchResult", "Trials", "bits_per_weight", "run_search"]
+__all__ = [
+    "OutOfReachError",
+    "Point",
+    "SearchResult",
+    "Trials",
+    "bits_per_weight",
+    "cheapest_single",
+    "run_search",
+]
 
 SEARCH, HELD_OUT = "search", "held_out"
 PROBES = 3  # whole-model trials per round of the path search
@@ -260,6 +268,17 @@ def _out_of_reach(budget: Budget, widest: Point) -> OutOfReachError:
     )
 
 
+def cheapest_single(budget: Budget, uniform: Iterable[Point]) -> Point | None:
+    """The uniform point with the fewest bits that meets ``budget`` on both splits, if any."""
+    meeting = [
+        p
+        for p in uniform
+        if budget.meets(math.nan if p.search is None else p.search)
+        and budget.meets(math.nan if p.held_out is None else p.held_out)
+    ]
+    return min(meeting, key=lambda p: p.bits) if meeting else None
+
+
 def promote(
     choice: Assignment, candidates: Sequence[str], damage: Mapping[str, Sequence[float]]
 ) -> bool:
@@ -305,16 +324,19 @@ def run_search(
     cheaper = min(passing, key=lambda p: p.bits)
     if cheaper.bits < bits_per_weight(layers, choice):
         choice = dict(cheaper.assignment)
-    trials.best = bits_per_weight(layers, choice)
+    fallback = cheapest_single(budget, uniform.values())
+    assert fallback is not None  # the widest meets both splits (checked above)
     repairs = 0
     while True:
+        if bits_per_weight(layers, choice) >= fallback.bits:  # never above a passing format
+            choice = dict(fallback.assignment)
+        trials.best = bits_per_weight(layers, choice)
         (r,) = trials.measure([(choice, (SEARCH, HELD_OUT))])
         if budget.meets(r[SEARCH]) and budget.meets(r[HELD_OUT]):
             break
         points.append(Point("rejected", dict(choice), trials.best, r[SEARCH], r[HELD_OUT]))
         if not promote(choice, candidates, damage):
             raise _out_of_reach(budget, widest)
-        trials.best = bits_per_weight(layers, choice)
         repairs += 1
     final = Point("chosen", dict(choice), trials.best, r[SEARCH], r[HELD_OUT])
     points.append(final)

@@ -2,11 +2,14 @@
 
 A trial never writes a file: each one starts from the float model in memory. Weights-only
 trials (no activation is quantized) take the fast path, which is what
-``quantize_model(weight_storage="fake")`` does to a weight - `onnxq.cast` with the plan's
-data type, axis and modes, values put in place of the float ones - without the rest of the
-pass (checks, opset conversion, function fallbacks): each weight is cast once per format and
-kept, and the float model is restored after each trial. `tests/tuning` checks that both give
-the same outputs bit for bit. Trials that quantize activations go through `quantize_model`.
+``quantize_model(weight_storage="fake")`` does to a weight - `onnxq.cast` with the data type,
+axis, modes and tiling that the plan gives that weight in that format (a conv weight with 16
+input channels is tiled as a matrix in 32-value tiles but not in 16-value ones, so each
+format is planned on its own), values put in place of the float ones - without the rest of
+the pass (checks, opset conversion, function fallbacks): each weight is cast once per format
+and kept, and the float model is restored after each trial. `tests/tuning` checks that both
+give the same outputs bit for bit, convolutions included. Trials that quantize activations
+go through `quantize_model`.
 
 Sessions run with one onnxruntime thread, so that trials run side by side on a process pool or
 a Ray cluster give the same numbers as one after another.
@@ -25,11 +28,22 @@ from onnx import numpy_helper
 
 from onnxq.tuning.budget import Budget
 from onnxq.tuning.data import Sample
-from onnxq.tuning.layers import FLOAT, Layer, assignment_recipe, find_layers, has_activations
+from onnxq.tuning.layers import (
+    FLOAT,
+    Layer,
+    assignment_recipe,
+    find_layers,
+    has_activations,
+    weight_plans,
+)
 
 __all__ = ["Context", "Evaluator", "Job", "make_session", "run_job", "run_outputs"]
 
 Outputs = list[dict[str, np.ndarray]]
+# part of every cache key: bump it when a trial's numbers change for the same inputs (2: each
+# format's own plan (conv tiling), Conv weights no longer swapped by the session)
+TRIALS_REVISION = 2
+SWAPPABLE_OPS = frozenset({"MatMul", "Gemm", "Gather"})  # see Evaluator.swappable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +74,9 @@ def make_session(
     """An onnxruntime session with one thread (and the onnxq ops when the model has some).
 
     ``initializers`` (plain models only) replace main-graph initializers of the same names
-    (``SessionOptions.add_initializer``), which spares serializing a changed model.
+    (``SessionOptions.add_initializer``), which spares serializing a changed model. Only
+    for weights read by `SWAPPABLE_OPS`: onnxruntime's layout optimizations build a Conv's
+    reordered weight from the model's own initializer, and the replacement is ignored.
     """
     import onnxruntime as ort
 
@@ -110,10 +126,18 @@ class Evaluator:
         self.entries: dict[str, Any] = {}
         if self.fast:
             _, _, self.entries = find_layers(self.model, self.base)
+        self.plans: dict[str, dict[str, Any]] = {}  # candidate -> tensor -> its planned entry
+        self.types: Any = None
         self.casts: dict[tuple[str, str], np.ndarray] = {}
-        # main-graph initializers can be swapped by the session (no model serialized per trial)
+        # main-graph initializers read only by MatMul / Gemm / Gather can be swapped by the
+        # session (no model serialized per trial); onnxruntime 1.32's layout optimizations
+        # (ORT_ENABLE_ALL) reorder Conv weights from the model's own initializer and ignore
+        # the swapped one, so a model with a tuned Conv is serialized for each trial
+        ops = {n.name: n.op_type for n in self.model.graph.node if n.name}
         self.swappable = all(
-            e.source.constant is None and e.source.scope.parent is None
+            e.source.constant is None
+            and e.source.scope.parent is None
+            and all(ops.get(c) in SWAPPABLE_OPS for c in e.consumers)
             for e in self.entries.values()
         )
 
@@ -122,11 +146,28 @@ class Evaluator:
 
         key = (tensor, fmt)
         if key not in self.casts:
-            e = self.entries[tensor]
-            values = numpy_helper.to_array(e.source.tensor)
-            fake = cast(values, fmt, axis=e.axis, round_mode=e.round_mode, scale_mode=e.scale_mode)
+            e = self._planned(fmt)[tensor]
+            values = numpy_helper.to_array(self.entries[tensor].source.tensor)
+            shape = values.shape
+            if e.tiled_shape is not None:  # as the graph pass does: a short conv axis, flattened
+                values = values.reshape(e.tiled_shape)
+            fake = cast(
+                values, e.dtype, axis=e.axis, round_mode=e.round_mode, scale_mode=e.scale_mode
+            ).reshape(shape)
             self.casts[key] = np.ascontiguousarray(fake)
         return self.casts[key]
+
+    def _planned(self, fmt: str) -> dict[str, Any]:
+        """The weight entries planned with every layer in ``fmt`` (axis, tiling and modes)."""
+        if fmt not in self.plans:
+            if self.types is None:  # shapes are inferred once, not once per format
+                from onnxq.graph.plan import tensor_types
+                from onnxq.graph.schemas import infer_shapes
+
+                self.types = tensor_types(infer_shapes(self.model))
+            plans = weight_plans(self.model, self.base, self.ctx.layers, fmt, self.types)
+            self.plans[fmt] = plans
+        return self.plans[fmt]
 
     def _changes(self, assignment: Mapping[str, str]) -> dict[str, np.ndarray]:
         """Weight tensor -> its fake-quantized values, for the layers not left float."""

@@ -74,3 +74,43 @@ def b_alone_sqnr(fmt: str, data: list[dict[str, np.ndarray]]) -> float:
     ws = weights()
     ws[1] = onnxq.cast(ws[1], fmt, axis=0)  # MatMul B: tiles along K (axis 0)
     return sqnr(ws, data)
+
+
+def conv_model(seed: int = 3) -> onnx.ModelProto:
+    """Three convs whose reduction axes are shorter than a 32-value tile (random weights).
+
+    ``dw``: depthwise 3x3 over 16 channels (W [16, 1, 3, 3]); ``full``: 3x3, 16 -> 16 channels
+    (W [16, 16, 3, 3]: tiled as a matrix in 32-value tiles, in its own shape in 16-value ones);
+    ``pw``: 1x1, 16 -> 8 (W [8, 16, 1, 1]: its row is no longer than its axis, never tiled);
+    then a MatMul ``head``. Input [N, 16, 8, 8], output [N, 8, 8, 4].
+    """
+    rng = np.random.default_rng(seed)
+    w = {
+        "w_dw": rng.standard_normal((16, 1, 3, 3)),
+        "w_full": rng.standard_normal((16, 16, 3, 3)) * 0.3,
+        "w_pw": rng.standard_normal((8, 16, 1, 1)) * 0.3,
+        "w_head": rng.standard_normal((8, 4)),
+    }
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()]
+    nodes = [
+        helper.make_node("Conv", ["x", "w_dw"], ["h0"], name="dw", group=16, pads=[1] * 4),
+        helper.make_node("Relu", ["h0"], ["r0"], name="relu0"),
+        helper.make_node("Conv", ["r0", "w_full"], ["h1"], name="full", pads=[1] * 4),
+        helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w_pw"], ["h2"], name="pw"),
+        helper.make_node("Transpose", ["h2"], ["t2"], name="nhwc", perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["t2", "w_head"], ["y"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "convs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8, 8, 4])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def conv_samples(n: int = 8, seed: int = 4) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((2, 16, 8, 8)).astype(np.float32)} for _ in range(n)]
