@@ -17,8 +17,10 @@
 4. **Held-out check and repair.** The choice is measured on the held-out inputs; while it
    misses the budget on either split, the layer with the largest sensitivity damage in its
    current format is promoted to the next wider candidate and the assignment measured again.
-   The report says how many repairs the held-out inputs caused (they then took part in the
-   choice).
+   A repair never reaches the bits per weight of the cheapest uniform assignment that met the
+   budget on both splits in step 1 (`cheapest_single`): that one is taken instead, so the
+   result never has more bits than the cheapest passing single format. The report says how
+   many repairs the held-out inputs caused (they then took part in the choice).
 
 Every whole-model trial is a point of the explored frontier (bits per weight against the
 metric). `Trials` runs the jobs through a runner, a cache and the progress bar.
