@@ -49,8 +49,8 @@ from google.protobuf.message import Message
 from onnx import TensorProto, numpy_helper
 
 from onnxq._files import external_ref, load_external, read_array
-from onnxq.graph.schemas import DOMAIN, infer_shapes
-from onnxq.graph.walk import node_subgraphs, walk_graphs
+from onnxq.graph.schemas import DOMAIN, infer_shapes, input_index
+from onnxq.graph.walk import node_attrs, node_subgraphs, walk_graphs
 
 __all__ = [
     "CHUNK_BYTES",
@@ -58,7 +58,7 @@ __all__ = [
     "Fold",
     "SessionModel",
     "foldable",
-    "inferred",
+    "light_copy",
     "session_model",
 ]
 
@@ -74,6 +74,7 @@ _LIGHT_BYTES = 1 << 12
 # onnxruntime's text around a kernel's own message: keep the op's one line.
 _OP_MESSAGE = re.compile(r"\[(?:DequantizeMX|CodebookLookup)\][^\n]*")
 _DATA_FILE = "onnxq-decoded-weights.bin"
+_MAX_RANK = 64  # the op's limit on X's rank
 _MODEL_FILE = "model.onnx"
 
 
@@ -110,18 +111,18 @@ def _copy_fields(source: Message, target: Message, skip: str) -> None:
             getattr(target, field.name).extend(value)
 
 
-def inferred(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`infer_shapes` of ``model`` (not modified), big main-graph payloads left out.
+def light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose big main-graph payloads are left out (headers remain).
 
-    The result's main-graph initializers of `_LIGHT_BYTES` or more are headers (name, type,
-    dims, no data); `_restore` puts their payloads back from ``model``.
+    Initializers of `_LIGHT_BYTES` or more keep their name, type and dims but no data;
+    `_restore` puts the payloads back. Shape inference on it does not copy them.
     """
     light = onnx.ModelProto()
     _copy_fields(model, light, "graph")
     _copy_fields(model.graph, light.graph, "initializer")
     for t in model.graph.initializer:
         light.graph.initializer.append(_header(t) if _is_big(t) else t)
-    return infer_shapes(light)
+    return light
 
 
 def _is_big(t: TensorProto) -> bool:
@@ -148,15 +149,6 @@ def _restore(model: onnx.ModelProto, source: onnx.ModelProto, folder: Path) -> N
 # ---------------------------------------------------------------- which nodes
 
 
-def _static_dims(t: onnx.TypeProto | None) -> tuple[int, ...] | None:
-    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
-        return None
-    dims = t.tensor_type.shape.dim
-    if not all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
-        return None
-    return tuple(int(d.dim_value) for d in dims)
-
-
 def _sub_reads(graph: onnx.GraphProto) -> set[str]:
     """Names read by nodes inside the graph's subgraphs (outer-scope reads included)."""
     names: set[str] = set()
@@ -177,66 +169,119 @@ def _declared_bytes(t: TensorProto) -> int:
     return math.prod(t.dims) * size if all(d >= 0 for d in t.dims) else 0
 
 
+def _small_ints(t: TensorProto | None) -> list[int] | None:
+    """A stored int64 1-D tensor of at most `_MAX_RANK` values (a shape), else None."""
+    if t is None or t.data_type != TensorProto.INT64 or len(t.dims) != 1:
+        return None
+    if t.data_location == TensorProto.EXTERNAL or not 0 <= t.dims[0] <= _MAX_RANK:
+        return None
+    try:
+        return [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
+    except (ValueError, TypeError):  # a payload that does not match its dims
+        return None
+
+
+def _decoded_dims(node: onnx.NodeProto, constants: dict[str, TensorProto]) -> list[int] | None:
+    """Y's dims as the op takes them: the ``Shape`` input's value, else the ``shape`` attribute.
+
+    None when neither is usable here (the op decides at run time, and reports).
+    """
+    attrs = node_attrs(node)
+    slot = input_index("DequantizeMX", "Shape")
+    if node.op_type == "DequantizeMX" and len(node.input) > slot and node.input[slot]:
+        dims = _small_ints(constants.get(node.input[slot]))
+        given = attrs.get("shape")
+        if dims is None or (given is not None and list(given) != dims):
+            return None  # the op reports the disagreement
+    else:
+        given = attrs.get("shape")
+        dims = [int(d) for d in given] if isinstance(given, list) else None
+    if dims is None or not 1 <= len(dims) <= _MAX_RANK or any(d < 0 for d in dims):
+        return None
+    return dims
+
+
+def _reshaped(dims: list[int], shape: list[int], allowzero: bool) -> list[int] | None:
+    """ONNX Reshape's output dims for input ``dims`` and a constant ``shape``, None if invalid."""
+    out: list[int] = []
+    for i, d in enumerate(shape):
+        if d == 0 and not allowzero:  # 0 copies the input's dim
+            if i >= len(dims):
+                return None
+            d = dims[i]
+        out.append(d)
+    if out.count(-1) > 1 or any(d < -1 for d in out):
+        return None
+    total = math.prod(dims)
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        if known == 0 or total % known:
+            return None
+        out[out.index(-1)] = total // known
+    return out if math.prod(out) == total else None
+
+
 def _reshape_after(
     y: str,
+    dims: list[int],
     readers: dict[str, list[onnx.NodeProto]],
-    constants: set[str],
-    blocked: set[str],
-    types: dict[str, onnx.TypeProto],
-    count: int,
-) -> tuple[onnx.NodeProto, tuple[int, ...]] | None:
-    """The constant Reshape that alone reads ``y`` (a tiled conv weight), with its dims."""
+    constants: dict[str, TensorProto],
+    outputs: set[str],
+    sub_reads: set[str],
+) -> tuple[onnx.NodeProto, list[int]] | None:
+    """The constant Reshape that alone reads ``y`` (a tiled conv weight), with its dims.
+
+    A ``y`` that a subgraph also reads keeps its own initializer (no Reshape is folded).
+    """
     users = readers.get(y, [])
-    if len(users) != 1:
+    if len(users) != 1 or y in sub_reads:
         return None
     node = users[0]
     if node.op_type != "Reshape" or node.domain not in _STANDARD or len(node.input) != 2:
         return None
-    if node.input[0] != y or node.input[1] not in constants or len(node.output) != 1:
+    if node.input[0] != y or len(node.output) != 1 or node.output[0] in outputs:
         return None
-    out = node.output[0]
-    dims = _static_dims(types.get(out))
-    if not out or out in blocked or dims is None or math.prod(dims) != count:
+    shape = _small_ints(constants.get(node.input[1]))
+    if not node.output[0] or shape is None:
         return None
-    return node, dims
+    out = _reshaped(dims, shape, bool(node_attrs(node).get("allowzero", 0)))
+    return None if out is None else (node, out)
 
 
 def foldable(model: onnx.ModelProto) -> list[Fold]:
     """The main graph's decoder nodes that decode a constant weight, with what they become.
 
-    ``model`` must carry shape inference's results (`inferred`); its initializers may be
-    headers (their declared dims count).
+    Read from the nodes' attributes and constant inputs (no shape inference is needed).
     """
     graph = model.graph
     inputs = {v.name for v in graph.input}
     constants = {t.name: t for t in graph.initializer if t.name not in inputs}
-    blocked = {v.name for v in graph.output} | _sub_reads(graph)
-    types = {v.name: v.type for v in (*graph.value_info, *graph.output)}
+    outputs = {v.name for v in graph.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in dict.fromkeys(node.input):
             readers.setdefault(name, []).append(node)
+    sub_reads = _sub_reads(graph)
     folds: list[Fold] = []
     for node in graph.node:
         if node.domain != DOMAIN or node.op_type not in _DECODERS or len(node.output) != 1:
             continue
         y = node.output[0]
-        named = set(n for n in node.input if n)
-        if not y or y in blocked or not named or not named <= constants.keys():
+        named = {n for n in node.input if n}
+        if not y or y in outputs or not named or not named <= constants.keys():
             continue
-        t = types.get(y)
-        dims = _static_dims(t)
-        elem = t.tensor_type.elem_type if t is not None else 0
+        dims = _decoded_dims(node, constants)
+        elem = node_attrs(node).get("output_type", TensorProto.FLOAT)
         if dims is None or elem not in _OUTPUT_BYTES:
             continue
-        count = math.prod(dims)
-        if count > 8 * sum(_declared_bytes(constants[n]) for n in named):
+        if math.prod(dims) > 8 * sum(_declared_bytes(constants[n]) for n in named):
             continue  # more elements than bits: a hostile shape the op refuses at run time
-        after = _reshape_after(y, readers, set(constants), blocked, types, count)
+        after = _reshape_after(y, dims, readers, constants, outputs, sub_reads)
         if after is None:
-            folds.append(Fold(node, y, dims, dims, elem, None))
+            folds.append(Fold(node, y, tuple(dims), tuple(dims), elem, None))
         else:
-            folds.append(Fold(node, after[0].output[0], after[1], dims, elem, after[0]))
+            node_r, out = after
+            folds.append(Fold(node, node_r.output[0], tuple(out), tuple(dims), elem, node_r))
     return folds
 
 
@@ -361,8 +406,11 @@ def _chunks(folds: list[Fold]) -> Iterator[list[int]]:
 def _strip(model: onnx.ModelProto, folds: list[Fold]) -> None:
     """Drop the folded nodes and the initializers only they read from ``model`` (in place)."""
     graph = model.graph
-    gone = {id(f.node) for f in folds} | {id(f.reshape) for f in folds if f.reshape is not None}
-    kept = [n for n in graph.node if id(n) not in gone]
+    # Nodes are matched by their outputs (SSA names): ``model`` may be a copy of the model
+    # the folds were found in.
+    gone = {(f.node.op_type, tuple(f.node.output)) for f in folds}
+    gone |= {("Reshape", tuple(f.reshape.output)) for f in folds if f.reshape is not None}
+    kept = [n for n in graph.node if (n.op_type, tuple(n.output)) not in gone]
     del graph.node[:]
     graph.node.extend(kept)
     read = {v.name for v in (*graph.output, *graph.input)} | _sub_reads(graph)
@@ -474,9 +522,13 @@ def session_model(
         ValueError: a decoder node's inputs fail the op's checks (the op's one-line message),
             a malformed stored tensor, or a bad external-data reference.
     """
-    model = inferred(source)
-    folds = foldable(model)
+    folds = foldable(source)
+    model = light_copy(source)
     _strip(model, folds)
+    if any(n.domain == DOMAIN for g in walk_graphs(model.graph) for n in g.node):
+        # onnxruntime needs the remaining onnxq outputs' types (see infer_shapes); the model
+        # is light now (no packed payloads), so inference copies little
+        model = infer_shapes(model)
     _restore(model, source, folder)
     if not folds:
         return SessionModel(model.SerializeToString(), folds)
