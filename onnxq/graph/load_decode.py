@@ -33,6 +33,7 @@ inputs: they read the codes directly.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import os
@@ -59,6 +60,7 @@ __all__ = [
     "SessionModel",
     "foldable",
     "light_copy",
+    "release_freed_memory",
     "session_model",
 ]
 
@@ -126,7 +128,8 @@ def light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _is_big(t: TensorProto) -> bool:
-    return t.data_location != TensorProto.EXTERNAL and t.ByteSize() >= _LIGHT_BYTES
+    # From the declared dims: reading the payload (or ByteSize, which serializes) would copy it.
+    return t.data_location != TensorProto.EXTERNAL and _declared_bytes(t) >= _LIGHT_BYTES
 
 
 def _header(t: TensorProto) -> TensorProto:
@@ -277,11 +280,15 @@ def foldable(model: onnx.ModelProto) -> list[Fold]:
         if math.prod(dims) > 8 * sum(_declared_bytes(constants[n]) for n in named):
             continue  # more elements than bits: a hostile shape the op refuses at run time
         after = _reshape_after(y, dims, readers, constants, outputs, sub_reads)
+        # Copies: a node of ``model`` would keep the whole model's memory alive.
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
         if after is None:
-            folds.append(Fold(node, y, tuple(dims), tuple(dims), elem, None))
+            folds.append(Fold(copy, y, tuple(dims), tuple(dims), elem, None))
         else:
-            node_r, out = after
-            folds.append(Fold(node, node_r.output[0], tuple(out), tuple(dims), elem, node_r))
+            reshape = onnx.NodeProto()
+            reshape.CopyFrom(after[0])
+            folds.append(Fold(copy, reshape.output[0], tuple(after[1]), tuple(dims), elem, reshape))
     return folds
 
 
@@ -433,6 +440,21 @@ def _add_placeholders(
             entry = t.external_data.add()
             entry.key, entry.value = key, str(value)
         model.graph.initializer.append(t)
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that freed protobuf messages leave behind back to the system (glibc).
+
+    The packed model's parse lands in blocks that glibc keeps after they are freed (below its
+    mmap threshold); onnxruntime then allocates the float weights beside them. Elsewhere (no
+    ``malloc_trim``) nothing happens.
+    """
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ import onnx
 
 from onnxq._files import check_external, load_model
 from onnxq.cast import native
-from onnxq.graph.load_decode import DECODE_MODES, session_model
+from onnxq.graph.load_decode import DECODE_MODES, release_freed_memory, session_model
 from onnxq.graph.schemas import infer_shapes
 
 __all__ = ["has_custom_ops", "library_path", "session"]
@@ -155,6 +155,7 @@ def session(
     loaded, folder = _as_model(path_or_model)
     prepared = session_model(loaded, lib, folder, int(options.intra_op_num_threads or 0))
     del loaded  # a file's model need not stay alive while onnxruntime loads the decoded one
+    release_freed_memory()
     try:
         _register(options, lib)
         if prepared.memory_file is not None:
