@@ -15,20 +15,23 @@ decoded values in memory at a time) and removed once the session exists. onnxrun
 maps that file as it does a float model's external data, so the tensors it keeps are its own:
 a weight it pre-packs is released after packing, as the float model's are, and no decoded copy
 stays in this process. The packed initializers that only the decoded nodes read are left out
-of the model onnxruntime receives, and shape inference runs on a copy of the model without its
-large payloads (it would copy the whole model several times). Where no temporary file can be
-written (and off POSIX systems, where a mapped file cannot be removed), the decoded weights go
-through an in-memory external-data file instead (``add_external_initializers_from_files_in_
-memory``, under a name unique to the session): onnxruntime copies it while the session is
-created, so creation briefly holds the decoded weights twice.
+of the model onnxruntime receives; shape inference (which copies the whole model several
+times) runs only when onnxq nodes remain, on a copy without the large payloads, and the heap
+the packed model's parse leaves behind is handed back before onnxruntime loads
+(`release_freed_memory`). Where no temporary file can be written (and off POSIX systems,
+where a mapped file cannot be removed), the decoded weights go through an in-memory
+external-data file instead (``add_external_initializers_from_files_in_memory``, under a name
+unique to the session): onnxruntime copies it while the session is created, so creation
+briefly holds the decoded weights twice.
 
 Left to decode at run time (as with ``decode_weights="run"``): nodes inside subgraphs (If,
-Loop, Scan bodies), nodes whose output is a graph output, nodes with an input that is not a
-constant initializer (a graph input, a computed tensor), outputs whose static shape shape
-inference does not give, and an output larger than its packed inputs can describe (every
-element costs at least one bit of them: a hostile ``shape`` then meets the op's own checks at
-run time instead of a huge allocation here). Fused ops (MatMulMX, GatherMX) keep their packed
-inputs: they read the codes directly.
+Loop, Scan bodies; a main-graph weight that a subgraph reads is folded, as an outer-scope
+initializer), nodes whose output is a graph output, nodes with an input that is not a
+constant initializer (a graph input, a computed tensor, a Constant node), nodes whose Y shape
+is not given by the ``shape`` attribute or a small constant ``Shape`` input, and an output
+larger than its packed inputs can describe (every element costs at least one bit of them: a
+hostile ``shape`` then meets the op's own checks at run time instead of a huge allocation
+here). Fused ops (MatMulMX, GatherMX) keep their packed inputs: they read the codes directly.
 """
 
 from __future__ import annotations
