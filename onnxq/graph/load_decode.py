@@ -280,8 +280,11 @@ def foldable(model: onnx.ModelProto) -> list[Fold]:
         elem = node_attrs(node).get("output_type", TensorProto.FLOAT)
         if dims is None or elem not in _OUTPUT_BYTES:
             continue
-        if math.prod(dims) > 8 * sum(_declared_bytes(constants[n]) for n in named):
-            continue  # more elements than bits: a hostile shape the op refuses at run time
+        count = math.prod(dims)
+        if count == 0 or count > 8 * sum(_declared_bytes(constants[n]) for n in named):
+            # empty (nothing to load), or more elements than bits: a hostile shape that the
+            # op refuses at run time
+            continue
         after = _reshape_after(y, dims, readers, constants, outputs, sub_reads)
         # Copies: a node of ``model`` would keep the whole model's memory alive.
         copy = onnx.NodeProto()
