@@ -445,3 +445,12 @@ def test_file_and_memory_routes_agree() -> None:
     finally:
         by_file.close()
         by_memory.close()
+
+
+def test_empty_weight_stays() -> None:
+    """A constant Shape with a zero dim: nothing to load, the op keeps it."""
+    model, _, _ = _decoder_graph(shape_input=True)
+    for t in model.graph.initializer:
+        if t.name == "w_shape":
+            t.CopyFrom(numpy_helper.from_array(np.array([0, 32], np.int64), "w_shape"))
+    assert load_decode.foldable(model) == []
