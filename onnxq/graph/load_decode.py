@@ -476,6 +476,7 @@ class SessionModel:
     folds: list[Fold]
     memory_file: tuple[str, np.ndarray] | None = None
     workdir: Path | None = None
+    custom_ops: bool = True  # onnxq nodes remain: the session needs the custom-op library
 
     def close(self) -> None:
         """Drop the decoded buffer and remove the temporary files (a mapped file stays valid)."""
@@ -553,13 +554,14 @@ def session_model(
     folds = foldable(source)
     model = light_copy(source)
     _strip(model, folds)
-    if any(n.domain == DOMAIN for g in walk_graphs(model.graph) for n in g.node):
+    custom = any(n.domain == DOMAIN for g in walk_graphs(model.graph) for n in g.node)
+    if custom:
         # onnxruntime needs the remaining onnxq outputs' types (see infer_shapes); the model
         # is light now (no packed payloads), so inference copies little
         model = infer_shapes(model)
     _restore(model, source, folder)
     if not folds:
-        return SessionModel(model.SerializeToString(), folds)
+        return SessionModel(model.SerializeToString(), folds, custom_ops=custom)
 
     def decode(chunk: list[Fold], target: np.ndarray, offsets: list[int]) -> None:
         _decode(source, chunk, target, offsets, library, folder, threads)
@@ -571,7 +573,7 @@ def session_model(
         try:
             workdir = Path(tempfile.mkdtemp(prefix="onnxq-decoded-"))
             path = _decode_to_file(model, folds, decode, workdir)
-            return SessionModel(path, folds, workdir=workdir)
+            return SessionModel(path, folds, workdir=workdir, custom_ops=custom)
         except OSError:  # no writable temporary folder, or it is full: decode in memory
             _strip_placeholders(model, folds)
             if workdir is not None:
@@ -580,7 +582,9 @@ def session_model(
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
             raise
-    return _decode_to_memory(model, folds, decode)
+    result = _decode_to_memory(model, folds, decode)
+    result.custom_ops = custom
+    return result
 
 
 def _strip_placeholders(model: onnx.ModelProto, folds: list[Fold]) -> None:

@@ -123,7 +123,8 @@ def session(
             (not modified).
         decode_weights: ``"load"`` or ``"run"``: when constant weights are decoded.
         **kwargs: passed to ``InferenceSession``; ``sess_options`` (registered with the library
-            here; pass a fresh one) and ``providers`` (default ``["CPUExecutionProvider"]``).
+            here, unless load-time decoding left no onnxq node; pass a fresh one) and
+            ``providers`` (default ``["CPUExecutionProvider"]``).
 
     Returns:
         The session.
@@ -157,7 +158,10 @@ def session(
     del loaded  # a file's model need not stay alive while onnxruntime loads the decoded one
     release_freed_memory()
     try:
-        _register(options, lib)
+        if prepared.custom_ops:
+            _register(options, lib)
+        elif os.environ.get("ONNXQ_ORT_ARENA") == "0":
+            options.enable_cpu_mem_arena = False
         if prepared.memory_file is not None:
             name, data = prepared.memory_file
             options.add_external_initializers_from_files_in_memory([name], [data], [data.nbytes])
