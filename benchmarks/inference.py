@@ -10,8 +10,9 @@ Variants (those that do not apply to a model, or fail to build, are listed with 
 
 - ``float``: the float model in a plain ``onnxruntime.InferenceSession``;
 - ``packed``: weights ``--weights`` (default mxfp4), packed, no fusion, in
-  ``onnxq.runtime.session`` (custom ops; constant weights decoded at session creation where
-  that pays, docs/ops.md "Constant weights");
+  ``onnxq.runtime.session`` (custom ops; constant weights decoded when the session is created
+  and handed to onnxruntime as float initializers, ``decode_weights="load"``, docs/ops.md
+  "Constant weights");
 - ``fused``: the same with ``fuse=True`` (fused ops such as GatherMX / MatMulMX where the
   pass has them);
 - ``fallbacks``: the ``packed`` model in a plain onnxruntime (the standard-ONNX function

@@ -131,7 +131,9 @@ def test_fake_storage_holds_the_packed_weights_values(name: str, weights: str) -
         want = fake_values[weight].reshape(value.shape)
         assert np.array_equal(_bits(value), _bits(want)), key
     # Same kernels for both (no constant-weight prepacking): the outputs agree bit for bit.
-    lib_packed = runtime.session(packed, sess_options=_no_opt()).run(None, inputs)
+    lib_packed = runtime.session(packed, sess_options=_no_opt(), decode_weights="run").run(
+        None, inputs
+    )
     plain_fake = ort.InferenceSession(
         _as_runtime_weights(fake).SerializeToString(), _no_opt(), providers=["CPUExecutionProvider"]
     ).run(None, inputs)

@@ -91,7 +91,7 @@ def _bits(y: np.ndarray) -> bytes:
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     return sess.run(None, {"x": np.ones(1, np.float32), **feeds})
 
 
@@ -120,7 +120,9 @@ def test_same_bits_on_off_and_fed(
 def test_threads_share_the_decoded_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONNXQ_CONST_DECODE", "1")
     fields = _fields("mxfp4")
-    sess = runtime.session(_model("DequantizeMX", "mxfp4", TensorProto.FLOAT, True, **fields))
+    sess = runtime.session(
+        _model("DequantizeMX", "mxfp4", TensorProto.FLOAT, True, **fields), decode_weights="run"
+    )
     feed = {"x": np.ones(1, np.float32)}
     serial = _bits(sess.run(["Y"], feed)[0])
 
@@ -137,7 +139,9 @@ def test_bad_constant_same_error(switch: str, monkeypatch: pytest.MonkeyPatch) -
     fields = _fields("mxfp4")
     fields["Scale"] = fields["Scale"][:, :1].copy()  # the wrong tile grid
     monkeypatch.setenv("ONNXQ_CONST_DECODE", switch)
-    sess = runtime.session(_model("DequantizeMX", "mxfp4", TensorProto.FLOAT, True, **fields))
+    sess = runtime.session(
+        _model("DequantizeMX", "mxfp4", TensorProto.FLOAT, True, **fields), decode_weights="run"
+    )
     with pytest.raises(
         Exception, match=r"\[DequantizeMX\] input Scale is uint8 of shape \(64, 1\)"
     ):

@@ -96,7 +96,7 @@ def _data(shape: tuple[int, ...], seed: int, dtype: Any = np.float32) -> np.ndar
 
 def _run(dt: str, x: np.ndarray, axis: int, **qattrs: Any) -> dict[str, np.ndarray]:
     model, names = _model(dt, x.shape, axis, _ONNX_TYPE[x.dtype], **qattrs)
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     if x.dtype != ml_dtypes.bfloat16:
         return dict(zip(names, sess.run(names, {"x": x}), strict=True))
     # numpy has no bfloat16 for onnxruntime: bind uint16 buffers typed bfloat16.
@@ -198,12 +198,14 @@ def test_codebook_lookup() -> None:
     c = onnxq.cast(x, dt, mode="compress")
     want = _bits(onnxq.cast(x, dt))
     feeds = {"q": c.data, "meta": c.meta, "scale": c.scale}
-    y = runtime.session(_lookup_model(dt, x.shape, False)).run(None, feeds)[0]
+    y = runtime.session(_lookup_model(dt, x.shape, False), decode_weights="run").run(None, feeds)[0]
     assert np.array_equal(_bits(y), want)
     # A generic codebook takes its mappings from Table (here: the implicit one's).
     table = np.array(onnxq.datatype(dt).nspec.table(), np.float32)
     generic = "cb41_e2m2fnuz_e8m0_t8s4"
-    y = runtime.session(_lookup_model(generic, x.shape, True)).run(None, {**feeds, "table": table})
+    y = runtime.session(_lookup_model(generic, x.shape, True), decode_weights="run").run(
+        None, {**feeds, "table": table}
+    )
     assert np.array_equal(_bits(y[0]), want)
 
 
@@ -226,7 +228,7 @@ def test_ops_table_matches_library() -> None:
             model = helper.make_model(
                 graph, opset_imports=_model("mx6", x.shape, -1, 1)[0].opset_import
             )
-            (y,) = runtime.session(model).run(None, {"x": x})
+            (y,) = runtime.session(model, decode_weights="run").run(None, {"x": x})
             assert np.array_equal(_bits(y), _bits(onnxq.cast(x, "mxfp6")))
         else:
             test_codebook_lookup()
@@ -234,7 +236,7 @@ def test_ops_table_matches_library() -> None:
     model, _ = _model("mxfp4", (2, 32), -1, TensorProto.FLOAT)
     model.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(Exception, match="NoSuchOp"):
-        runtime.session(model)
+        runtime.session(model, decode_weights="run")
 
 
 def test_schemas_check_and_infer() -> None:
@@ -255,7 +257,7 @@ def test_schemas_check_and_infer() -> None:
 
 def test_threads_match_serial() -> None:
     model, names = _model("mx9", (64, 96), -1, TensorProto.FLOAT)
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     xs = [_data((64, 96), seed) for seed in range(16)]
     serial = [sess.run(names, {"x": x}) for x in xs]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -384,7 +386,7 @@ def test_session_reports_bad_dtype() -> None:
     model, _ = _model("mxfp4", (2, 32), -1, TensorProto.FLOAT)
     next(a for a in model.graph.node[0].attribute if a.name == "dtype").s = b"nope"
     with pytest.raises(ValueError, match=r"\[QuantizeMX\] dtype 'nope'"):
-        runtime.session(model)
+        runtime.session(model, decode_weights="run")
 
 
 def test_errors_do_not_crash_the_process() -> None:

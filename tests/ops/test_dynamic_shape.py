@@ -122,7 +122,9 @@ def test_shape_input_equals_the_attribute(dt: str, shape: tuple[int, ...], axis:
     if dt == "int8_e8m0_t8_t4" and len(shape) < 2:
         pytest.skip("2-D tiles")
     x = _data(shape, sum(shape) + len(dt))
-    sess = runtime.session(_pair(dt, list(shape), axis, TensorProto.FLOAT, True))
+    sess = runtime.session(
+        _pair(dt, list(shape), axis, TensorProto.FLOAT, True), decode_weights="run"
+    )
     y, y_attr = _run(sess, x, ["y", "y_attr"])
     assert y.shape == shape
     assert np.array_equal(_bits(y), _bits(y_attr)), dt
@@ -133,7 +135,9 @@ def test_shape_input_equals_the_attribute(dt: str, shape: tuple[int, ...], axis:
 @pytest.mark.parametrize("dt", ["mxfp8e4", "mxfp4", "mx6", "nvfp4", "uint4_block32", "bfp16"])
 def test_half_outputs(dt: str, dtype: Any) -> None:
     x = _data((5, 48), 3, dtype)
-    sess = runtime.session(_pair(dt, [5, 48], -1, _ONNX[np.dtype(dtype)], True))
+    sess = runtime.session(
+        _pair(dt, [5, 48], -1, _ONNX[np.dtype(dtype)], True), decode_weights="run"
+    )
     y, y_attr = _run(sess, x, ["y", "y_attr"])
     assert np.array_equal(_bits(y), _bits(y_attr))
     assert np.array_equal(_bits(y), _want(x, dt, -1))
@@ -147,7 +151,7 @@ def test_one_session_many_shapes(dt: str, axis: int) -> None:
     """One session from a model with symbolic dims runs every shape it is fed, each as the
     reference casts it."""
     model = _pair(dt, ["batch", "seq", 40], axis, TensorProto.FLOAT, False)
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     for i, shape in enumerate([(1, 1, 40), (2, 7, 40), (3, 33, 40), (1, 64, 40), (2, 5, 40)]):
         x = _data(shape, i)
         (y,) = _run(sess, x, ["y"])
@@ -215,7 +219,7 @@ def test_constant_shape_input_is_inferred_and_decoded_once() -> None:
     for mode in ("0", "1"):
         os.environ["ONNXQ_CONST_DECODE"] = mode
         try:
-            (y,) = runtime.session(model).run(None, {})
+            (y,) = runtime.session(model, decode_weights="run").run(None, {})
         finally:
             del os.environ["ONNXQ_CONST_DECODE"]
         assert np.array_equal(_bits(y), want), mode
@@ -289,7 +293,7 @@ def test_zero_size_runs_empty(dt: str, shape: tuple[int, ...], axis: int) -> Non
     model = _pair(dt, ["a", "b"] if len(shape) == 2 else ["a", "b", 40], axis, 1, False)
     fields = [n for n in model.graph.node[0].output if n]
     model.graph.output.extend(helper.make_tensor_value_info(n, 0, None) for n in fields)
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     names = ["y", *fields]
     got = dict(zip(names, sess.run(names, {"x": np.zeros(shape, np.float32)}), strict=True))
     assert got["y"].shape == shape and got["y"].dtype == np.float32

@@ -146,7 +146,7 @@ def test_native_matches_reference(dt: str, shape: tuple[int, ...], axis: int) ->
     q, ref = _pack(dt, shape, axis)
     fields = _fields(q)
     for index_type, np_type in ((TensorProto.INT64, np.int64), (TensorProto.INT32, np.int32)):
-        sess = runtime.session(_model(dt, shape, axis, fields, index_type))
+        sess = runtime.session(_model(dt, shape, axis, fields, index_type), decode_weights="run")
         for idx in _indices(shape[0], seed=len(dt)):
             y = sess.run(None, {"idx": idx.astype(np_type)})[0]
             want = np.take(ref, idx, axis=0)
@@ -159,9 +159,9 @@ def test_native_matches_reference(dt: str, shape: tuple[int, ...], axis: int) ->
 def test_half_outputs(dt: str, shape: tuple[int, ...], axis: int, out_type: int) -> None:
     q, _ = _pack(dt, shape, axis, seed=5)
     idx = np.random.default_rng(1).integers(-shape[0], shape[0], size=(4, 9))
-    y = runtime.session(_model(dt, shape, axis, _fields(q), out_type=out_type)).run(
-        None, {"idx": idx}
-    )[0]
+    y = runtime.session(
+        _model(dt, shape, axis, _fields(q), out_type=out_type), decode_weights="run"
+    ).run(None, {"idx": idx})[0]
     want = _want(q, idx, out_type)
     assert y.dtype == want.dtype and np.array_equal(_bits(y), _bits(want))
 
@@ -173,7 +173,9 @@ def test_generic_codebook_takes_its_table() -> None:
     fields["Table"] = np.array(onnxq.datatype(implicit).nspec.table(), np.float32)
     generic = "cb41_e2m2fnuz_e8m0_t32"  # no mappings of its own: Table gives the implicit ones
     idx = np.array([[3, -1, 0], [11, 3, 5]])
-    y = runtime.session(_model(generic, (12, 64), -1, fields)).run(None, {"idx": idx})[0]
+    y = runtime.session(_model(generic, (12, 64), -1, fields), decode_weights="run").run(
+        None, {"idx": idx}
+    )[0]
     assert np.array_equal(_bits(y), _bits(np.take(ref, idx, axis=0)))
 
 
@@ -182,7 +184,7 @@ def test_fed_tables_and_empty_indices() -> None:
     dt, shape, axis = "mx6", (33, 5, 40), -1
     q, ref = _pack(dt, shape, axis, seed=4)
     fields = _fields(q)
-    sess = runtime.session(_model(dt, shape, axis, fields, constant=False))
+    sess = runtime.session(_model(dt, shape, axis, fields, constant=False), decode_weights="run")
     idx = np.array([[32, -33], [7, 7]])
     y = sess.run(None, {"idx": idx, **fields})[0]
     assert np.array_equal(_bits(y), _bits(np.take(ref, idx, axis=0)))
@@ -196,7 +198,9 @@ def test_large_gather_over_threads() -> None:
     q, ref = _pack(dt, shape, axis, seed=6)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 4
-    sess = runtime.session(_model(dt, shape, axis, _fields(q)), sess_options=options)
+    sess = runtime.session(
+        _model(dt, shape, axis, _fields(q)), sess_options=options, decode_weights="run"
+    )
     batches = [np.random.default_rng(s).integers(-300, 300, size=(16, 64)) for s in range(16)]
     serial = [sess.run(None, {"idx": b})[0] for b in batches]
     for b, y in zip(batches, serial, strict=True):
@@ -265,7 +269,7 @@ def test_schema_infers_y() -> None:
 
 def _error(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> str:
     try:
-        runtime.session(model).run(None, feeds)
+        runtime.session(model, decode_weights="run").run(None, feeds)
     except Exception as err:  # onnxruntime raises its own exception types
         return str(err)
     raise AssertionError("no error")

@@ -45,7 +45,7 @@ def _special_a(a: np.ndarray) -> np.ndarray:
 
 
 def _run(model, a: np.ndarray, feeds: dict | None = None) -> np.ndarray:
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     return sess.run(None, {"A": a, **(feeds or {})})[0]
 
 
@@ -103,7 +103,7 @@ def test_nan_and_inf_weights() -> None:
 def test_one_session_shared_by_8_threads() -> None:
     k, n = 576, 192
     fields, b = mc.packed(_weights(k, n, 8), "mxfp4")
-    sess = runtime.session(mc.model("mxfp4", fields, (k, n), ("M", k)))
+    sess = runtime.session(mc.model("mxfp4", fields, (k, n), ("M", k)), decode_weights="run")
     feeds = [
         np.random.default_rng(i).standard_normal((i % 4 + 1, k)).astype(np.float32)
         for i in range(8)

@@ -118,7 +118,9 @@ def test_matches_cast_and_the_pair(dt: str, shape: tuple[int, ...], axis: int) -
     if dt == "int8_e8m0_t8_t4" and len(shape) < 2:
         pytest.skip("2-D tiles need 2 dims")
     x = _data(shape, sum(shape) + len(dt))
-    sess = runtime.session(_model(dt, list(shape), TensorProto.FLOAT, True, axis=axis))
+    sess = runtime.session(
+        _model(dt, list(shape), TensorProto.FLOAT, True, axis=axis), decode_weights="run"
+    )
     y, y_pair = _run(sess, x, ["y", "y_pair"])
     assert np.array_equal(y, _want(x, dt, axis=axis)), dt
     assert np.array_equal(y, y_pair), dt
@@ -132,7 +134,7 @@ def test_matches_cast_and_the_pair(dt: str, shape: tuple[int, ...], axis: int) -
 def test_half_inputs(dt: str, dtype: Any) -> None:
     """Y is X's type: float16 / bfloat16 in, the same type out, as the cast rounds it."""
     x = _data((5, 96), 3, dtype)
-    sess = runtime.session(_model(dt, [5, 96], _ONNX[np.dtype(dtype)], True))
+    sess = runtime.session(_model(dt, [5, 96], _ONNX[np.dtype(dtype)], True), decode_weights="run")
     y, y_pair = _run(sess, x, ["y", "y_pair"])
     assert np.array_equal(y, _want(x, dt)), dt
     assert np.array_equal(y, y_pair), dt
@@ -149,7 +151,9 @@ def test_half_inputs(dt: str, dtype: Any) -> None:
 )  # fmt: skip
 def test_modes(dt: str, attrs: dict[str, Any]) -> None:
     x = _data((4, 96), 11)
-    sess = runtime.session(_model(dt, [4, 96], TensorProto.FLOAT, True, **attrs))
+    sess = runtime.session(
+        _model(dt, [4, 96], TensorProto.FLOAT, True, **attrs), decode_weights="run"
+    )
     y, y_pair = _run(sess, x, ["y", "y_pair"])
     assert np.array_equal(y, _want(x, dt, **attrs)), attrs
     assert np.array_equal(y, y_pair), attrs
@@ -170,7 +174,7 @@ def test_symbolic_dims_and_inference() -> None:
     assert output_types("QuantizeDequantizeMX", {"dtype": "mxfp4"}, (2, 32), input_type=16) == [
         (16, (2, 32))
     ]
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     for i, shape in enumerate([(1, 1, 48), (2, 9, 48), (3, 40, 48)]):
         x = _data(shape, i, np.float16)
         (y_bits,) = _run(sess, x, ["y"])
@@ -179,14 +183,16 @@ def test_symbolic_dims_and_inference() -> None:
 
 @pytest.mark.parametrize("shape", [(0, 64), (4, 0), (2, 0, 32)])
 def test_empty_x_gives_empty_y(shape: tuple[int, ...]) -> None:
-    sess = runtime.session(_model("mxfp4", ["a"] * len(shape), TensorProto.FLOAT, True))
+    sess = runtime.session(
+        _model("mxfp4", ["a"] * len(shape), TensorProto.FLOAT, True), decode_weights="run"
+    )
     y, y_pair = sess.run(["y", "y_pair"], {"x": np.zeros(shape, np.float32)})
     assert y.shape == shape and y.dtype == np.float32 and y_pair.shape == shape
 
 
 def test_one_session_many_threads() -> None:
     """8 threads share one session: each result is the serial one, the reference's bits."""
-    sess = runtime.session(_model("mx6", ["n", 96], TensorProto.FLOAT, False))
+    sess = runtime.session(_model("mx6", ["n", 96], TensorProto.FLOAT, False), decode_weights="run")
     xs = [_data((8 + seed, 96), seed) for seed in range(16)]
     want = [_want(x, "mx6") for x in xs]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:

@@ -86,7 +86,7 @@ def _inputs(seed: int) -> dict[str, np.ndarray]:
 def test_serial_run_matches_reference() -> None:
     """The serial runs the threads are compared with are right (reference backend)."""
     model, names = _model()
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     feeds = _inputs(0)
     out = dict(zip(names, sess.run(names, feeds), strict=True))
     for i, dt in enumerate(DTYPES):
@@ -103,7 +103,7 @@ def test_serial_run_matches_reference() -> None:
 
 def test_eight_threads_match_serial_runs() -> None:
     model, names = _model()
-    sess = runtime.session(model)
+    sess = runtime.session(model, decode_weights="run")
     seeds = list(range(1, THREADS * RUNS_PER_THREAD + 1))
     serial = {s: sess.run(names, _inputs(s)) for s in seeds}
 
