@@ -22,7 +22,7 @@ struct Kernel;
 
 // The default threshold: from this many rows of A on, MLAS's MatMul on the decoded B beats
 // the fused decode (benchmarks/matmul_mx.py, SmolLM2's and MiniLM's shapes; docs/ops.md).
-constexpr int64_t kMmxLargeDefault = 8;
+constexpr int64_t kMmxLargeDefault = 64;
 
 struct MmxLarge {
   int64_t threshold = 0;    // M >= threshold takes this path; 0: never (ONNXQ_MMX_LARGE_M=0)
