@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ static_assert(kInX >= 0 && kQOut.q >= 0 && kQOut.scale >= 0 && kQOut.zero >= 0 &
                   contract::output_index(kQuantDequant, "Y") == kOutY,
               "schemas.py OPS lacks an input or output the custom ops write");
 
+struct MmxLarge;  // ort_kernel_mmx_large.h
+
 struct Kernel {
   OpKind kind;
   std::string op;
@@ -66,6 +69,7 @@ struct Kernel {
   // MatMulMX: the value of every scale code (float scales of at most 16 bits; matmul_mx.h).
   MmxScales scale_values;
   MmxPrepacked prepacked;  // MatMulMX: B's constant blocks rearranged (matmul_mx.h)
+  std::shared_ptr<MmxLarge> large;  // MatMulMX: the large-M path (ort_kernel_mmx_large.h)
 };
 
 // Reads and checks the node's attributes (every op).

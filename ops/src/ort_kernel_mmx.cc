@@ -1,13 +1,15 @@
 // MatMulMX on the CPU (docs/ops.md "MatMulMX"): Y = A x decode(B) (+ Bias), B packed as
 // DequantizeMX's inputs. Every input is checked as DequantizeMX checks its own (type and exact
 // shape, inputs the data type lacks left out or zero-size), plus A's and Bias's shapes against
-// B's [K, N]; then matmul_mx.cc computes Y in the documented float32 order.
+// B's [K, N]; then matmul_mx.cc computes Y in the documented float32 order, or, from a threshold
+// of rows of A on, ort_kernel_mmx_large.cc with onnxruntime's MatMul on B decoded.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "matmul_mx.h"
 #include "ort_kernel.h"
+#include "ort_kernel_mmx_large.h"
 
 namespace onnxq {
 namespace ort {
@@ -144,6 +146,7 @@ void init_matmul_mx(Kernel* k, const OrtKernelInfo* info) {
                   "and MatMul");
   const int axis = normal_axis(k->axis, 2, k->shape, "B");
   k->scale_values = mmx_scale_values(k->fmt);
+  init_mmx_large(k, info);  // many rows: onnxruntime's MatMul on B decoded (its own header)
   // Constant weights: B's blocks rearranged for the vector path. Every Run still checks the
   // inputs it is given (the same constants) and reports what is wrong with them.
   try {
@@ -190,7 +193,11 @@ void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx) {
   io.bias = bias ? static_cast<const float*>(bias.data) : nullptr;
   io.pre = &k.prepacked;
   io.y = static_cast<float*>(y);
-  e = matmul_mx(k.fmt, k.shape, axis, io, k.scale_values, session_parallel_for(ctx));
+  const ParallelFor pf = session_parallel_for(ctx);
+  // M >= the threshold: onnxruntime's MatMul on the decoded B (the unfused graph's bits); it
+  // falls back here (the documented order) when onnxruntime cannot run it.
+  if (mmx_large_run(k, ctx, axis, io, pf)) return;
+  e = matmul_mx(k.fmt, k.shape, axis, io, k.scale_values, pf);
   if (!e.empty()) throw OpError(e + " (B of shape " + shape_str(k.shape) + ")");
 }
 
