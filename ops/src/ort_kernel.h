@@ -66,6 +66,7 @@ struct Kernel {
   // MatMulMX: the value of every scale code (float scales of at most 16 bits; matmul_mx.h).
   MmxScales scale_values;
   MmxPrepacked prepacked;  // MatMulMX: B's constant blocks rearranged (matmul_mx.h)
+  bool trans_b = false;    // MatMulMX: the packed tensor is W = B^T, `shape` W's [N, K]
 };
 
 // Reads and checks the node's attributes (every op).
