@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxq.graph.fuse import FUSIONS
 from onnxq.graph.fuse_matmul import fusable, fuse_matmul
+from onnxq.graph.inspect import inspect_model
 from onnxq.graph.quantize import quantize_model
 from onnxq.graph.walk import node_attrs
 from tests.ops import mmx_common as mc
@@ -128,6 +129,8 @@ def test_tied_table_is_stored_once_and_keeps_its_bits(dt: str) -> None:
     meta = json.loads({p.key: p.value for p in fused.metadata_props}["onnxq_fused"])
     assert meta == {"matmul_mx": 1, "gather": 1}
     onnx.checker.check_model(fused, full_check=True)
+    summary = inspect_model(fused)  # the shared table is listed (and counted) once
+    assert [t.name for t in summary.tensors] == [t.name for t in inspect_model(unfused).tensors]
     h, logits = _library(fused, feeds)
     h_ref, logits_ref = _library(unfused, feeds)
     assert np.array_equal(_bits(h), _bits(h_ref))  # GatherMX: the unfused rows, bit for bit
