@@ -68,6 +68,11 @@ struct MmxPlan {
   // n * msub + k / Sc.
   bool trans = false;
   int64_t nK = 1, msub = 0;
+  // E8M0 scales without shift bits whose codes are all normal powers of two or the NaN code
+  // (plan_decode checked them): fac0[c] is the float with exponent field c + e8_off, or NaN for
+  // code 255, computed in the vector path instead of gathered from the table.
+  bool e8 = false;
+  int e8_off = 0;
 };
 
 #define MMX_ISA 0
@@ -180,6 +185,8 @@ bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
     }
     p->scale8 = sc;
     p->mode = shift ? kMmxShift : kMmxScale;
+    p->e8 = !shift && f.scale.bits == 8 && nan_code == 255;
+    p->e8_off = 127 - f.scale.bias - int_frac_bits(n);
     if (shift) {
       if (g.Sr != 1 || f.meta_bits() != 1 || !io.meta_packed) return false;
       p->meta = io.meta_packed;
