@@ -185,3 +185,18 @@ def test_what_stays_unfused() -> None:
             del node.attribute[:]
             node.attribute.append(helper.make_attribute("perm", [0, 1]))
     assert fuse_matmul(q) == 0
+
+
+@pytest.mark.needs_custom_ops
+def test_tied_table_fuses_whatever_the_order_of_the_fusions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Gather fusion first: it cannot take the table yet; the next round does."""
+    matmul = FUSIONS["matmul_mx"]
+    monkeypatch.delitem(FUSIONS, "matmul_mx")
+    monkeypatch.setitem(FUSIONS, "matmul_mx", matmul)  # now after "gather"
+    assert list(FUSIONS)[-1] == "matmul_mx"
+    fused = quantize_model(_tied()[0], weights="mxfp4")
+    assert sorted(_ops(fused)) == ["GatherMX", "MatMulMX"]
+    meta = json.loads({p.key: p.value for p in fused.metadata_props}["onnxq_fused"])
+    assert meta == {"matmul_mx": 1, "gather": 1}
