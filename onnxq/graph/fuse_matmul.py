@@ -105,6 +105,10 @@ def _bias(
     c = inits.get(consumer.input[2])
     if c is None or c.data_type != TensorProto.FLOAT or list(c.dims) not in ([n], [1, n]):
         return False, None
+    if list(c.dims) == [n]:
+        return True, c  # Bias as it is (its data may live in an external file)
+    if c.data_location == TensorProto.EXTERNAL:
+        return False, None  # a [1, N] C in an external file: not read here
     return True, numpy_helper.from_array(
         numpy_helper.to_array(c).reshape(n).astype(np.float32), consumer.input[2] + "_mmx_bias"
     )

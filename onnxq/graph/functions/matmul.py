@@ -76,7 +76,9 @@ def matmul_mx_function(
         const("mmx_zero", [0]),
         const("mmx_last", [-1]),
         helper.make_node("Reshape", ["A", "mmx_rows_k"], ["mmx_a2"]),
-        helper.make_node("Gemm", ["mmx_a2", _B, "Bias"], ["mmx_y2"], transB=int(trans_b)),
+        helper.make_node(
+            "Gemm", ["mmx_a2", _B, "Bias"], ["mmx_y2"], **({"transB": 1} if trans_b else {})
+        ),
         helper.make_node("Shape", ["A"], ["mmx_ashape"]),
         helper.make_node("Slice", ["mmx_ashape", "mmx_zero", "mmx_last"], ["mmx_lead"]),
         helper.make_node("Concat", ["mmx_lead", "mmx_n"], ["mmx_yshape"], axis=0),
