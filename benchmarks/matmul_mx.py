@@ -13,6 +13,15 @@ down projections) and whose outputs are the 7 x layers products:
 - ``nbits``: onnxruntime's com.microsoft MatMulNBits (4 bits, block 32, symmetric, made by
   ``MatMulNBitsQuantizer``; ``nbits acc4``: the same with ``accuracy_level=4``, int8 compute).
 
+Then the tied LM head (``--vocab``, default 49152; 0 skips it): A ``[M, 576]`` times B = W^T for
+one table W ``[vocab, 576]`` tiled along its last axis (K), as the SmolLM2 export reads it:
+
+- ``float``: MatMul on the float B (the transposed table, as onnxruntime folds it);
+- ``dq+tr+mm <fmt>``: DequantizeMX(W) -> Transpose -> MatMul, decoded on every run (the
+  unfused tied table: its decode also feeds the Gather, so it is not kept decoded);
+- ``mmx-t <fmt>``: MatMulMX ``trans_b=1`` on W's packed inputs;
+- ``nbits`` / ``nbits acc4``: MatMulNBits on B (4 bits, block 32 along K).
+
 For each M (``--m``, default 1 and 32) and intra-op thread count (``--threads``, default 1 and
 2), the variants run interleaved (one run of each per round, ``--rounds`` rounds after a
 warm-up) and each reports its median wall time and the ratio to float's in the same rounds.
@@ -20,7 +29,7 @@ With one thread the median CPU time of the calling thread (``time.thread_time``)
 too: on a shared machine it is the steadier number.
 
 Usage: python benchmarks/matmul_mx.py [--layers 30] [--m 1 32] [--threads 1 2] [--rounds 30]
-       [--formats mxfp4 nvfp4 uint4_block32]
+       [--formats mxfp4 nvfp4 uint4_block32] [--vocab 49152]
 """
 
 from __future__ import annotations
@@ -115,6 +124,49 @@ def packed_model(ws: list[tuple[str, np.ndarray]], m: int, dt: str, fused: bool)
     return _graph(nodes, inits, m, [n for n, _ in ws], opsets)
 
 
+def lm_head_models(
+    m: int, vocab: int, formats: list[str], dq_format: str
+) -> dict[str, tuple[onnx.ModelProto, bool]]:
+    """The tied LM head's variants: {name: (model, needs the custom ops)}."""
+    table = np.random.default_rng(7).standard_normal((vocab, HIDDEN), np.float32) * 0.05
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("onnxq", 1)]
+    b = numpy_helper.from_array(np.ascontiguousarray(table.T), "w_head")
+    fm = _graph(
+        [helper.make_node("MatMul", ["a_h", "w_head"], ["y_head"])], [b], m, ["head"], opsets[:1]
+    )
+    models: dict[str, tuple[onnx.ModelProto, bool]] = {"float": (fm, False)}
+    for dt, fused in [(dq_format, False)] + [(f, True) for f in formats]:
+        q = onnxq.cast(table, dt, axis=1, mode="compress")
+        fields = {"Q": q.data, "Scale": q.scale, "Zero": q.zero, "TenScale": q.tenscale}
+        fields.update({"Meta": q.meta, "Mask": q.mask})
+        names = [f"{k}_head" if fields.get(k) is not None else "" for k in SLOTS]
+        while not names[-1]:
+            names.pop()
+        inits = [
+            numpy_helper.from_array(np.ascontiguousarray(fields[k]), f"{k}_head")
+            for k in SLOTS
+            if fields.get(k) is not None
+        ]
+        attrs = {"dtype": dt, "axis": 1, "shape": [vocab, HIDDEN]}
+        if fused:
+            nodes = [
+                helper.make_node(
+                    "MatMulMX", ["a_h", *names], ["y_head"], domain="onnxq", trans_b=1, **attrs
+                )
+            ]
+            models[f"mmx-t {dt}"] = (_graph(nodes, inits, m, ["head"], opsets), True)
+        else:
+            nodes = [
+                helper.make_node("DequantizeMX", names, ["table"], domain="onnxq", **attrs),
+                helper.make_node("Transpose", ["table"], ["b_head"], perm=[1, 0]),
+                helper.make_node("MatMul", ["a_h", "b_head"], ["y_head"]),
+            ]
+            models[f"dq+tr+mm {dt}"] = (_graph(nodes, inits, m, ["head"], opsets), True)
+    models["nbits"] = (nbits_model(fm, None), False)
+    models["nbits acc4"] = (nbits_model(fm, 4), False)
+    return models
+
+
 def nbits_model(float_m: onnx.ModelProto, accuracy_level: int | None) -> onnx.ModelProto:
     """onnxruntime's MatMulNBits (4 bits, block 32, symmetric) from the float model."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -170,29 +222,49 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--formats", nargs="*", default=["mxfp4", "nvfp4", "uint4_block32"])
     parser.add_argument("--dq-format", default="mxfp4", help="format of the dq+mm variant")
+    parser.add_argument("--vocab", type=int, default=49152, help="LM head rows (0: skip it)")
+    parser.add_argument("--no-layers", action="store_true", help="only the LM head")
     args = parser.parse_args()
     logging.disable(logging.INFO)  # the quantizer logs every node
-    os.environ["ONNXQ_CONST_DECODE"] = "1"  # dq+mm: the weights decoded at session creation
     ws = weights(args.layers)
-    print(f"{args.layers} layers, {sum(w.size for _, w in ws) / 1e6:.1f} M weights")
     for m in args.m:
-        fm = float_model(ws, m)
-        models: dict[str, tuple[onnx.ModelProto, bool]] = {"float": (fm, False)}
-        models[f"dq+mm {args.dq_format}"] = (packed_model(ws, m, args.dq_format, False), True)
-        for dt in args.formats:
-            models[f"mmx {dt}"] = (packed_model(ws, m, dt, True), True)
-        models["nbits"] = (nbits_model(fm, None), False)
-        models["nbits acc4"] = (nbits_model(fm, 4), False)
-        for threads in args.threads:
-            sessions = {k: session(mod, threads, custom) for k, (mod, custom) in models.items()}
-            res = measure(sessions, m, args.rounds)
-            fw, fc = res["float"]
-            print(f"\nM={m}, {threads} thread(s), {args.rounds} rounds (median)")
-            print(f"{'variant':<22}{'wall ms':>10}{'x float':>9}{'cpu ms':>10}{'x float':>9}")
-            for k, (w, c) in res.items():
-                cpu = f"{c * 1e3:>10.2f}{c / fc:>9.2f}" if threads == 1 else ""
-                print(f"{k:<22}{w * 1e3:>10.2f}{w / fw:>9.2f}{cpu}")
-            del sessions
+        if not args.no_layers:
+            print(f"\n{args.layers} layers, {sum(w.size for _, w in ws) / 1e6:.1f} M weights")
+            fm = float_model(ws, m)
+            models: dict[str, tuple[onnx.ModelProto, bool]] = {"float": (fm, False)}
+            models[f"dq+mm {args.dq_format}"] = (packed_model(ws, m, args.dq_format, False), True)
+            for dt in args.formats:
+                models[f"mmx {dt}"] = (packed_model(ws, m, dt, True), True)
+            models["nbits"] = (nbits_model(fm, None), False)
+            models["nbits acc4"] = (nbits_model(fm, 4), False)
+            # dq+mm: the weights decoded at session creation
+            _report(models, m, args.threads, args.rounds, const_decode="1")
+        if args.vocab:
+            print(f"\nLM head: [{m}, {HIDDEN}] x W^T, W [{args.vocab}, {HIDDEN}] tiled along K")
+            head = lm_head_models(m, args.vocab, args.formats, args.dq_format)
+            # dq+tr+mm: a tied table's decode is not kept (it feeds the Gather too)
+            _report(head, m, args.threads, args.rounds, const_decode="0")
+
+
+def _report(
+    models: dict[str, tuple[onnx.ModelProto, bool]],
+    m: int,
+    threads_list: list[int],
+    rounds: int,
+    const_decode: str,
+) -> None:
+    """Measure the variants interleaved and print the table, per thread count."""
+    os.environ["ONNXQ_CONST_DECODE"] = const_decode  # read when a session is created
+    for threads in threads_list:
+        sessions = {k: session(mod, threads, custom) for k, (mod, custom) in models.items()}
+        res = measure(sessions, m, rounds)
+        fw, fc = res["float"]
+        print(f"M={m}, {threads} thread(s), {rounds} rounds (median)")
+        print(f"{'variant':<22}{'wall ms':>10}{'x float':>9}{'cpu ms':>10}{'x float':>9}")
+        for k, (w, c) in res.items():
+            cpu = f"{c * 1e3:>10.2f}{c / fc:>9.2f}" if threads == 1 else ""
+            print(f"{k:<22}{w * 1e3:>10.2f}{w / fw:>9.2f}{cpu}")
+        del sessions
 
 
 if __name__ == "__main__":

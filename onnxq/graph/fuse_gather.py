@@ -8,11 +8,13 @@ name and keeps the table packed. The bits are those of the decode followed by th
 
 Left as they are:
 
-- a decoded table that something else also reads (tied embeddings: the same table feeds a
-  MatMul; a graph output; a subgraph). The decode stays for that reader, so the table is
-  decoded (or, with constant decoding, kept decoded) anyway, and a Gather on it only copies
-  rows: a GatherMX would add decoding work and save no memory. A fusion that later takes the
-  other reader over (MatMulMX) should run before this one in ``FUSIONS``;
+- a decoded table that something else also reads (a graph output, a subgraph, a Transpose
+  or MatMul that `fuse_matmul` could not take). The decode stays for that reader, so the table
+  is decoded (or, with constant decoding, kept decoded) anyway, and a Gather on it only copies
+  rows: a GatherMX would add decoding work and save no memory. Tied embeddings whose output
+  projection ``MatMul(h, Transpose(E))`` `fuse_matmul` turned into ``MatMulMX(trans_b=1)``
+  (it runs first in ``FUSIONS``) are fused here: the Gathers are then the table's only readers,
+  so GatherMX and MatMulMX read the one packed initializer and the DequantizeMX goes;
 - N:M sparse formats (GatherMX does not take them), and tables tiled along dim 0 in groups of
   more than `MAX_GROUP_ROWS` rows (GatherMX decodes every row group its indices touch: a tile
   of 32 rows along dim 0 costs 32 rows per index, a tile spanning the whole dim the whole

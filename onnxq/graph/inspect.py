@@ -196,8 +196,9 @@ def inspect_model(model: onnx.ModelProto) -> ModelSummary:
             found = quantized_tensor(node, stored, shapes)
             if found is None:
                 continue
-            if node.op_type == "GatherMX" and found.stored and set(found.stored) <= packed:
-                continue  # GatherMX nodes that share one packed table: listed once
+            fused = node.op_type in ("GatherMX", "MatMulMX")
+            if fused and found.stored and set(found.stored) <= packed:
+                continue  # fused nodes that share one packed table (tied embeddings): listed once
             restored = reshaped.get(found.name) if found.stored else None
             if restored is not None and math.prod(restored[1]) == found.numel:
                 found = dataclasses.replace(

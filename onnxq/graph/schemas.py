@@ -95,7 +95,7 @@ OPS: dict[str, OpSpec] = {
         "MatMulMX",
         ("A", "Q", "Scale?", "Zero?", "TenScale?", "Meta?", "Mask?", "Bias?"),
         ("Y",),
-        ("dtype", "axis", "shape", "output_type"),
+        ("dtype", "axis", "shape", "output_type", "trans_b"),
     ),
     "GatherMX": OpSpec(
         "GatherMX",
@@ -151,6 +151,7 @@ _ATTRS: dict[str, tuple[OpSchema.AttrType, Any, str]] = {
     "int_range": (OpSchema.AttrType.STRING, "symmetric", "symmetric or full"),
     "shape": (OpSchema.AttrType.INTS, None, "the shape of X"),
     "output_type": (OpSchema.AttrType.INT, 1, "1 float, 10 float16, 16 bfloat16"),
+    "trans_b": (OpSchema.AttrType.INT, 0, "MatMulMX: 1 when Q holds W = B^T, shape W's [N, K]"),
 }
 # Attributes with no default that an op may leave out: DequantizeMX's `shape`, when the Shape
 # input gives X's shape at run time.
@@ -283,7 +284,8 @@ def output_types(
     if op_type == "CodebookLookup" and not isinstance(dt.nspec, Codebook):
         raise ValueError(f"{where} dtype {code!r} is not a codebook; use DequantizeMX")
     if op_type == "MatMulMX":
-        return [_matmul_mx_output(list(y_shape or ()), out_type, input_shape)]
+        trans_b = int(attrs.get("trans_b", 0))
+        return [_matmul_mx_output(list(y_shape or ()), out_type, input_shape, trans_b)]
     if op_type == "GatherMX":  # Indices.shape + the table's row shape
         table = tuple(y_shape or ())
         rows = None if input_shape is None else (*input_shape, *table[1:])
@@ -338,17 +340,23 @@ def _y_shape(
 
 
 def _matmul_mx_output(
-    shape: list[int], out_type: int, a_shape: tuple[int, ...] | None
+    shape: list[int], out_type: int, a_shape: tuple[int, ...] | None, trans_b: int = 0
 ) -> tuple[int, tuple[int, ...] | None]:
-    """MatMulMX's Y: float32, A's leading dims and N (``shape`` is B's, ``[K, N]``)."""
+    """MatMulMX's Y: float32, A's leading dims and N (`shape`: B's [K, N], W's with trans_b)."""
+    if trans_b not in (0, 1):
+        raise ValueError(
+            f"[MatMulMX] attribute 'trans_b' {trans_b} must be 0 (Q holds B [K, N]) or 1 "
+            "(Q holds W = B^T [N, K])"
+        )
     if len(shape) != 2:
-        raise ValueError(f"[MatMulMX] attribute 'shape' must be B's [K, N], got {list(shape)}")
+        what = "W's [N, K]" if trans_b else "B's [K, N]"
+        raise ValueError(f"[MatMulMX] attribute 'shape' must be {what}, got {list(shape)}")
     if out_type != TensorProto.FLOAT:
         raise ValueError(
             f"[MatMulMX] attribute 'output_type' {out_type}: only 1 (float) is supported; "
             "decode float16/bfloat16 weights with DequantizeMX and MatMul"
         )
-    k, n = (int(d) for d in shape)
+    k, n = (int(d) for d in (shape[::-1] if trans_b else shape))
     if a_shape is not None and (not a_shape or a_shape[-1] != k):
         raise ValueError(f"[MatMulMX] input A of shape {a_shape} must end in K = {k}")
     return out_type, None if a_shape is None else (*a_shape[:-1], n)
@@ -450,6 +458,8 @@ def _infer_matmul_mx(ctx: onnx.shape_inference.InferenceContext, attrs: dict[str
     if a is not None and a.tensor_type.HasField("shape") and a.tensor_type.shape.dim:
         dims = a.tensor_type.shape.dim
         k, n = (int(d) for d in attrs["shape"])
+        if int(attrs.get("trans_b", 0)):
+            k, n = n, k
         if dims[-1].HasField("dim_value") and dims[-1].dim_value != k:
             raise onnx.shape_inference.InferenceError(  # a shape error, as onnx's own ops raise
                 f"[MatMulMX] input A's last dim {dims[-1].dim_value} must be K = {k}"

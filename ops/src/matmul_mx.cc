@@ -62,6 +62,17 @@ struct MmxPlan {
   const uint8_t* vz = nullptr;
   bool split = false;     // 4-bit rows as mmx_prepack writes them (column j and j + 32 a byte)
   bool prefetch = false;  // B's own layout: prefetch the codes ahead
+  bool vec = true;        // the view above is valid (a transposed B: only when prepacked)
+  // trans_b: q, scale, zero and meta are W = B^T's ([N, K]): element (k, n) at n * K + k, the
+  // scale (zero) code of tile t of column n at n * nK + t, the shift bit of (k, n) at
+  // n * msub + k / Sc.
+  bool trans = false;
+  int64_t nK = 1, msub = 0;
+  // E8M0 scales without shift bits whose codes are all normal powers of two or the NaN code
+  // (plan_decode checked them): fac0[c] is the float with exponent field c + e8_off, or NaN for
+  // code 255, computed in the vector path instead of gathered from the table.
+  bool e8 = false;
+  int e8_off = 0;
 };
 
 #define MMX_ISA 0
@@ -174,6 +185,8 @@ bool plan_decode(const Format& f, const Geometry& g, const DequantizeIO& io,
     }
     p->scale8 = sc;
     p->mode = shift ? kMmxShift : kMmxScale;
+    p->e8 = !shift && f.scale.bits == 8 && nan_code == 255;
+    p->e8_off = 127 - f.scale.bias - int_frac_bits(n);
     if (shift) {
       if (g.Sr != 1 || f.meta_bits() != 1 || !io.meta_packed) return false;
       p->meta = io.meta_packed;
@@ -241,44 +254,93 @@ MmxScales mmx_scale_values(const Format& f) {
   return out;
 }
 
+namespace {
+
+// Block bl of B's own layout ([K, N] tiled along K) into the prepacked one.
+void prepack_block(const Format& f, int64_t K, int64_t N, int64_t nK, int64_t bl,
+                   const DequantizeIO& b, int64_t sw, MmxPrepacked* out) {
+  const int64_t rb = kMmxBlock * f.elem.bits / 8;
+  for (int64_t k = 0; k < K; ++k) {
+    const uint8_t* src = b.packed + (k * N + bl * kMmxBlock) * f.elem.bits / 8;
+    uint8_t* dst = &out->q[(bl * K + k) * rb];
+    if (f.elem.bits == 8) {
+      std::memcpy(dst, src, static_cast<size_t>(rb));
+      continue;
+    }
+    // 4-bit: byte j holds column j (low nibble) and column j + 32 (high nibble), so that
+    // the kernel's table permute reads each byte as the index of column j and, shifted right
+    // by 4, of column j + 32 (mmx_row512): no interleaving.
+    auto code = [&](int64_t c) { return (src[c / 2] >> (4 * (c % 2))) & 0xF; };
+    for (int64_t j = 0; j < 32; ++j) dst[j] = static_cast<uint8_t>(code(j) | code(j + 32) << 4);
+  }
+  const uint8_t* sc = static_cast<const uint8_t*>(b.scale);
+  const uint8_t* z = static_cast<const uint8_t*>(b.zero);
+  for (int64_t t = 0; t < nK; ++t) {
+    std::memcpy(&out->scale[(bl * nK + t) * kMmxBlock * sw], sc + (t * N + bl * kMmxBlock) * sw,
+                static_cast<size_t>(kMmxBlock * sw));
+    if (z)
+      std::memcpy(&out->zero[(bl * nK + t) * kMmxBlock], z + t * N + bl * kMmxBlock,
+                  static_cast<size_t>(kMmxBlock));
+  }
+}
+
+// Block bl from W = B^T ([N, K] tiled along K, trans_b): column n of B is W's row n, the scale
+// (zero) code of its tile t at W's grid position (n, t). The same layout as prepack_block.
+void prepack_block_t(const Format& f, int64_t K, int64_t nK, int64_t bl, const DequantizeIO& b,
+                     int64_t sw, MmxPrepacked* out) {
+  const int64_t rb = kMmxBlock * f.elem.bits / 8, n0 = bl * kMmxBlock;
+  uint8_t* dst = &out->q[bl * K * rb];
+  if (f.elem.bits == 8) {
+    for (int64_t j = 0; j < kMmxBlock; ++j) {
+      const uint8_t* row = b.packed + (n0 + j) * K;
+      for (int64_t k = 0; k < K; ++k) dst[k * rb + j] = row[k];
+    }
+  } else {  // 4-bit: byte j of row k holds columns j and j + 32 (see prepack_block)
+    auto code = [&](int64_t n, int64_t k) {
+      const int64_t e = n * K + k;
+      return (b.packed[e / 2] >> (4 * (e % 2))) & 0xF;
+    };
+    for (int64_t j = 0; j < 32; ++j)
+      for (int64_t k = 0; k < K; ++k)
+        dst[k * rb + j] = static_cast<uint8_t>(code(n0 + j, k) | code(n0 + j + 32, k) << 4);
+  }
+  const uint8_t* sc = static_cast<const uint8_t*>(b.scale);
+  const uint8_t* z = static_cast<const uint8_t*>(b.zero);
+  for (int64_t t = 0; t < nK; ++t) {
+    uint8_t* ds = &out->scale[(bl * nK + t) * kMmxBlock * sw];
+    for (int64_t j = 0; j < kMmxBlock; ++j) {
+      std::memcpy(ds + j * sw, sc + ((n0 + j) * nK + t) * sw, static_cast<size_t>(sw));
+      if (z) out->zero[(bl * nK + t) * kMmxBlock + j] = z[(n0 + j) * nK + t];
+    }
+  }
+}
+
+}  // namespace
+
 void mmx_prepack(const Format& f, const std::vector<int64_t>& bshape, int axis,
                  const DequantizeIO& b, int64_t q_bytes, int64_t scale_bytes,
-                 int64_t zero_bytes, MmxPrepacked* out) {
+                 int64_t zero_bytes, MmxPrepacked* out, bool trans_b) {
   *out = MmxPrepacked();
-  if (!matmul_mx_fused(f, bshape, axis) || (f.elem.bits != 4 && f.elem.bits != 8)) return;
+  if (!matmul_mx_fused(f, bshape, axis, trans_b) || (f.elem.bits != 4 && f.elem.bits != 8))
+    return;
   if (f.sub[1] > 0 || !b.packed || !b.scale || (f.has_zero && !b.zero)) return;
   Geometry g;
   if (!make_geometry(f, bshape, axis, &g).empty() || g.kind != 1) return;
-  const int64_t K = bshape[0], N = bshape[1], nK = g.nC, blocks = N / kMmxBlock;
-  const int64_t rb = kMmxBlock * f.elem.bits / 8, sw = code_width(f.scale.bits);
-  if (blocks == 0 || (N * f.elem.bits) % 8 || sw > 2) return;
+  const int64_t K = bshape[trans_b ? 1 : 0], N = bshape[trans_b ? 0 : 1], nK = g.nC;
+  const int64_t blocks = N / kMmxBlock, rb = kMmxBlock * f.elem.bits / 8;
+  const int64_t sw = code_width(f.scale.bits);
+  // (B's own rows must start on a byte to be copied; W's codes are read one by one.)
+  if (blocks == 0 || (!trans_b && (N * f.elem.bits) % 8) || sw > 2) return;
   if (q_bytes != packed_nbytes(K * N, f.elem.bits) || scale_bytes != nK * N * sw) return;
   if (f.has_zero && (code_width(f.zero.bits) != 1 || zero_bytes != nK * N)) return;
   out->q.resize(static_cast<size_t>(blocks * K * rb));
   out->scale.resize(static_cast<size_t>(blocks * nK * kMmxBlock * sw));
   if (f.has_zero) out->zero.resize(static_cast<size_t>(blocks * nK * kMmxBlock));
-  const uint8_t* sc = static_cast<const uint8_t*>(b.scale);
-  const uint8_t* z = static_cast<const uint8_t*>(b.zero);
   for (int64_t bl = 0; bl < blocks; ++bl) {
-    for (int64_t k = 0; k < K; ++k) {
-      const uint8_t* src = b.packed + (k * N + bl * kMmxBlock) * f.elem.bits / 8;
-      uint8_t* dst = &out->q[(bl * K + k) * rb];
-      if (f.elem.bits == 8) {
-        std::memcpy(dst, src, static_cast<size_t>(rb));
-        continue;
-      }
-      // 4-bit: byte j holds column j (low nibble) and column j + 32 (high nibble), so that
-      // the kernel's table permute reads each byte as the index of column j and, shifted right
-      // by 4, of column j + 32 (mmx_row512): no interleaving.
-      auto code = [&](int64_t c) { return (src[c / 2] >> (4 * (c % 2))) & 0xF; };
-      for (int64_t j = 0; j < 32; ++j) dst[j] = static_cast<uint8_t>(code(j) | code(j + 32) << 4);
-    }
-    for (int64_t t = 0; t < nK; ++t) {
-      std::memcpy(&out->scale[(bl * nK + t) * kMmxBlock * sw], sc + (t * N + bl * kMmxBlock) * sw,
-                  static_cast<size_t>(kMmxBlock * sw));
-      if (z)
-        std::memcpy(&out->zero[(bl * nK + t) * kMmxBlock], z + t * N + bl * kMmxBlock,
-                    static_cast<size_t>(kMmxBlock));
+    if (trans_b) {
+      prepack_block_t(f, K, nK, bl, b, sw, out);
+    } else {
+      prepack_block(f, K, N, nK, bl, b, sw, out);
     }
   }
   out->ready = true;
@@ -291,8 +353,9 @@ void mmx_prepack(const Format& f, const std::vector<int64_t>& bshape, int axis,
   }
 }
 
-bool matmul_mx_fused(const Format& f, const std::vector<int64_t>& bshape, int axis) {
-  if (bshape.size() != 2 || axis != 0) return false;
+bool matmul_mx_fused(const Format& f, const std::vector<int64_t>& bshape, int axis,
+                     bool trans_b) {
+  if (bshape.size() != 2 || axis != (trans_b ? 1 : 0)) return false;
   if (!f.scaled || f.codebook() || f.sparse_m || f.ntiles != 1) return false;
   if (f.elem.kind != kFloat && f.elem.kind != kInt && f.elem.kind != kUint) return false;
   if (f.elem.bits > 8) return false;
@@ -304,12 +367,14 @@ bool matmul_mx_fused(const Format& f, const std::vector<int64_t>& bshape, int ax
 
 std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int axis,
                       const MatMulIO& io, const MmxScales& scales, const ParallelFor& pf) {
-  if (bshape.size() != 2) return "B must have 2 dims [K, N]";
+  const bool tb = io.trans_b;
+  if (bshape.size() != 2) return tb ? "W must have 2 dims [N, K]" : "B must have 2 dims [K, N]";
   MmxPlan p;
   p.a = io.a;
   p.M = io.M;
-  p.K = bshape[0];
-  p.N = bshape[1];
+  p.K = bshape[tb ? 1 : 0];
+  p.N = bshape[tb ? 0 : 1];
+  p.trans = tb;
   p.bias = io.bias;
   p.y = io.y;
   if (p.M <= 0) return "";
@@ -318,13 +383,16 @@ std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int a
   if (!e.empty()) return e;
   MmxTables t;
   std::vector<float> whole;
-  bool fused = !simd_none() && matmul_mx_fused(f, bshape, axis) && io.b.packed && !io.b.mask &&
-               g.kind == 1 && plan_decode(f, g, io.b, scales, io.pre && io.pre->scales_ok, &t, &p);
+  bool fused = !simd_none() && matmul_mx_fused(f, bshape, axis, tb) && io.b.packed &&
+               !io.b.mask && g.kind == 1 &&
+               plan_decode(f, g, io.b, scales, io.pre && io.pre->scales_ok, &t, &p);
   if (fused) {
     p.q = io.b.packed;
     p.bits = f.elem.bits;
     p.qbytes = packed_nbytes(g.size, f.elem.bits);
     p.Tc = g.Tc;
+    p.nK = g.nC;
+    p.msub = g.Sc > 0 ? (p.K + g.Sc - 1) / g.Sc : 0;
   } else {
     whole.resize(static_cast<size_t>(p.K * p.N));
     DequantizeIO d = io.b;
@@ -347,6 +415,7 @@ std::string matmul_mx(const Format& f, const std::vector<int64_t>& bshape, int a
     p.vz = pre && p.zero8 ? io.pre->zero.data() : p.zero8;
     p.split = pre && p.bits == 4;
     p.prefetch = !pre;
+    p.vec = pre || !tb;  // W's own layout has no view by columns of B
   }
   const MmxIsa isa = pick_isa();
   p.kb = std::min<int64_t>(p.K, 128);

@@ -70,6 +70,7 @@ struct Kernel {
   MmxScales scale_values;
   MmxPrepacked prepacked;  // MatMulMX: B's constant blocks rearranged (matmul_mx.h)
   std::shared_ptr<MmxLarge> large;  // MatMulMX: the large-M path (ort_kernel_mmx_large.h)
+  bool trans_b = false;    // MatMulMX: the packed tensor is W = B^T, `shape` W's [N, K]
 };
 
 // Reads and checks the node's attributes (every op).

@@ -138,8 +138,14 @@ void init_matmul_mx(Kernel* k, const OrtKernelInfo* info) {
   if (!k->fmt_ready)
     throw OpError("dtype '" + k->parsed.code + "' is a generic codebook: MatMulMX has no Table " +
                   "input; decode it with CodebookLookup and MatMul");
+  int64_t trans_b = 0;
+  if (attr_int(info, "trans_b", &trans_b) && trans_b != 0 && trans_b != 1)
+    throw OpError("attribute 'trans_b' " + std::to_string(trans_b) + " must be 0 (Q holds B " +
+                  "[K, N]) or 1 (Q holds W = B^T [N, K])");
+  k->trans_b = trans_b == 1;
   if (k->shape.size() != 2)
-    throw OpError("attribute 'shape' " + shape_str(k->shape) + " must be B's [K, N] (2 dims)");
+    throw OpError("attribute 'shape' " + shape_str(k->shape) + " must be " +
+                  (k->trans_b ? "W's [N, K]" : "B's [K, N]") + " (2 dims)");
   if (k->out_type != kTF32)
     throw OpError("attribute 'output_type' " + std::to_string(k->out_type) + ": only 1 " +
                   "(float) is supported; decode float16/bfloat16 weights with DequantizeMX " +
@@ -158,20 +164,20 @@ void init_matmul_mx(Kernel* k, const OrtKernelInfo* info) {
     b.scale = sc.data;
     b.zero = z ? z.data : nullptr;
     mmx_prepack(k->fmt, k->shape, axis, b, q.count, sc.count * (sc.type == kU16 ? 2 : sc.type == kU8 ? 1 : 4),
-                z ? z.count * (z.type == kU8 ? 1 : 2) : 0, &k->prepacked);
+                z ? z.count * (z.type == kU8 ? 1 : 2) : 0, &k->prepacked, k->trans_b);
   } catch (...) {
     k->prepacked = MmxPrepacked();  // the Runs read B as it is
   }
 }
 
 void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx) {
-  const int64_t K = k.shape[0], N = k.shape[1];
+  const int64_t K = k.shape[k.trans_b ? 1 : 0], N = k.shape[k.trans_b ? 0 : 1];
   In a = input(ctx, kMmx.a, "A");
   if (!a) throw OpError("input A is missing");
   if (a.type != kTF32 || a.shape.empty() || a.shape.back() != K)
     throw OpError("input A is " + type_name(a.type) + " of shape " + shape_str(a.shape) +
                   "; it must be float of shape [..., K] with K = " + std::to_string(K) +
-                  " (B's shape " + shape_str(k.shape) + ")");
+                  (k.trans_b ? " (W's shape " : " (B's shape ") + shape_str(k.shape) + ")");
   In bias = input(ctx, kMmx.bias, "Bias");
   if (bias && (bias.type != kTF32 || bias.shape != std::vector<int64_t>{N}))
     throw OpError("input Bias is " + type_name(bias.type) + " of shape " + shape_str(bias.shape) +
@@ -192,6 +198,7 @@ void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx) {
   io.M = a.count / K;
   io.bias = bias ? static_cast<const float*>(bias.data) : nullptr;
   io.pre = &k.prepacked;
+  io.trans_b = k.trans_b;
   io.y = static_cast<float*>(y);
   const ParallelFor pf = session_parallel_for(ctx);
   // M >= the threshold: onnxruntime's MatMul on the decoded B (the unfused graph's bits); it

@@ -60,14 +60,24 @@ bool packed_inputs_constant(const OrtKernelInfo* info) {
 // fused path then reports it).
 bool decode_b(const Kernel& k, int axis, const DequantizeIO& in, const ParallelFor& pf,
               std::vector<float>* out) {
-  // A trans_b flag (Q holding W [N, K]) goes here: decode W with k.shape = [N, K] into a
-  // temporary, then transpose it into *out as [K, N]; the rest of the path is unchanged.
-  const int64_t K = k.shape[0], N = k.shape[1];
-  out->assign(static_cast<size_t>(K * N), 0.0f);
+  // With trans_b, Q holds W = B^T [N, K]: decoded as [N, K], then transposed (the unfused
+  // graph's DequantizeMX -> Transpose -> MatMul).
+  const int64_t K = k.shape[k.trans_b ? 1 : 0], N = k.shape[k.trans_b ? 0 : 1];
+  std::vector<float> w;
+  std::vector<float>& into = k.trans_b ? w : *out;
+  into.assign(static_cast<size_t>(K * N), 0.0f);
   DequantizeIO d = in;
-  d.values = out->data();
+  d.values = into.data();
   d.values_type = kF32;
-  return dequantize(k.fmt, k.shape, axis, d, pf).empty();
+  if (!dequantize(k.fmt, k.shape, axis, d, pf).empty()) return false;
+  if (!k.trans_b) return true;
+  out->assign(static_cast<size_t>(K * N), 0.0f);
+  float* b = out->data();
+  pf(K, [&](int64_t k0, int64_t k1) {
+    for (int64_t kk = k0; kk < k1; ++kk)
+      for (int64_t n = 0; n < N; ++n) b[kk * N + n] = w[static_cast<size_t>(n * K + kk)];
+  });
+  return true;
 }
 
 // Wraps float data of `shape` as an OrtValue (not owned); null on an error.
@@ -146,7 +156,7 @@ bool mmx_large_run(const Kernel& k, OrtKernelContext* ctx, int axis, const MatMu
   MmxLarge* L = k.large.get();
   if (!L || !L->matmul || L->threshold <= 0 || io.M < L->threshold) return false;
   if (L->broken.load(std::memory_order_relaxed)) return false;
-  const int64_t K = k.shape[0], N = k.shape[1];
+  const int64_t K = k.shape[k.trans_b ? 1 : 0], N = k.shape[k.trans_b ? 0 : 1];
   std::vector<float> temp;  // B of this Run (weights given at run time)
   const float* b = nullptr;
   if (L->constant) {

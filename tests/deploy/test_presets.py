@@ -30,12 +30,14 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def _dq_formats(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
-    """Data type codes of weight DequantizeMX nodes and of activation quantizers (fused or not)."""
+    """Data type codes of packed weights (DequantizeMX or fused) and of activation quantizers."""
     stored = {t.name for t in model.graph.initializer}
     weights, acts = set(), set()
     for node in model.graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type == "DequantizeMX" and node.input[0] in stored:
+            weights.add(attrs["dtype"].decode())
+        elif node.op_type in ("MatMulMX", "GatherMX") and node.input[1] in stored:  # fused
             weights.add(attrs["dtype"].decode())
         elif node.op_type in ("QuantizeMX", "QuantizeDequantizeMX"):
             acts.add(attrs["dtype"].decode())

@@ -53,8 +53,13 @@ def model(
     axis: int = 0,
     constant: bool = True,
     output_type: int = TensorProto.FLOAT,
+    trans_b: int | None = None,
 ) -> onnx.ModelProto:
-    """Y = MatMulMX(A, packed B, Bias?): B's fields as initializers (or graph inputs)."""
+    """Y = MatMulMX(A, packed B, Bias?): B's fields as initializers (or graph inputs).
+
+    ``trans_b``: the attribute (None leaves it out); with 1, ``shape`` and the fields are W's
+    (W = B^T, ``[N, K]``).
+    """
     tensors = {k: v for k, v in fields.items()}
     if bias is not None:
         tensors["Bias"] = bias
@@ -70,6 +75,7 @@ def model(
         axis=axis,
         shape=list(shape),
         output_type=output_type,
+        **({} if trans_b is None else {"trans_b": trans_b}),
     )
     inits = [numpy_helper.from_array(v, k) for k, v in tensors.items()]
     a = helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a_shape))

@@ -30,12 +30,13 @@ def build_function(
 ) -> onnx.FunctionProto:
     """The function for one node: ``op_type``, its attributes and X's shape.
 
-    For DequantizeMX, CodebookLookup, MatMulMX (B's) and GatherMX (the table's) ``shape`` is
-    the ``shape`` attribute; for QuantizeMX and QuantizeDequantizeMX it is the input's shape,
-    and ``attrs`` may hold ``num_outputs`` (a QuantizeMX node's output count, not an op
-    attribute). A shape whose rank is known but some dims are not (None) gets a body that reads
-    the sizes at run time: from ``Shape(X)`` for QuantizeMX, from the ``Shape`` input for
-    DequantizeMX; QuantizeDequantizeMX always reads them. A static shape keeps its static body.
+    For DequantizeMX, CodebookLookup, MatMulMX (B's, or W's with ``trans_b``) and GatherMX (the
+    table's) ``shape`` is the ``shape`` attribute; for QuantizeMX and QuantizeDequantizeMX it is
+    the input's shape, and ``attrs`` may hold ``num_outputs`` (a QuantizeMX node's output
+    count, not an op attribute). A shape whose rank is known but some dims are not (None) gets
+    a body that reads the sizes at run time: from ``Shape(X)`` for QuantizeMX, from the
+    ``Shape`` input for DequantizeMX; QuantizeDequantizeMX always reads them. A static shape
+    keeps its static body.
 
     Raises:
         NotImplementedError: the format has no bit-exact standard-ONNX body yet.
@@ -65,7 +66,11 @@ def build_function(
         )
     if op_type == "MatMulMX":
         return matmul_mx_function(
-            attrs["dtype"], axis, shape, int(attrs.get("output_type", TensorProto.FLOAT))
+            attrs["dtype"],
+            axis,
+            shape,
+            int(attrs.get("output_type", TensorProto.FLOAT)),
+            int(attrs.get("trans_b", 0)),
         )
     if op_type == "GatherMX":
         return gather_mx_function(

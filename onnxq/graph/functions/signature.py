@@ -79,6 +79,8 @@ def overload_name(op_type: str, attrs: Mapping[str, Any], shape: Sequence[int]) 
             parts.append(f"o{int(attrs['num_outputs'])}")
     else:
         parts.append(_OUTPUT_TYPES[_output_type(attrs.get("output_type", TensorProto.FLOAT))])
+    if op_type == "MatMulMX" and int(attrs.get("trans_b", 0)):
+        parts.append("tb")  # Q holds W = B^T (a transposed product in the body)
     text = "_".join(parts).lower()
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in text)
 
