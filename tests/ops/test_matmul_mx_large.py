@@ -203,3 +203,24 @@ def test_one_session_shared_by_8_threads(constant: bool) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         assert all(pool.map(runs, range(8)))
+
+
+@pytest.mark.parametrize("dt", ["mxfp4", "nvfp4", "mxint8", "mx6"])
+@pytest.mark.parametrize("constant", [True, False])
+def test_trans_b_takes_the_transposed_decode(dt: str, constant: bool) -> None:
+    """trans_b=1 (Q holds W = B^T [N, K], tiled along K): the unfused Transpose -> MatMul bits."""
+    k, n = 300, 70
+    w = _weights(n, k, 21).copy()  # W [N, K]
+    fields, w_dec = mc.packed(w, dt, axis=1)
+    b = np.ascontiguousarray(w_dec.T)
+    bias = np.linspace(-1, 1, n, dtype=np.float32)
+    model = mc.model(dt, fields, (n, k), ("M", k), bias, axis=1, constant=constant, trans_b=1)
+    feeds = {} if constant else {**fields, "Bias": bias}
+    sess = runtime.session(model)
+    rng = np.random.default_rng(22)
+    at = _special_a(rng.standard_normal((DEFAULT_T + 5, k)).astype(np.float32))
+    y = sess.run(None, {"A": at, **feeds})[0]
+    assert mc.bits(y) == mc.bits(_unfused(at, b, bias))
+    assert mc.bits(y) != mc.bits(mc.oracle(at, b, bias))  # the path ran (K is past MLAS's blocks)
+    below = at[: DEFAULT_T - 1]
+    assert mc.bits(sess.run(None, {"A": below, **feeds})[0]) == mc.bits(mc.oracle(below, b, bias))
