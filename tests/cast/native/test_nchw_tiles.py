@@ -24,6 +24,7 @@ pytestmark = pytest.mark.needs_native
 FORMATS = [
     "mxfp8", "mxfp8e5", "mxfp6", "mxfp6e2", "mxfp4", "mxint8", "mxint4", "bfp16", "bfp8",
     "mx6", "mx9", "mx4", "nvfp4", "int8_e8m0_t8", "e4m3fn_e8m0_t64", "int8_e8m0_t64s4",
+    "e5m2_e8m0_t128", "e2m1fnuz_e4m3fn_t16",
 ]  # fmt: skip
 SIMD = ["base", "avx2", "avx512"]
 # (shape, axis): C below, at and off the tile; inner 1 (a last axis after all), 7, 33, 1000;
