@@ -14,7 +14,12 @@ column is the median over the rounds of the calling thread's CPU time per run
 the ratios are measured in the same run on a shared, noisy machine. The fused and pair outputs
 are checked to be the same bits before timing.
 
+A second table times NCHW activations (``NCHW_SHAPES``) tiled along their channels (axis 1,
+the channel kernels) against the same tensor tiled along its last axis (the row kernels), both
+fused, with Identity as the floor.
+
 Usage: python benchmarks/activation_qdq.py [--repeat 15] [--formats mxfp8 mxfp4 ...]
+       [--no-nchw]
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels  # benchmarks/kernels.py: cpu_name
 
 SHAPES = [(64, 4096), (8, 128, 768)]
+NCHW_SHAPES = [(1, 96, 112, 112), (1, 144, 56, 56), (1, 672, 14, 14), (1, 128, 4)]
 FORMATS = ["mxfp8", "mxfp4", "mx6", "nvfp4", "bfp16"]
 
 
-def _models(fmt: str, rank: int) -> dict[str, Any]:
+def _models(fmt: str, rank: int, axis: int = -1) -> dict[str, Any]:
     from onnx import TensorProto, helper
 
     from onnxq.graph.schemas import output_types
@@ -52,12 +58,16 @@ def _models(fmt: str, rank: int) -> dict[str, Any]:
     graphs = {
         "identity": [helper.make_node("Identity", ["x"], ["y"])],
         "fused": [
-            helper.make_node("QuantizeDequantizeMX", ["x"], ["y"], domain="onnxq", dtype=fmt)
+            helper.make_node(
+                "QuantizeDequantizeMX", ["x"], ["y"], domain="onnxq", dtype=fmt, axis=axis
+            )
         ],
         "pair": [
-            helper.make_node("QuantizeMX", ["x"], names, domain="onnxq", dtype=fmt),
+            helper.make_node("QuantizeMX", ["x"], names, domain="onnxq", dtype=fmt, axis=axis),
             helper.make_node("Shape", ["x"], ["x_shape"]),
-            helper.make_node("DequantizeMX", [*names, "x_shape"], ["y"], domain="onnxq", dtype=fmt),
+            helper.make_node(
+                "DequantizeMX", [*names, "x_shape"], ["y"], domain="onnxq", dtype=fmt, axis=axis
+            ),
         ],
     }
     return {
@@ -73,15 +83,44 @@ def _one_thread(ort: Any) -> Any:
     return so
 
 
+def _medians(ort: Any, models: dict[str, Any], x: np.ndarray, repeat: int) -> dict[str, Any]:
+    """Median thread CPU time per run of each model, interleaved; and each one's output."""
+    from onnxq import runtime
+
+    sessions = {k: runtime.session(m, sess_options=_one_thread(ort)) for k, m in models.items()}
+    outs = {k: np.empty_like(x) for k in sessions}
+    bindings = {}
+    for k, sess in sessions.items():
+        b = sess.io_binding()
+        b.bind_cpu_input("x", x)
+        b.bind_output("y", "cpu", 0, np.float32, list(x.shape), outs[k].ctypes.data)
+        bindings[k] = b
+        sess.run_with_iobinding(b)  # warm-up
+    # a batch of runs takes about 20 ms, so the thread clock's resolution does not matter
+    batch = max(1, int(5e6 // x.size))
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for _ in range(repeat):
+        for k, sess in sessions.items():
+            b = bindings[k]
+            t0 = time.thread_time()
+            for _ in range(batch):
+                sess.run_with_iobinding(b)
+            times[k].append((time.thread_time() - t0) / batch)
+    return {"med": {k: statistics.median(v) for k, v in times.items()}, "out": outs}
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--formats", nargs="*", default=FORMATS)
+    parser.add_argument("--no-nchw", action="store_true", help="skip the channel-axis table")
     args = parser.parse_args()
 
     import onnxruntime as ort
-
-    from onnxq import runtime
 
     print(f"CPU: {kernels.cpu_name()} ({os.cpu_count()} logical cores); one intra-op thread")
     print("thread CPU time per run, median of interleaved rounds; ratios in the same run")
@@ -92,37 +131,39 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for shape in SHAPES:
         x = rng.standard_normal(shape, dtype=np.float32)
-        # a batch of runs takes about 20 ms, so the thread clock's resolution does not matter
-        batch = max(1, int(5e6 // x.size))
         for fmt in args.formats:
-            sessions = {
-                k: runtime.session(m, sess_options=_one_thread(ort))
-                for k, m in _models(fmt, len(shape)).items()
-            }
-            outs = {k: np.empty_like(x) for k in sessions}
-            bindings = {}
-            for k, sess in sessions.items():
-                b = sess.io_binding()
-                b.bind_cpu_input("x", x)
-                b.bind_output("y", "cpu", 0, np.float32, list(shape), outs[k].ctypes.data)
-                bindings[k] = b
-                sess.run_with_iobinding(b)  # warm-up
-            if not np.array_equal(outs["fused"].view(np.uint32), outs["pair"].view(np.uint32)):
+            r = _medians(ort, _models(fmt, len(shape)), x, args.repeat)
+            if not _same(r["out"]["fused"], r["out"]["pair"]):
                 raise SystemExit(f"{fmt} {shape}: the fused op and the pair disagree")
-            times: dict[str, list[float]] = {k: [] for k in sessions}
-            for _ in range(args.repeat):
-                for k, sess in sessions.items():
-                    b = bindings[k]
-                    t0 = time.thread_time()
-                    for _ in range(batch):
-                        sess.run_with_iobinding(b)
-                    times[k].append((time.thread_time() - t0) / batch)
-            med = {k: statistics.median(v) for k, v in times.items()}
+            med = r["med"]
             print(
                 f"{shape!s:<15} {fmt:<8} {med['identity'] * 1e3:>7.3f}ms "
                 f"{med['fused'] * 1e3:>7.3f}ms {med['pair'] * 1e3:>7.3f}ms "
                 f"{med['fused'] / med['identity']:>9.2f} {med['pair'] / med['identity']:>8.2f} "
                 f"{med['pair'] / med['fused']:>11.2f}"
+            )
+    if args.no_nchw:
+        return
+    print("\nNCHW activations, fused: tiles along the channels (axis 1) vs along the last axis")
+    print(
+        f"{'shape':<18} {'format':<8} {'identity':>9} {'axis 1':>9} {'last':>9} "
+        f"{'ax1/id':>7} {'last/id':>8} {'ax1/last':>9}"
+    )
+    for shape in NCHW_SHAPES:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        for fmt in args.formats:
+            ch = _models(fmt, len(shape), axis=1)
+            models = {"identity": ch["identity"], "ax1": ch["fused"], "pair1": ch["pair"]}
+            models["last"] = _models(fmt, len(shape))["fused"]
+            r = _medians(ort, models, x, args.repeat)
+            if not _same(r["out"]["ax1"], r["out"]["pair1"]):
+                raise SystemExit(f"{fmt} {shape} axis 1: the fused op and the pair disagree")
+            med = r["med"]
+            print(
+                f"{shape!s:<18} {fmt:<8} {med['identity'] * 1e3:>7.3f}ms "
+                f"{med['ax1'] * 1e3:>7.3f}ms {med['last'] * 1e3:>7.3f}ms "
+                f"{med['ax1'] / med['identity']:>7.2f} {med['last'] / med['identity']:>8.2f} "
+                f"{med['ax1'] / med['last']:>9.2f}"
             )
 
 

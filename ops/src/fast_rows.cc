@@ -13,6 +13,7 @@
 #endif
 
 #include "cpu_features.h"
+#include "fast_channels.h"
 #include "fast_rows.h"
 
 namespace onnxq::kern {
@@ -71,6 +72,7 @@ constexpr bool kFkBmi2 = false;  // BMI2's parallel bit extract (pext) available
 #include "fast_rows_scalar.inc"  // NOLINT(build/include)
 #include "fast_rows_vector.inc"  // NOLINT(build/include)
 #include "fast_rows_driver.inc"  // NOLINT(build/include)
+#include "fast_channels.inc"  // NOLINT(build/include)
 }  // namespace fast_base
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -82,6 +84,7 @@ constexpr bool kFkBmi2 = false;
 #include "fast_rows_scalar.inc"  // NOLINT(build/include)
 #include "fast_rows_vector.inc"  // NOLINT(build/include)
 #include "fast_rows_driver.inc"  // NOLINT(build/include)
+#include "fast_channels.inc"  // NOLINT(build/include)
 }  // namespace fast_avx2
 #pragma GCC pop_options
 #pragma GCC push_options
@@ -92,6 +95,7 @@ constexpr bool kFkBmi2 = true;  // every AVX-512 CPU has BMI2 (fast_rows_level c
 #include "fast_rows_scalar.inc"  // NOLINT(build/include)
 #include "fast_rows_vector.inc"  // NOLINT(build/include)
 #include "fast_rows_driver.inc"  // NOLINT(build/include)
+#include "fast_channels.inc"  // NOLINT(build/include)
 }  // namespace fast_avx512
 #pragma GCC pop_options
 #define ONNXQ_FAST_X86 1
@@ -131,6 +135,17 @@ FastRows fast_rows_for(int level) {
   return fast_base::fk_rows;
 }
 
+FastChans fast_chans_for(int level) {
+#ifdef ONNXQ_FAST_X86
+  switch (level) {
+    case 2: return fast_avx512::fk_chan_rows;
+    case 1: return fast_avx2::fk_chan_rows;
+    default: break;
+  }
+#endif
+  return fast_base::fk_chan_rows;
+}
+
 FkCbRows fast_cb_rows_for(int level) {
 #ifdef ONNXQ_FAST_X86
   switch (level) {
@@ -145,13 +160,13 @@ FkCbRows fast_cb_rows_for(int level) {
 namespace {
 
 // Whether the fast path can take this cast at all: the tensor, its outputs and its format.
-bool fast_applies(const Ctx& c) {
+bool fast_applies(const Ctx& c, bool channels) {
   const Format& f = c.f;
   const Geometry& g = c.g;
   const Num& n = f.elem;
   const char* simd = std::getenv("ONNXQ_SIMD");
   if (simd && std::string(simd) == "none") return false;
-  if (g.kind != 1 || g.Post != 1 || c.io.x_type != kF32) return false;
+  if (g.kind != 1 || (g.Post != 1 && !channels) || c.io.x_type != kF32) return false;
   bool codes = c.io.codes || c.io.packed;
   if (c.io.values ? c.io.values_type != kF32 : !codes) return false;
   if (codes && (f.code_bits() > 8 || c.io.mask || (c.io.zero && f.has_zero))) return false;
@@ -263,8 +278,8 @@ bool fast_setup_codes(const Ctx& c, FastFormat* ff, bool codes) {
 }  // namespace
 
 // Sets up the fast path for this cast; false when it does not apply (the general path runs).
-bool fast_setup(const Ctx& c, FastFormat* ff) {
-  if (!fast_applies(c)) return false;
+bool fast_setup(const Ctx& c, FastFormat* ff, bool channels) {
+  if (!fast_applies(c, channels)) return false;
   const Format& f = c.f;
   const Geometry& g = c.g;
   const Num& n = f.elem;

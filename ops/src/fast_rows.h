@@ -95,7 +95,8 @@ using FastRows = void (*)(const FastFormat&, const float*, const FastOut&, int64
 using FkCbRows = void (*)(const FkCbDq&, int64_t, int64_t);
 
 // Sets up the fast path for this cast; false when it does not apply (the general path runs).
-bool fast_setup(const Ctx& c, FastFormat* ff);
+// channels: for tiles along a non-last axis too (the channel kernels, fast_channels.h).
+bool fast_setup(const Ctx& c, FastFormat* ff, bool channels = false);
 // The instruction set of the row kernels for this CPU (simd_level(true); 0 off x86).
 int fast_rows_level();
 // The row kernels of an instruction set (fast_rows_level).

@@ -245,7 +245,9 @@ ParallelFor session_parallel_for(OrtKernelContext* ctx) {
   if (g_version < 17) return default_parallel_for(0);
   return [ctx](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
     if (n <= 0) return;
-    int64_t workers = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    // Read once: hardware_concurrency() opens /sys/devices/system/cpu/online on every call,
+    // a few microseconds, the whole cost of an op on a small tensor.
+    static const int64_t workers = std::max<int64_t>(1, std::thread::hardware_concurrency());
     Job job;
     job.fn = &fn;
     job.n = n;

@@ -15,6 +15,7 @@
 #endif
 
 #include "codebook_fast.h"
+#include "fast_channels.h"
 #include "fast_rows.h"
 #include "packing.h"
 #include "quant_internal.h"
@@ -359,6 +360,7 @@ std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
     cast_fast_rows(c, ff, pf);
     return "";
   }
+  if (cast_fast_channels(c, pf)) return "";  // tiles along a non-last axis (NCHW channels)
   pf(g.tiles(), [&](int64_t t0, int64_t t1) {
     Scratch s;
     for (int64_t t = t0; t < t1; ++t) process_tile(c, t, s);
