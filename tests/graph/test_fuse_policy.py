@@ -167,3 +167,14 @@ def test_bad_recipe_fuse_is_one_line(value: object, word: str) -> None:
     with pytest.raises(ValueError) as err:
         Recipe.from_mapping({"fuse": value})
     assert len(str(err.value).splitlines()) == 1 and word in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["all", ["matmul_mx"], False])
+def test_tuning_keeps_the_recipes_fuse(value: bool | str | list[str]) -> None:
+    """`onnxq tune` writes its recipe from the starting one: the ``fuse`` choice carries."""
+    from onnxq.tuning.layers import assignment_recipe
+
+    base = Recipe.from_mapping({"weights": "mxfp4", "fuse": value})
+    written = assignment_recipe(base, [], {}, weights_only=True)
+    assert written["fuse"] == value
+    assert Recipe.from_mapping(written).fuse == base.fuse
