@@ -27,7 +27,7 @@ import onnx
 from onnxq.graph.fuse_gather import fuse_gather
 from onnxq.graph.fuse_matmul import fuse_matmul
 
-__all__ = ["DEFAULT_FUSIONS", "FUSIONS", "apply_fusions", "fusion_names"]
+__all__ = ["DEFAULT_FUSIONS", "FUSIONS", "apply_fusions", "chosen_fusions", "fusion_names"]
 
 Fusion = Callable[[onnx.ModelProto], int]
 
@@ -75,6 +75,19 @@ def fusion_names(fuse: bool | str | Sequence[str], where: str = "fuse") -> tuple
             f"{where}: unknown fusion {', '.join(map(repr, unknown))}; known: {known} (or 'all')"
         )
     return tuple(n for n in FUSIONS if n in names)
+
+
+def chosen_fusions(
+    fuse: bool | str | Sequence[str], recipe_fuse: bool | str | Sequence[str]
+) -> tuple[bool, tuple[str, ...]]:
+    """Whether activations get one fused node, and the fusions to run, from both choices.
+
+    False from either turns everything off; otherwise an argument other than True wins over
+    the recipe's value.
+    """
+    if fuse is False or recipe_fuse is False:
+        return False, ()
+    return True, fusion_names(recipe_fuse if fuse is True else fuse)
 
 
 def apply_fusions(model: onnx.ModelProto, names: Sequence[str] = DEFAULT_FUSIONS) -> dict[str, int]:

@@ -67,7 +67,7 @@ from onnxq.graph import calibrate_pass, model_io, pass_checks
 from onnxq.graph.activation_nodes import activation_nodes
 from onnxq.graph.calibrate import StaticScale, qdq_nodes
 from onnxq.graph.functions import build_function, fallback_shape
-from onnxq.graph.fuse import apply_fusions, fusion_names
+from onnxq.graph.fuse import apply_fusions, chosen_fusions
 from onnxq.graph.lower import lower_weight
 from onnxq.graph.plan import (
     ActivationPlan,
@@ -553,13 +553,8 @@ def quantize_model(
             (and without the recipe key ``custom_ops_only: true``) such a model is refused.
         allow_empty: return (and write) the model even when the choices select no tensor;
             without it that is an error.
-        fuse: which fusions of onnxq.graph.fuse run. True: the default ones
-            (``DEFAULT_FUSIONS``: ``gather``, GatherMX); ``"all"``: every one (``matmul_mx``
-            too: MatMulMX suits memory-bound decoding, e.g. an LM decode step at batch 1, and
-            costs about 1.2x float from 64 rows of A on); a list of names or a comma-separated
-            string: those; False: none. Activations are one QuantizeDequantizeMX unless it is
-            False (then QuantizeMX -> DequantizeMX). The recipe key ``fuse`` takes the same
-            values; an argument other than True wins over it, and False from either wins.
+        fuse: the fusions to run (onnxq.graph.fuse): True the default ones, ``"all"``, names;
+            False none, and QuantizeMX -> DequantizeMX activations. As the recipe key ``fuse``.
 
     Returns:
         The quantized model. When it is written with external data (the input had external
@@ -577,7 +572,6 @@ def quantize_model(
             exactly; calibration of channel-scaled or subgraph activations.
         TypeError: ``progress`` is neither a bool nor a callable.
     """
-    fusion_names(fuse)  # a bad name fails before any work
     chosen, custom_ops_only, label, report = pass_checks.choices(
         recipe,
         weights,
@@ -591,6 +585,7 @@ def quantize_model(
         custom_ops_only=custom_ops_only,
         allow_empty=allow_empty,
     )
+    fuse_activations, fusions = chosen_fusions(fuse, chosen.fuse)  # a bad name fails here
     out_path = pass_checks.output_path(model, output, overwrite)
     register_schemas()
     m, spill = model_io.load(model, out_path)
@@ -611,20 +606,17 @@ def quantize_model(
         statics, calibration_meta = calibrate_pass.calibrate(
             m, to_calibrate, calibration, calibration_method, percentile
         )
-    fuse_activations = fuse is not False and chosen.fuse is not False
-    fusions = fusion_names(chosen.fuse if fuse is True else fuse) if fuse_activations else ()
     rewrite = _Rewrite(m, weight_storage, target, spill, fuse_activations)
     _rewrite(rewrite, the_plan, statics, report)
-    fused = apply_fusions(m, fusions) if fusions and target == "onnxq" else {}
+    fused = {k: v for k, v in apply_fusions(m, fusions).items() if v} if target == "onnxq" else {}
     m, missing = _with_fallbacks(m, types, target)
     meta = {
         "onnxq_version": __version__,
         "onnxq_recipe": chosen.to_json(),
         "onnxq_weight_storage": weight_storage,
         "onnxq_target": target,
+        **({"onnxq_fused": json.dumps(fused)} if fused else {}),
     }
-    if any(fused.values()):
-        meta["onnxq_fused"] = json.dumps({k: v for k, v in fused.items() if v})
     _record(m, meta, the_plan, rewrite.activations, missing, calibration_meta, custom_ops_only)
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     model_io.finish(m, out_path, spill, source)
