@@ -26,14 +26,8 @@ from onnxq.graph.walk import node_attrs
 from tests.models import builders
 from tests.models.real import MissingModelError, example_inputs, minilm_path
 
-
-@pytest.fixture(autouse=True)
-def _gather_fusion_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the Gather fusion runs here: a MatMulMX sums in its own order, so the fused and
-    unfused models would differ in the projection's bits, not in the gathered rows'."""
-    monkeypatch.delitem(FUSIONS, "matmul_mx", raising=False)
-
-
+# Only the Gather fusion runs here (the default fusions): a MatMulMX sums in its own order, so
+# the fused and unfused models would differ in the projection's bits, not in the gathered rows'.
 ort = pytest.importorskip("onnxruntime")
 runtime = pytest.importorskip("onnxq.runtime")
 
