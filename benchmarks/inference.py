@@ -13,13 +13,16 @@ Variants (those that do not apply to a model, or fail to build, are listed with 
   ``onnxq.runtime.session`` (custom ops; constant weights decoded when the session is created
   and handed to onnxruntime as float initializers, ``decode_weights="load"``, docs/ops.md
   "Constant weights");
-- ``fused``: the same with ``fuse=True`` (fused ops such as GatherMX / MatMulMX where the
-  pass has them);
+- ``default``: the same with the quantizer's default fusions (``fuse=True``: GatherMX for
+  embedding tables; MatMul / Gemm weights stay DequantizeMX, decoded at session creation);
+- ``fused``: the same with every fusion (``fuse="all"``: MatMulMX and GatherMX where the pass
+  has them);
 - ``fallbacks``: the ``packed`` model in a plain onnxruntime (the standard-ONNX function
   fallbacks, constant-folded when the session is created);
 - ``standard``: ``target="standard"`` (plain ai.onnx nodes);
-- ``int4``: weights ``uint4_block32`` packed, in ``onnxq.runtime.session``, fused;
-- ``w+a``: weights and activations ``--activations`` (default mxfp8), fused, custom ops;
+- ``int4``: weights ``uint4_block32`` packed, in ``onnxq.runtime.session``, default fusions;
+- ``w+a``: weights and activations ``--activations`` (default mxfp8), default fusions (one
+  QuantizeDequantizeMX per activation), custom ops;
 - ``w+a pair``: the same without fusion (QuantizeMX -> DequantizeMX per activation);
 - ``MatMulNBits``: onnxruntime's own 4-bit MatMul (block 32, symmetric), where it applies;
 - ``dynamic int8``: ``onnxruntime.quantization.quantize_dynamic`` (int8 weights, per channel).
@@ -63,6 +66,7 @@ MODELS = ("minilm", "ppocr", "silero", "cnn", "smollm2")
 VARIANTS = (
     "float",
     "packed",
+    "default",
     "fused",
     "fallbacks",
     "standard",
@@ -198,7 +202,8 @@ def build_variants(name: str, src: Path, work: Path, args: argparse.Namespace) -
     w, a = args.weights, args.activations
     recipes: dict[str, Callable[[Path], None]] = {
         "packed": lambda p: _quantized(src, p, weights=w, fuse=False),
-        "fused": lambda p: _quantized(src, p, weights=w, fuse=True),
+        "default": lambda p: _quantized(src, p, weights=w, fuse=True),
+        "fused": lambda p: _quantized(src, p, weights=w, fuse="all"),
         "standard": lambda p: _quantized(src, p, weights=w, target="standard"),
         "int4": lambda p: _quantized(src, p, weights="uint4_block32", fuse=True),
         "w+a": lambda p: _quantized(src, p, weights=w, activations=a, fuse=True),

@@ -22,8 +22,11 @@ one packed initializer and nothing decodes the whole table.
 
 Measured (benchmarks/matmul_mx.py): MatMulMX beats the float MatMul on the decode step of a small
 LM (a few rows) and costs more than it on many rows, where the float GEMM's FMA and tuning win;
-`fuse_matmul` is on by default (``quantize_model(fuse=True)``) for every covered format: a
-weights-only model's alternative is DequantizeMX + MatMul, which is slower than both.
+with constant decoding at session creation (`onnxq.runtime`), an unfused packed weight runs at
+float speed. So `fuse_matmul` is opt-in (not in ``DEFAULT_FUSIONS``): ``quantize_model(fuse=
+"all")`` or ``fuse=["matmul_mx", "gather"]``, CLI ``--fuse all``, recipe ``fuse: all``. It suits
+memory-bound decoding (an LM decode step at batch 1: 0.40x float) and costs about 1.2x float from
+64 rows of A on; the row count is usually a dynamic dim, unknown at quantize time.
 """
 
 from __future__ import annotations

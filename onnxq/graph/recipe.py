@@ -24,7 +24,8 @@ Recipe schema (YAML; JSON is the same structure)::
     node_overrides:             # per node-name glob (later patterns win)
       "layer0/*": {weights: mx6, weight_axis: 0, round_mode: away}
     custom_ops_only: false      # true: allow nodes with no standard-ONNX fallback
-    fuse: true                  # false: QuantizeMX -> DequantizeMX pairs, no fusions
+    fuse: true                  # default fusions (gather); all; [matmul_mx, gather];
+                                # false: QuantizeMX -> DequantizeMX pairs, no fusions
 
 Override keys: ``weights``, ``activations``, ``round_mode``, ``scale_mode``,
 ``weight_scale_mode``, ``weight_axis``, ``activation_axis`` (an axis replaces the reduction
@@ -51,6 +52,7 @@ from typing import Any
 
 from onnxq.formats.datatype import DataType, datatype
 from onnxq.formats.modes import RoundMode, ScaleMode
+from onnxq.graph.fuse import fusion_names
 from onnxq.graph.plan import (
     SUPPORTED_OP_TYPES,
     ActivationEntry,
@@ -99,6 +101,21 @@ _TOP_KEYS = (
     "custom_ops_only",
     "fuse",
 )
+
+
+def _fuse(value: Any, where: str) -> bool | str | tuple[str, ...]:
+    """A recipe's ``fuse``: true, false, ``all``, or fusion names (a list or comma string)."""
+    if isinstance(value, bool):
+        return value
+    names = fusion_names(value, where)  # ValueError in one line naming the known fusions
+    return "all" if isinstance(value, str) and value.strip() == "all" else names
+
+
+def _fuse_value(fuse: bool | str | tuple[str, ...]) -> bool | str | list[str]:
+    """``fuse`` as the recipe writes it (a list for names)."""
+    return list(fuse) if isinstance(fuse, tuple) else fuse
+
+
 _OVERRIDE_KEYS = (
     "weights",
     "activations",
@@ -238,8 +255,9 @@ class Recipe:
         node_overrides: per node-name glob choices, applied in order after op-type ones.
         custom_ops_only: allow a model that runs only with the onnxq custom-op library
             (nodes with no standard-ONNX fallback); see `onnxq.quantize_model`.
-        fuse: False quantizes activations with QuantizeMX -> DequantizeMX pairs and runs no
-            fusion, as ``quantize_model(fuse=False)`` (``--no-fuse``) does.
+        fuse: which fusions run, as ``quantize_model(fuse=...)``: True (the default ones),
+            ``"all"``, or a tuple of names (onnxq.graph.fuse); False quantizes activations with
+            QuantizeMX -> DequantizeMX pairs and runs no fusion (``--no-fuse``).
     """
 
     weights: DataType | None = None
@@ -251,7 +269,7 @@ class Recipe:
     op_type_overrides: tuple[tuple[str, Override], ...] = ()
     node_overrides: tuple[tuple[str, Override], ...] = ()
     custom_ops_only: bool = False
-    fuse: bool = True
+    fuse: bool | str | tuple[str, ...] = True
     weight_scale_mode: str | None = None
 
     @classmethod
@@ -275,10 +293,12 @@ class Recipe:
             raise ValueError(f"{where}.exclude: expected a list of node-name patterns")
         if not all(isinstance(p, str) for p in exclude):
             raise ValueError(f"{where}.exclude: expected node-name patterns (strings)")
-        custom_ops_only, fuse = data.get("custom_ops_only", False), data.get("fuse", True)
-        for key, flag in (("custom_ops_only", custom_ops_only), ("fuse", fuse)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{where}.{key}: expected true or false, got {flag!r}")
+        custom_ops_only = data.get("custom_ops_only", False)
+        if not isinstance(custom_ops_only, bool):
+            raise ValueError(
+                f"{where}.custom_ops_only: expected true or false, got {custom_ops_only!r}"
+            )
+        fuse = _fuse(data.get("fuse", True), f"{where}.fuse")
 
         def overrides(key: str, ops_only: bool) -> tuple[tuple[str, Override], ...]:
             table = data.get(key) or {}
@@ -332,7 +352,7 @@ class Recipe:
             "op_type_overrides": {k: v.to_dict() for k, v in self.op_type_overrides},
             "node_overrides": {k: v.to_dict() for k, v in self.node_overrides},
             **({"custom_ops_only": True} if self.custom_ops_only else {}),
-            **({} if self.fuse else {"fuse": False}),
+            **({} if self.fuse is True else {"fuse": _fuse_value(self.fuse)}),
         }
 
     def to_json(self) -> str:

@@ -256,7 +256,44 @@ def test_quantize_writes_a_smaller_model_and_one_summary_line(
     assert tiny.read_bytes() == before
     assert _leftovers(tmp_path) == []
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
-    assert ops & {"DequantizeMX", "MatMulMX"}  # MatMulMX: the packed weight fused (default)
+    assert "DequantizeMX" in ops and "MatMulMX" not in ops  # matmul_mx is opt-in (--fuse)
+
+
+@pytest.mark.parametrize(
+    ("flags", "matmul_mx", "pairs"),
+    [
+        ([], False, False),
+        (["--fuse", "all"], True, False),
+        (["--fuse", "gather,matmul_mx"], True, False),
+        (["--fuse", "gather"], False, False),
+        (["--no-fuse"], False, True),
+    ],
+)
+def test_quantize_fuse_flags(
+    flags: list[str],
+    matmul_mx: bool,
+    pairs: bool,
+    tiny: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "q.onnx"
+    argv = [
+        "quantize",
+        str(tiny),
+        "-o",
+        str(out),
+        "--weights",
+        "mxfp4",
+        "--activations",
+        "mxfp8",
+        *flags,
+    ]
+    code, _, err = _run(argv, capsys)
+    assert code == 0, err
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert ("MatMulMX" in ops) == matmul_mx and ("DequantizeMX" in ops) == (not matmul_mx)
+    assert ("QuantizeMX" in ops) == pairs and ("QuantizeDequantizeMX" in ops) == (not pairs)
 
 
 def test_quantize_fake_storage_keeps_float_weights(
@@ -276,7 +313,7 @@ def test_quantize_overwrite_replaces_the_input_only_when_asked(
         ["quantize", str(tiny), "-o", str(tiny), "--weights", "mxfp4", "--overwrite"], capsys
     )
     assert code == 0, err
-    packed_ops = ("DequantizeMX", "MatMulMX")  # fused by default
+    packed_ops = ("DequantizeMX",)  # MatMulMX only with --fuse
     assert any(n.op_type in packed_ops for n in onnx.load(str(tiny)).graph.node)
 
 
@@ -554,6 +591,14 @@ def test_unwritable_save_path_is_refused_before_running(
                 "{tmp}/none",
             ],
             "--calibration",
+        ),
+        (
+            ["quantize", "{tiny}", "-o", "{tmp}/o.onnx", "--weights", "mxfp4", "--fuse", "gemm"],
+            "unknown fusion 'gemm'; known: matmul_mx, gather",
+        ),
+        (
+            ["quantize", "{tiny}", "-o", "{tmp}/o.onnx", "--fuse", "all", "--no-fuse"],
+            "not allowed with",
         ),
         (
             ["quantize", "{tiny}", "-o", "{tmp}/o.onnx", "--weights", "mxfp4", "--storage", "zip"],

@@ -44,13 +44,16 @@ def _bits(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a, dtype=np.float32).tobytes()
 
 
+@pytest.mark.parametrize("fuse", [True, "all"])  # DequantizeMX weights, and MatMulMX ones
 @pytest.mark.parametrize("builder", [builders.mlp, builders.cnn, builders.transformer])
 @pytest.mark.parametrize(("fmt", "layout"), FORMATS.items())
 def test_export_load_upcast_is_bit_exact(
-    fmt: str, layout: str, builder: object, tmp_path: Path
+    fmt: str, layout: str, builder: object, fuse: bool | str, tmp_path: Path
 ) -> None:
     model, _ = builder()  # type: ignore[operator]
-    q = onnxq.quantize_model(model, weights=fmt)
+    q = onnxq.quantize_model(model, weights=fmt, fuse=fuse)
+    if fuse == "all" and builder is not builders.cnn:  # the cnn has no MatMul
+        assert any(n.op_type == "MatMulMX" for n in q.graph.node)
     stored = ex.quantized_weights(q)
     want = {name: onnxq.upcast(qt) for name, qt in stored.items()}
     fake = onnxq.quantize_model(model, weights=fmt, weight_storage="fake")

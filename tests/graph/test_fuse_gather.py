@@ -26,14 +26,8 @@ from onnxq.graph.walk import node_attrs
 from tests.models import builders
 from tests.models.real import MissingModelError, example_inputs, minilm_path
 
-
-@pytest.fixture(autouse=True)
-def _gather_fusion_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the Gather fusion runs here: a MatMulMX sums in its own order, so the fused and
-    unfused models would differ in the projection's bits, not in the gathered rows'."""
-    monkeypatch.delitem(FUSIONS, "matmul_mx", raising=False)
-
-
+# Only the Gather fusion runs here (the default fusions): a MatMulMX sums in its own order, so
+# the fused and unfused models would differ in the projection's bits, not in the gathered rows'.
 ort = pytest.importorskip("onnxruntime")
 runtime = pytest.importorskip("onnxq.runtime")
 
@@ -108,11 +102,13 @@ def _tied(vocab: int = 64, dim: int = 32) -> tuple[onnx.ModelProto, dict[str, np
 
 
 @pytest.mark.needs_custom_ops
-def test_tied_embeddings_stay_unfused() -> None:
-    """The decoded table feeds a MatMul too: the decode stays, and the Gather reads it."""
+@pytest.mark.parametrize("fuse", [True, ["gather"], "gather"])
+def test_tied_embeddings_stay_unfused(fuse: bool | str | list[str]) -> None:
+    """The default fusions (gather only): the decoded table feeds a MatMul too, which is not
+    fused, so the decode stays and the Gather reads it (model as with no fusion at all)."""
     model, feeds = _tied()
-    fused = quantize_model(model, weights="mxfp4")
-    assert "GatherMX" not in _ops(fused) and "Gather" in _ops(fused)
+    fused = quantize_model(model, weights="mxfp4", fuse=fuse)
+    assert sorted(_ops(fused)) == ["DequantizeMX", "Gather", "MatMul", "Transpose"]
     assert "onnxq_fused" not in {p.key for p in fused.metadata_props}
     _same(
         _library(fused, feeds), _library(quantize_model(model, weights="mxfp4", fuse=False), feeds)

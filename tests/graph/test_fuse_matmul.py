@@ -67,7 +67,7 @@ def test_fusable_formats() -> None:
 
 @pytest.mark.parametrize("gemm_c", [None, "vector", "row", "matrix"])
 def test_counts(gemm_c: str | None) -> None:
-    q = quantize_model(_model(gemm_c), weights="mxfp4")
+    q = quantize_model(_model(gemm_c), weights="mxfp4", fuse="all")
     counts = _counts(q)
     fused_gemm = gemm_c != "matrix"  # a C of [M, N] is not a bias: the Gemm stays
     assert counts.get("MatMulMX", 0) == 1 + fused_gemm
@@ -80,9 +80,9 @@ def test_counts(gemm_c: str | None) -> None:
 
 
 def test_not_fused_when_the_weight_has_another_reader_or_format() -> None:
-    q = quantize_model(_model(extra_reader=True), weights="mxfp4")
+    q = quantize_model(_model(extra_reader=True), weights="mxfp4", fuse="all")
     assert _counts(q)["MatMulMX"] == 1 and _counts(q)["DequantizeMX"] == 1  # w0 stays
-    q = quantize_model(_model(), weights="e2m1fnuz_e8m0_t32n2m4", custom_ops_only=True)
+    q = quantize_model(_model(), weights="e2m1fnuz_e8m0_t32n2m4", custom_ops_only=True, fuse="all")
     assert "MatMulMX" not in _counts(q)
     assert fuse_matmul(q) == 0
 
@@ -101,7 +101,7 @@ def _run_plain(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
 @pytest.mark.parametrize("gemm_c", [None, "row"])
 def test_fused_model_bits_and_fallback(dt: str, gemm_c: str | None) -> None:
     model = _model(gemm_c)
-    fused = quantize_model(model, weights=dt)
+    fused = quantize_model(model, weights=dt, fuse="all")
     unfused = quantize_model(model, weights=dt, fuse=False)
     x = np.random.default_rng(1).standard_normal((3, K)).astype(np.float32)
     lib = _run_lib(fused, {"x": x})[0]
@@ -122,7 +122,7 @@ def test_fused_model_bits_and_fallback(dt: str, gemm_c: str | None) -> None:
 @pytest.mark.needs_custom_ops
 def test_transformer_fused_runs_close_to_unfused() -> None:
     model, inputs = builders.transformer()
-    fused = quantize_model(model, weights="mxfp4")
+    fused = quantize_model(model, weights="mxfp4", fuse="all")
     unfused = quantize_model(model, weights="mxfp4", fuse=False)
     assert _counts(fused).get("MatMulMX", 0) > 0
     for got in (_run_lib(fused, inputs), _run_plain(fused, inputs)):
