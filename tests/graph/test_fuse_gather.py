@@ -23,6 +23,7 @@ from onnxq.graph.fuse_gather import MAX_GROUP_ROWS, fuse_gather, rows_per_group
 from onnxq.graph.inspect import inspect_model
 from onnxq.graph.quantize import quantize_model
 from onnxq.graph.walk import node_attrs
+from tests.graph.tied import tied_model
 from tests.models import builders
 from tests.models.real import MissingModelError, example_inputs, minilm_path
 
@@ -81,32 +82,13 @@ def test_embedding_model_fuses_with_the_same_bits(weights: str) -> None:
     _same(_plain(fused, feeds), _plain(plain, feeds))
 
 
-def _tied(vocab: int = 64, dim: int = 32) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """Tied embeddings: one table feeds the Gather and the output projection (MatMul by E^T)."""
-    rng = np.random.default_rng(11)
-    table = numpy_helper.from_array(rng.standard_normal((vocab, dim)).astype(np.float32), "E")
-    nodes = [
-        helper.make_node("Gather", ["E", "ids"], ["h"], axis=0),
-        helper.make_node("Transpose", ["E"], ["Et"], perm=[1, 0]),
-        helper.make_node("MatMul", ["h", "Et"], ["logits"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "tied",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 5, vocab])],
-        [table],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    return model, {"ids": rng.integers(0, vocab, (2, 5))}
-
-
 @pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("fuse", [True, ["gather"], "gather"])
 def test_tied_embeddings_stay_unfused(fuse: bool | str | list[str]) -> None:
     """The default fusions (gather only): the decoded table feeds a MatMul too, which is not
     fused, so the decode stays and the Gather reads it (model as with no fusion at all)."""
-    model, feeds = _tied()
+    ids = np.random.default_rng(11).integers(0, 64, (2, 5))
+    model, feeds = tied_model(ids, 64, 32), {"ids": ids}
     fused = quantize_model(model, weights="mxfp4", fuse=fuse)
     assert sorted(_ops(fused)) == ["DequantizeMX", "Gather", "MatMul", "Transpose"]
     assert "onnxq_fused" not in {p.key for p in fused.metadata_props}

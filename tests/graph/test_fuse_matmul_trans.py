@@ -24,6 +24,7 @@ from onnxq.graph.fuse_matmul import fusable, fuse_matmul
 from onnxq.graph.inspect import inspect_model
 from onnxq.graph.quantize import quantize_model
 from onnxq.graph.walk import node_attrs
+from tests.graph.tied import tied_model
 from tests.ops import mmx_common as mc
 
 ort = pytest.importorskip("onnxruntime")
@@ -40,27 +41,11 @@ def _ops(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
 
 
-def _tied() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """ids -> Gather(E) -> h -> MatMul(h, Transpose(E)) -> logits; outputs h and logits."""
-    rng = np.random.default_rng(11)
-    table = numpy_helper.from_array(rng.standard_normal((VOCAB, DIM)).astype(np.float32), "E")
-    nodes = [
-        helper.make_node("Gather", ["E", "ids"], ["h"], axis=0),
-        helper.make_node("Transpose", ["E"], ["Et"], perm=[1, 0]),
-        helper.make_node("MatMul", ["h", "Et"], ["logits"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "tied",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
-        [
-            helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 3, DIM]),
-            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3, VOCAB]),
-        ],
-        [table],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    return model, {"ids": np.array([[0, 17, VOCAB - 1]], np.int64)}
+_TIED_FEEDS = {"ids": np.array([[0, 17, VOCAB - 1]], np.int64)}
+
+
+def _tied_model() -> onnx.ModelProto:
+    return tied_model(_TIED_FEEDS["ids"], VOCAB, DIM, with_hidden=True)
 
 
 def _linear(via: str, c: str | None = None) -> onnx.ModelProto:
@@ -119,7 +104,7 @@ def test_fusable_transposed_layouts() -> None:
 @pytest.mark.needs_custom_ops
 @pytest.mark.parametrize("dt", ["mxfp4", "nvfp4", "uint4_block32", "mxfp8e4", "mx6"])
 def test_tied_table_is_stored_once_and_keeps_its_bits(dt: str) -> None:
-    model, feeds = _tied()
+    model, feeds = _tied_model(), _TIED_FEEDS
     fused = quantize_model(model, weights=dt, fuse="all")
     unfused = quantize_model(model, weights=dt, fuse=False)
     assert sorted(_ops(fused)) == ["GatherMX", "MatMulMX"]  # no decode, no Transpose
@@ -146,7 +131,7 @@ def test_tied_table_is_stored_once_and_keeps_its_bits(dt: str) -> None:
 @pytest.mark.needs_custom_ops
 def test_tied_table_without_the_gather_fusion() -> None:
     """Only the MatMul fusion: the decode stays for the Gather, the Transpose goes."""
-    model, feeds = _tied()
+    model, feeds = _tied_model(), _TIED_FEEDS
     fused = quantize_model(model, weights="mxfp4", fuse=["matmul_mx"])
     assert sorted(_ops(fused)) == ["DequantizeMX", "Gather", "MatMulMX"]
     assert json.loads({p.key: p.value for p in fused.metadata_props}["onnxq_fused"]) == {
@@ -177,12 +162,12 @@ def test_what_stays_unfused() -> None:
     q = quantize_model(_linear("gemm", "matrix"), weights="mxfp4", fuse="all")
     assert "MatMulMX" not in _ops(q) and "Gemm" in _ops(q)
     # The Transpose read by something else too: the MatMul fuses, the Transpose and decode stay.
-    model, _ = _tied()
+    model = _tied_model()
     model.graph.output.append(helper.make_tensor_value_info("Et", TensorProto.FLOAT, [DIM, VOCAB]))
     q = quantize_model(model, weights="mxfp4", fuse="all")
     assert sorted(_ops(q)) == ["DequantizeMX", "Gather", "MatMulMX", "Transpose"]
     # A transpose with another perm (a 2-D Transpose is [1, 0]; an identity perm is not one).
-    q = quantize_model(_tied()[0], weights="mxfp4", fuse=False)
+    q = quantize_model(_tied_model(), weights="mxfp4", fuse=False)
     for node in q.graph.node:
         if node.op_type == "Transpose":
             del node.attribute[:]
@@ -198,7 +183,7 @@ def test_tied_table_fuses_whatever_the_order_of_the_fusions(
     # A reordered copy of the table (reordering the table itself in place would outlive the test).
     reordered = {"gather": FUSIONS["gather"], "matmul_mx": FUSIONS["matmul_mx"]}
     monkeypatch.setattr(onnxq.graph.fuse, "FUSIONS", reordered)
-    fused = quantize_model(_tied()[0], weights="mxfp4", fuse="all")
+    fused = quantize_model(_tied_model(), weights="mxfp4", fuse="all")
     assert sorted(_ops(fused)) == ["GatherMX", "MatMulMX"]
     meta = json.loads({p.key: p.value for p in fused.metadata_props}["onnxq_fused"])
     assert meta == {"matmul_mx": 1, "gather": 1}

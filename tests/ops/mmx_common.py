@@ -44,6 +44,15 @@ def oracle(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.n
     return acc.reshape(*a.shape[:-1], n_dim)
 
 
+def special_a(a: np.ndarray) -> np.ndarray:
+    """``a`` with its first values set to zeros, subnormals, infinities, NaN and a huge value."""
+    a = a.copy()
+    flat = a.reshape(-1)
+    specials = [0.0, -0.0, 1e-45, -3e-39, np.inf, -np.inf, np.nan, 3e38]
+    flat[: min(flat.size, len(specials))] = specials[: min(flat.size, len(specials))]
+    return a
+
+
 def model(
     dt: str,
     fields: dict[str, np.ndarray],

@@ -46,14 +46,6 @@ def _weights(k: int, n: int, seed: int) -> np.ndarray:
     return w
 
 
-def _special_a(a: np.ndarray) -> np.ndarray:
-    a = a.copy()
-    flat = a.reshape(-1)
-    specials = [0.0, -0.0, 1e-45, -3e-39, np.inf, -np.inf, np.nan, 3e38]
-    flat[: min(flat.size, len(specials))] = specials[: min(flat.size, len(specials))]
-    return a
-
-
 def _run(model, a: np.ndarray, feeds: dict | None = None) -> np.ndarray:
     sess = runtime.session(model, decode_weights="run")
     return sess.run(None, {"A": a, **(feeds or {})})[0]
@@ -64,7 +56,7 @@ def _run(model, a: np.ndarray, feeds: dict | None = None) -> np.ndarray:
 def test_bits_match_the_documented_order(dt: str, m: int, k: int, n: int) -> None:
     fields, b = mc.packed(_weights(k, n, m * 7 + k), dt)
     rng = np.random.default_rng(n)
-    a = _special_a(rng.standard_normal((m, k)).astype(np.float32))
+    a = mc.special_a(rng.standard_normal((m, k)).astype(np.float32))
     bias = rng.standard_normal(n).astype(np.float32) if m % 2 else None
     y = _run(mc.model(dt, fields, (k, n), (m, k), bias), a)
     assert y.shape == (m, n) and y.dtype == np.float32

@@ -45,14 +45,6 @@ def _weights(k: int, n: int, seed: int) -> np.ndarray:
     return w
 
 
-def _special_a(a: np.ndarray) -> np.ndarray:
-    a = a.copy()
-    flat = a.reshape(-1)
-    specials = [0.0, -0.0, 1e-45, -3e-39, np.inf, -np.inf, np.nan, 3e38]
-    flat[: len(specials)] = specials
-    return a
-
-
 def _unfused(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """MatMul (+ Add) of a plain onnxruntime on the decoded weight, as the unfused graph runs."""
     nodes = [helper.make_node("MatMul", ["A", "B"], ["T" if bias is not None else "Y"])]
@@ -94,7 +86,7 @@ def test_bits_match_the_unfused_graph(
     w[3, 5], w[k - 1, n - 1] = np.inf, np.nan  # decoded as what the format makes of them
     fields, b = mc.packed(w, dt)
     rng = np.random.default_rng(k)
-    a = _special_a(rng.standard_normal(a_shape).astype(np.float32))
+    a = mc.special_a(rng.standard_normal(a_shape).astype(np.float32))
     bias = rng.standard_normal(n).astype(np.float32) if n % 2 else None
     feeds = {} if constant else {**fields, **({"Bias": bias} if bias is not None else {})}
     y = _run(mc.model(dt, fields, (k, n), a_shape, bias, constant=constant), a, feeds)
@@ -220,7 +212,7 @@ def test_trans_b_takes_the_transposed_decode(dt: str, constant: bool) -> None:
     feeds = {} if constant else {**fields, "Bias": bias}
     sess = runtime.session(model)
     rng = np.random.default_rng(22)
-    at = _special_a(rng.standard_normal((DEFAULT_T + 5, k)).astype(np.float32))
+    at = mc.special_a(rng.standard_normal((DEFAULT_T + 5, k)).astype(np.float32))
     y = sess.run(None, {"A": at, **feeds})[0]
     assert mc.bits(y) == mc.bits(_unfused(at, b, bias))
     assert mc.bits(y) != mc.bits(mc.oracle(at, b, bias))  # the path ran (K is past MLAS's blocks)

@@ -40,14 +40,6 @@ def _w(n: int, k: int, seed: int) -> np.ndarray:
     return w
 
 
-def _special_a(a: np.ndarray) -> np.ndarray:
-    a = a.copy()
-    flat = a.reshape(-1)
-    specials = [0.0, -0.0, 1e-45, -3e-39, np.inf, -np.inf, np.nan, 3e38]
-    flat[: min(flat.size, len(specials))] = specials[: min(flat.size, len(specials))]
-    return a
-
-
 def _packed_t(w: np.ndarray, dt: str, axis: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(W's packed fields, B = decode(W)^T by the numpy reference)."""
     fields, wdec = mc.packed(w, dt, axis=axis)
@@ -67,7 +59,7 @@ def _run(model: onnx.ModelProto, a: np.ndarray, feeds: dict | None = None) -> np
 def test_bits_match_the_documented_order(dt: str, m: int, k: int, n: int) -> None:
     fields, b = _packed_t(_w(n, k, m * 7 + k), dt)
     rng = np.random.default_rng(n)
-    a = _special_a(rng.standard_normal((m, k)).astype(np.float32))
+    a = mc.special_a(rng.standard_normal((m, k)).astype(np.float32))
     bias = rng.standard_normal(n).astype(np.float32) if m % 2 else None
     y = _run(_model(dt, fields, (n, k), (m, k), bias=bias), a)
     assert y.shape == (m, n) and y.dtype == np.float32
