@@ -327,9 +327,9 @@ def markdown(rows: list[dict[str, Any]], threads: list[int], variants: list[str]
     out.append(
         "\nfloat peak RSS (MiB): "
         + ", ".join(
-            f"{r['model']} {r['rss_mib'].get('float', float('nan')):.0f}"
+            f"{r['model']} {r['rss_mib']['float']:.0f}"
             for r in rows
-            if r["threads"] == threads[0]
+            if r["threads"] == threads[0] and isinstance(r["rss_mib"].get("float"), float)
         )
     )
     return "\n".join(out) + "\n"
