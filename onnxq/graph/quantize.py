@@ -66,6 +66,7 @@ from onnxq.formats.datatype import DataType
 from onnxq.graph import calibrate_pass, model_io, pass_checks
 from onnxq.graph.activation_nodes import activation_nodes
 from onnxq.graph.calibrate import StaticScale, qdq_nodes
+from onnxq.graph.commute import hoist_over_pads
 from onnxq.graph.functions import build_function, fallback_shape
 from onnxq.graph.fuse import apply_fusions, chosen_fusions
 from onnxq.graph.lower import lower_weight
@@ -591,7 +592,7 @@ def quantize_model(
     m, spill = model_io.load(model, out_path)
     m = model_io.to_opset(m)
     types, symbols = _inferred_types(m)
-    the_plan = plan(m, chosen, types, symbols)
+    the_plan = hoist_over_pads(plan(m, chosen, types, symbols), m, types, symbols)
     planned = [a for a in the_plan.activations if isinstance(a, ActivationPlan)]
     to_calibrate = calibrate_pass.activation_modes(planned, calibration, target)
     calibrated = {a.tensor for a in to_calibrate}

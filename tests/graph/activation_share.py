@@ -4,7 +4,9 @@ Independent of the planner (`onnxq.graph.plan`): a target-op input is an *activa
 depends on a graph input (of the main graph or of a subgraph; weights depend only on
 initializers and Constants); it is *quantized* when it is produced by an onnxq activation
 node (QuantizeDequantizeMX, or DequantizeMX whose codes come from a QuantizeMX) or a
-QuantizeLinear -> DequantizeLinear pair whose input is that activation.
+QuantizeLinear -> DequantizeLinear pair whose input is that activation, or by a Pad whose
+data input is quantized so (the graph pass quantizes before a Pad that leaves the tile axis
+alone: `onnxq.graph.commute`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def activation_share(model: onnx.ModelProto) -> tuple[int, int, list[str]]:
         node = producer.get(name)
         if node is None:
             return name, False
+        if node.op_type == "Pad" and node.domain in ("", "ai.onnx") and node.input[0]:
+            inner, done = source(node.input[0])
+            if done:
+                return inner, True
         if node.domain == "onnxq" and node.op_type == "QuantizeDequantizeMX":
             return node.input[0], True
         q = producer.get(node.input[0]) if node.input else None
