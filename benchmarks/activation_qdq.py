@@ -38,7 +38,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels  # benchmarks/kernels.py: cpu_name
 
 SHAPES = [(64, 4096), (8, 128, 768)]
-NCHW_SHAPES = [(1, 96, 112, 112), (1, 144, 56, 56), (1, 672, 14, 14), (1, 128, 4)]
+# EfficientNet-Lite0's activations (224x224 input) at each resolution, and a tiny inner size.
+NCHW_SHAPES = [
+    (1, 96, 112, 112),
+    (1, 32, 112, 112),
+    (1, 16, 112, 112),
+    (1, 144, 56, 56),
+    (1, 240, 28, 28),
+    (1, 672, 14, 14),
+    (1, 1152, 7, 7),
+    (1, 128, 4),
+]
 FORMATS = ["mxfp8", "mxfp4", "mx6", "nvfp4", "bfp16"]
 
 

@@ -43,16 +43,19 @@ bool cast_fast_channels(const Ctx& c, const ParallelFor& pf) {
   out.nC = g.nC;
   const int64_t outer = g.size / (g.C * g.Post);
   // Work items of about 2^15 elements: a run of inner positions (a multiple of 64) of one
-  // outer index, all its channels.
+  // outer index, all its channels; the last run of an outer index takes the remainder, so
+  // that every run holds at least min(P, 64) positions (the kernels' last vector overlaps
+  // the one before it instead of taking a padded copy).
   int64_t run = std::max<int64_t>(64, ((int64_t(1) << 15) / std::max<int64_t>(g.C, 1)) & ~63);
   run = std::min(run, g.Post);
-  const int64_t per_outer = (g.Post + run - 1) / run;
+  const int64_t per_outer = g.Post / run;
   const float* x = static_cast<const float*>(io.x);
   pf(outer * per_outer, [&](int64_t w0, int64_t w1) {
     ChanSlow sc{&c, Scratch()};
     for (int64_t w = w0; w < w1; ++w) {
-      const int64_t o = w / per_outer, p0 = (w % per_outer) * run;
-      fn(ff, x, out, o, p0, std::min(g.Post, p0 + run), chan_slow_tile, &sc);
+      const int64_t o = w / per_outer, i = w % per_outer, p0 = i * run;
+      const int64_t p1 = i == per_outer - 1 ? g.Post : p0 + run;
+      fn(ff, x, out, o, p0, p1, chan_slow_tile, &sc);
     }
   });
   return true;
