@@ -42,11 +42,12 @@ bool cast_fast_channels(const Ctx& c, const ParallelFor& pf) {
   out.P = g.Post;
   out.nC = g.nC;
   const int64_t outer = g.size / (g.C * g.Post);
-  // Work items of about 2^15 elements: a run of inner positions (a multiple of 64) of one
-  // outer index, all its channels; the last run of an outer index takes the remainder, so
+  // Work items of about 2^12 elements, so that a few hundred thousand split evenly over the
+  // threads: a run of inner positions (a multiple of 64) of one outer index, all its
+  // channels; the last run of an outer index takes the remainder, so
   // that every run holds at least min(P, 64) positions (the kernels' last vector overlaps
   // the one before it instead of taking a padded copy).
-  int64_t run = std::max<int64_t>(64, ((int64_t(1) << 15) / std::max<int64_t>(g.C, 1)) & ~63);
+  int64_t run = std::max<int64_t>(64, ((int64_t(1) << 12) / std::max<int64_t>(g.C, 1)) & ~63);
   run = std::min(run, g.Post);
   const int64_t per_outer = g.Post / run;
   const float* x = static_cast<const float*>(io.x);

@@ -320,7 +320,11 @@ void cast_fast_rows(const Ctx& c, const FastFormat& ff, const ParallelFor& pf) {
   out.nC = g.nC;
   out.sub_cols = g.sub_cols();
   int64_t rows = g.R, cols = g.C;
-  int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(cols, 1));
+  // Items of about 2^12 elements, so that a few hundred thousand split evenly over the
+  // threads (session_parallel_for hands each thread a contiguous run of items); packed
+  // streams keep 2^14.
+  const int shift = out.packed || out.meta_bits ? 14 : 12;
+  int64_t per = std::max<int64_t>(1, (int64_t(1) << shift) / std::max<int64_t>(cols, 1));
   pf((rows + per - 1) / per, [&](int64_t b0, int64_t b1) {
     SlowCtx sc{&c, Scratch(), out.packed, out.meta_bits};
     rows_fn(ff, xf, out, b0 * per, std::min(rows, b1 * per), cols, slow_tile, &sc);
