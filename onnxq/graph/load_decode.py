@@ -54,7 +54,13 @@ from onnx import TensorProto, numpy_helper
 
 from onnxq._files import external_ref, load_external, read_array
 from onnxq.graph.schemas import DOMAIN, infer_shapes, input_index
-from onnxq.graph.walk import node_attrs, node_subgraphs, walk_graphs
+from onnxq.graph.walk import (
+    node_attrs,
+    node_subgraphs,
+    trim_value_info,
+    value_info_names,
+    walk_graphs,
+)
 
 __all__ = [
     "CHUNK_BYTES",
@@ -558,7 +564,9 @@ def session_model(
     if custom:
         # onnxruntime needs the remaining onnxq outputs' types (see infer_shapes); the model
         # is light now (no packed payloads), so inference copies little
+        declared = value_info_names(model)
         model = infer_shapes(model)
+        trim_value_info(model, declared, DOMAIN)  # the rest would change onnxruntime's fusions
     _restore(model, source, folder)
     if not folds:
         return SessionModel(model.SerializeToString(), folds, custom_ops=custom)

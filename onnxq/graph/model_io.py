@@ -33,6 +33,7 @@ from onnxq._files import (
     read_range,
 )
 from onnxq.graph.schemas import DOMAIN
+from onnxq.graph.walk import trim_value_info, value_info_names
 
 __all__ = [
     "SPILL_LOCATION",
@@ -481,6 +482,7 @@ def to_opset(model: onnx.ModelProto) -> onnx.ModelProto:
                     f"{OPSET}, which the onnxq function fallbacks use: {err}"
                 ) from None
             restore(converted, stash)
+        trim_value_info(converted, value_info_names(model), DOMAIN)  # the converter's inference
         model = converted
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))

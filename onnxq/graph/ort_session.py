@@ -20,7 +20,8 @@ import onnx
 from onnxq._files import check_external, load_model
 from onnxq.cast import native
 from onnxq.graph.load_decode import DECODE_MODES, release_freed_memory, session_model
-from onnxq.graph.schemas import infer_shapes
+from onnxq.graph.schemas import DOMAIN, infer_shapes
+from onnxq.graph.walk import trim_value_info, value_info_names
 
 __all__ = ["has_custom_ops", "library_path", "session"]
 
@@ -150,7 +151,9 @@ def session(
     options = kwargs.pop("sess_options", None) or ort.SessionOptions()
     kwargs.setdefault("providers", ["CPUExecutionProvider"])
     if decode_weights == "run":
-        model = infer_shapes(_as_model(path_or_model)[0])
+        given = _as_model(path_or_model)[0]
+        model = infer_shapes(given)
+        trim_value_info(model, value_info_names(given), DOMAIN)
         _register(options, lib)
         return ort.InferenceSession(model.SerializeToString(), sess_options=options, **kwargs)
     loaded, folder = _as_model(path_or_model)
