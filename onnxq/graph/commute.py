@@ -29,6 +29,7 @@ evaluator) are taken; anything else stays as planned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import onnx
@@ -55,13 +56,16 @@ class _Folder:
 
     def __init__(self, opset: int) -> None:
         self.opset, self.budget = opset, _MAX_FOLD_NODES
-        self.known: dict[tuple[int, str], np.ndarray | None] = {}
+        self.known: dict[tuple[int, str], np.ndarray] = {}
 
     def value(self, scope: Scope, name: str) -> np.ndarray | None:
         """The constant value of ``name`` seen from ``scope`` (None: not a small constant)."""
         key = (id(scope), name)
         if key not in self.known:
-            self.known[key] = self._value(scope, name)
+            value = self._value(scope, name)
+            if value is None:
+                return None  # not remembered: a spent fold budget must not outlive its Pad
+            self.known[key] = value
         return self.known[key]
 
     def fresh(self) -> None:
@@ -75,9 +79,9 @@ class _Folder:
         if kind == "init":
             return _small(owner.inits[name])
         node = owner.producers[name]
-        if node.op_type == "Constant":
+        if node.op_type == "Constant":  # value_ints, value_float, ...: the evaluator reads them
             attrs = {a.name: a for a in node.attribute}
-            return _small(attrs["value"].t) if "value" in attrs else None
+            return _small(attrs["value"].t) if "value" in attrs else self._run(node, {})
         if node.op_type not in _FOLDABLE or node.domain not in ("", "ai.onnx") or self.budget <= 0:
             return None
         self.budget -= 1
@@ -151,13 +155,12 @@ def _fill_is_zero(pad: onnx.NodeProto, scope: Scope, folder: _Folder) -> bool:
     return bool(v == 0 and not np.signbit(v))
 
 
-def _zero_tiles_stay_zero(entry: ActivationPlan) -> bool:
-    """Whether an all-zero tile of ``entry``'s format quantizes to all +0 (next to a live one)."""
+@functools.lru_cache(maxsize=64)
+def _zero_tiles_stay_zero(dtype: DataType, round_mode: str, scale_mode: str) -> bool:
+    """Whether an all-zero tile of the format quantizes to all +0 (next to a live one)."""
     x = np.zeros((2, 64), dtype=np.float32)
     x[1] = np.linspace(-3.0, 5.0, 64, dtype=np.float32)
-    y = np.asarray(
-        cast(x, entry.dtype, axis=1, round_mode=entry.round_mode, scale_mode=entry.scale_mode)
-    )
+    y = np.asarray(cast(x, dtype, axis=1, round_mode=round_mode, scale_mode=scale_mode))
     return bool(np.all(y[0].view(np.uint32) == 0))
 
 
@@ -214,7 +217,8 @@ def _hoisted(
     if mode not in ("constant", "edge", "reflect", "wrap"):
         return None
     if mode == "constant" and not (
-        _fill_is_zero(pad, owner, folder) and _zero_tiles_stay_zero(entry)
+        _fill_is_zero(pad, owner, folder)
+        and _zero_tiles_stay_zero(entry.dtype, entry.round_mode, entry.scale_mode)
     ):
         return None
     dims = symbols.get(x, (0, None))[1]

@@ -45,8 +45,9 @@ def _model(
 ) -> onnx.ModelProto:
     """x [1, C, H, W] -> Pad -> Conv (3x3, 8 filters) -> y; the Pad's inputs as asked.
 
-    pads_from: ``init`` (an initializer), ``chain`` (ConstantOfShape + Concat + Slice, folded
-    by the pass), ``input`` (a graph input: known only at run time).
+    pads_from: ``init`` (an initializer), ``ints`` (a Constant with value_ints), ``chain``
+    (ConstantOfShape + Concat + Slice, folded by the pass), ``input`` (a graph input: known
+    only at run time).
     """
     rng = np.random.default_rng(3)
     inits = [numpy_helper.from_array(rng.standard_normal((8, C, 3, 3)).astype(np.float32), "w")]
@@ -71,6 +72,8 @@ def _model(
             numpy_helper.from_array(np.array([4], np.int64), "start"),
             numpy_helper.from_array(np.array([4 + 2 * n_axes], np.int64), "stop"),
         ]
+    elif pads_from == "ints":  # a Constant node with value_ints
+        nodes.append(helper.make_node("Constant", [], ["pads"], value_ints=list(pads or [])))
     else:
         inputs.append(helper.make_tensor_value_info("pads", TensorProto.INT64, [2 * n_axes]))
     pad_inputs = ["x", "pads", "", ""]
@@ -151,9 +154,10 @@ def test_spatial_pad_is_hoisted_with_the_same_bits(
 
 
 def test_computed_pads_and_axes_are_folded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pads from a ConstantOfShape/Concat/Slice chain, and the opset-18 ``axes`` input."""
+    """Pads from a ConstantOfShape/Concat/Slice chain or value_ints, and the ``axes`` input."""
     chain = _model(pads_from="chain")
     assert _hoisted(_quantize(chain))
+    assert _hoisted(_quantize(_model(pads_from="ints")))
     by_axes = _model([1, 2, 2, 1], axes=[2, -1])  # H: 1 before, 2 after; W: 2, 1
     q = _quantize(by_axes)
     assert _hoisted(q)
