@@ -32,6 +32,7 @@ import onnxq
 from onnxq.deploy.export import quantized_weights
 from onnxq.graph import load_decode
 from onnxq.graph.quantize import quantize_model
+from tests.graph.handed import handed_model
 from tests.models import builders
 from tests.models.real import MissingModelError, example_inputs, model_path
 
@@ -121,11 +122,7 @@ def test_tiled_conv_weights_fold_with_their_reshape() -> None:
         assert len(f.dims) == 4 and len(f.y_dims) == 2  # the conv layout, from the matrix
         assert np.prod(f.dims) == np.prod(f.y_dims)
     _both(packed, feeds)
-    given = load_decode.session_model(packed, runtime.library_path(), Path.cwd())
-    try:
-        handed = onnx.load(str(given.model), load_external_data=False)
-    finally:
-        given.close()
+    handed = handed_model(packed)
     assert "Reshape" not in _ops(handed) and "DequantizeMX" not in _ops(handed)
 
 
@@ -164,11 +161,7 @@ def test_subgraph_decoders_stay_and_outer_weights_fold() -> None:
         "else_w",
         "outer_w",
     }  # outer_w and else_w are read inside the branches: main-graph initializers
-    given = load_decode.session_model(packed, runtime.library_path(), Path.cwd())
-    try:
-        handed = onnx.load(str(given.model))
-    finally:
-        given.close()
+    handed = handed_model(packed, load_external_data=True)
     assert "DequantizeMX" not in _ops(handed)
     branches = [a.g for n in handed.graph.node if n.op_type == "If" for a in n.attribute]
     assert "DequantizeMX" in [m.op_type for g in branches for m in g.node]
@@ -242,11 +235,7 @@ def _decoder_graph(
 def test_shared_weight_and_fused_reader(out_type: int) -> None:
     model, feeds, _ = _decoder_graph(out_type=out_type)
     _both(model, feeds)
-    given = load_decode.session_model(model, runtime.library_path(), Path.cwd())
-    try:
-        handed = onnx.load(str(given.model), load_external_data=False)
-    finally:
-        given.close()
+    handed = handed_model(model)
     stored = {t.name: t for t in handed.graph.initializer}
     assert stored["w_y"].data_type == out_type  # the node's output_type, one initializer
     assert stored["w_y"].data_location == TensorProto.EXTERNAL

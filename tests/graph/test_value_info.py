@@ -9,16 +9,14 @@ thread), so the graph pass and the session model drop them again
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxq.graph.load_decode import session_model
-from onnxq.graph.ort_session import library_path, session
+from onnxq.graph.ort_session import session
 from onnxq.graph.quantize import quantize_model
+from tests.graph.handed import handed_model
 
 pytestmark = pytest.mark.needs_custom_ops
 
@@ -69,20 +67,11 @@ def test_quantized_model_declares_only_onnxq_outputs_and_the_originals(declared:
     assert session(q).run(None, {"ids": ids})[0].shape == (1, 3, 32)
 
 
-def test_session_model_declares_only_onnxq_outputs(tmp_path: Path) -> None:
+def test_session_model_declares_only_onnxq_outputs() -> None:
     """Weights decoded at load; GatherMX stays a custom op, so inference runs and is trimmed."""
     q = quantize_model(_model(False), weights="mxfp4")
     assert any(n.op_type == "GatherMX" for n in q.graph.node)
-    prepared = session_model(q, library_path(), tmp_path)
-    try:
-        data = prepared.model
-        loaded = (
-            onnx.load(data, load_external_data=False)
-            if isinstance(data, str)
-            else onnx.load_from_string(data)
-        )
-    finally:
-        prepared.close()
+    loaded = handed_model(q)
     names = {v.name for v in loaded.graph.value_info}
     custom = _onnxq_outputs(loaded)
     assert custom == {"emb"}  # GatherMX's output; the decoded weights are initializers now
