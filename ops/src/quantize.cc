@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 
 #include "codebook_fast.h"
 #include "fast_channels.h"
+#include "half_convert.h"
 #include "fast_rows.h"
 #include "packing.h"
 #include "quant_internal.h"
@@ -102,6 +104,105 @@ bool fast_meta_bits(const Format& f, const Modes& m, const Geometry& g, const Qu
 std::string quantize_impl(const Format& f, const Modes& m, const Geometry& g,
                           const QuantizeIO& io, const ParallelFor& pf);
 
+// A values-only cast whose tiles are independent of each other: no codes, scales or masks
+// written, no tensor scale (NVFP4's comes from the whole tensor), no stochastic rounding (its
+// random stream follows the element index).
+bool independent_values_only(const Format& f, const Modes& m, const QuantizeIO& io) {
+  return io.values && !io.codes && !io.packed && !io.scale && !io.zero && !io.tenscale &&
+         !io.meta && !io.meta_packed && !io.mask && !f.has_ts && m.round_mode != kStochastic;
+}
+
+// float16 / bfloat16 data (in, out or both) of an independent values-only cast with 1-D
+// tiles, through the float32 kernels in work items of whole tiles of about 2^14 elements:
+// each item converted into a float32 buffer that stays in the cache, cast there, converted
+// back. No tensor-sized buffer: fresh ones cost a page fault per 4 KiB on every run, more
+// than the cast. An item is whole rows (tiles along the last axis) or, for tiles along a
+// non-last axis of length A (NCHW channels), whole groups of tile channels at a run of inner
+// positions of one outer index: all positions (one contiguous block) when a group holds at
+// most 2^14 elements, else runs long enough for the prefetchers. Each item is the same cast
+// of its own tiles: the whole tensor's bits.
+std::string cast_half_items(const Format& f, const Modes& m, const Geometry& g,
+                            const QuantizeIO& io, const ParallelFor& pf) {
+  constexpr int64_t kItem = int64_t(1) << 14;
+  const int64_t A = g.A, P = g.Post, outer = g.size / (A * P);
+  const bool rows = P == 1;
+  const int64_t tile = std::min(g.Tc, A), groups = (A + tile - 1) / tile;
+  // Rows: `width` rows per item. Channels: `width` positions, `per_item` groups per item.
+  const int64_t width = rows ? std::max<int64_t>(1, kItem / A)
+                        : tile * P <= kItem ? P
+                                            : std::min(P, std::max<int64_t>(8, kItem / tile));
+  const int64_t per_item = !rows && width == P ? std::max<int64_t>(1, kItem / (tile * P)) : 1;
+  const int64_t pos_items = (P + width - 1) / width;
+  const int64_t per_outer = (groups + per_item - 1) / per_item * pos_items;
+  const int64_t items = rows ? (g.size / A + width - 1) / width : outer * per_outer;
+  const size_t buffer = static_cast<size_t>(rows ? A * width : per_item * tile * width);
+  const bool in_half = io.x_type != kF32, out_half = io.values_type != kF32;
+  const bool in_bf = io.x_type == kBF16, out_bf = io.values_type == kBF16;
+  const bool vectors = half_vectors();
+  const ParallelFor serial = [](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    if (n > 0) fn(0, n);
+  };
+  std::mutex mu;
+  std::string failed;
+  pf(items, [&](int64_t i0, int64_t i1) {
+    std::vector<float> xin(buffer), yout(buffer);
+    for (int64_t i = i0; i < i1; ++i) {
+      // Item i as runs: `runs` runs of `len` elements, run k at flat offset base + k * stride,
+      // gathered to xin[k * len, (k + 1) * len).
+      int64_t base, stride = 0, len, runs = 1;
+      std::vector<int64_t> shape;
+      if (rows) {
+        const int64_t r0 = i * width, r1 = std::min(g.size / A, r0 + width);
+        base = r0 * A, len = (r1 - r0) * A;
+        shape = {r1 - r0, A};
+      } else {
+        const int64_t o = i / per_outer, gi = i % per_outer / pos_items;
+        const int64_t p0 = i % per_outer % pos_items * width;
+        const int64_t c0 = gi * per_item * tile, c1 = std::min(A, c0 + per_item * tile);
+        const int64_t n = std::min(width, P - p0);
+        base = (o * A + c0) * P + p0;
+        shape = {1, c1 - c0, n};
+        if (n == P) {
+          len = (c1 - c0) * P;  // whole channel rows: one contiguous block
+        } else {
+          stride = P, len = n, runs = c1 - c0;
+        }
+      }
+      for (int64_t k = 0; k < runs; ++k) {
+        const int64_t at = base + k * stride;
+        float* d = xin.data() + k * len;
+        if (in_half) {
+          widen_to_f32(static_cast<const uint16_t*>(io.x) + at, d, len, in_bf, vectors);
+        } else {
+          std::memcpy(d, static_cast<const float*>(io.x) + at, sizeof(float) * len);
+        }
+      }
+      QuantizeIO item;
+      item.x = xin.data();
+      item.x_type = kF32;
+      item.finite_type = finite_type(io);  // the caller's type, not the buffer's
+      item.values = yout.data();
+      item.values_type = kF32;
+      std::string e = quantize(f, m, shape, 1, item, serial);
+      if (!e.empty()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (failed.empty()) failed = e;
+        return;
+      }
+      for (int64_t k = 0; k < runs; ++k) {
+        const int64_t at = base + k * stride;
+        const float* y = yout.data() + k * len;
+        if (out_half) {
+          narrow_from_f32(y, static_cast<uint16_t*>(io.values) + at, len, out_bf, vectors);
+        } else {
+          std::memcpy(static_cast<float*>(io.values) + at, y, sizeof(float) * len);
+        }
+      }
+    }
+  });
+  return failed;
+}
+
 }  // namespace
 }  // namespace kern
 
@@ -114,8 +215,10 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
   if (!e.empty()) return e;
   if (g.size == 0) return "cannot cast an empty tensor";
   const bool half_in = io.x_type != kF32, half_out = io.values && io.values_type != kF32;
-  if ((half_in || half_out) && g.kind == 1 && g.Post == 1) {
-    // float16 / bfloat16 data along the last axis through the float32 fast paths: the input
+  if ((half_in || half_out) && g.kind == 1 && independent_values_only(f, m, io))
+    return cast_half_items(f, m, g, io, pf);
+  if ((half_in || half_out) && g.kind == 1) {
+    // float16 / bfloat16 data through the float32 fast paths (rows and NCHW channels): the input
     // converted exactly first (as load_x reads it), the float32 values rounded afterwards (as
     // store_y writes them): the general path's bits, for a tensor-sized buffer or two. Values
     // may overwrite x: x is read whole first.
@@ -142,14 +245,10 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
       xf = big();
       float* d = xf.get();
       const uint16_t* src = static_cast<const uint16_t*>(io.x);
-      const bool bf = io.x_type == kBF16;
+      const bool bf = io.x_type == kBF16, vectors = half_vectors();
       pf(chunks, [&](int64_t c0, int64_t c1) {
         const int64_t i0 = c0 * kChunk, i1 = std::min(g.size, c1 * kChunk);
-        if (bf) {
-          for (int64_t i = i0; i < i1; ++i) d[i] = bf16_to_float(src[i]);
-        } else {
-          for (int64_t i = i0; i < i1; ++i) d[i] = half_to_float(src[i]);
-        }
+        widen_to_f32(src + i0, d + i0, i1 - i0, bf, vectors);
       });
       io2.x = d;
       io2.x_type = kF32;
@@ -163,13 +262,10 @@ std::string quantize(const Format& f, const Modes& m, const std::vector<int64_t>
     if (!e.empty() || !half_out) return e;
     const float* y = yf.get();
     uint16_t* dst = static_cast<uint16_t*>(io.values);
-    const bool bf = io.values_type == kBF16;
+    const bool bf = io.values_type == kBF16, vectors = half_vectors();
     pf(chunks, [&](int64_t c0, int64_t c1) {
       const int64_t i0 = c0 * kChunk, i1 = std::min(g.size, c1 * kChunk);
-      for (int64_t i = i0; i < i1; ++i) {
-        float v = y[i] != y[i] ? from_fbits_nan() : y[i];  // as store_y
-        dst[i] = bf ? float_to_bf16(v) : float_to_half(v);
-      }
+      narrow_from_f32(y + i0, dst + i0, i1 - i0, bf, vectors);  // as store_y
     });
     return "";
   }

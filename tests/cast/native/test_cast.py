@@ -109,7 +109,8 @@ def _assert_same(ref: object, nat: object, fields: tuple[str, ...], what: str) -
 
 def _both(x: np.ndarray, dt: DataType, out: type = np.float32, **kw: object) -> tuple:
     with np.errstate(all="ignore"):
-        ref = reference.quantize(x.astype(np.float32), dt, **kw)
+        # The reference learns the caller's type (it bounds the element clamp) as cast() tells it.
+        ref = reference.quantize(x.astype(np.float32), dt, finite_dtype=x.dtype, **kw)
     ref.values = ref.values.astype(out)
     nat = native.quantize(x, dt, values_dtype=np.dtype(out), **kw)
     return ref, nat
@@ -269,3 +270,86 @@ def test_native_every_float16_input_and_rounding_to_float16(name: str) -> None:
     wide = rng.standard_normal((64, 128)) * np.exp2(rng.integers(-40, 20, (64, 128)))
     ref, nat = _both(wide.astype(np.float32), dt, out=np.float16, axis=1)
     _assert_same(ref, nat, FIELDS, f"{name} float32 -> float16 values")
+
+
+@pytest.mark.parametrize("out", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("src", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("name", NAMES)
+def test_native_half_data_along_channels(name: str, src: type, out: type) -> None:
+    # float16 / bfloat16 NCHW activations tiled along their channels go through the float32
+    # channel kernels (converted exactly first, values rounded afterwards): the reference's
+    # bits, with and without codes, for whole and partial tiles and positions that fill no
+    # whole vector.
+    dt = datatype(name)
+    for shape in ((2, 64, 3, 5), (1, 40, 2, 2)):
+        for kind, seed in (("special", 1), ("random", 2), ("subnormal", 3)):
+            x = _data(shape, kind, seed=seed).astype(src)
+            modes = [RoundMode.EVEN]
+            if not name.startswith("cb"):
+                modes.append(RoundMode.STOCHASTIC)
+            for rm in modes:
+                what = f"{name} {shape} {kind} {src.__name__}->{out.__name__} {rm}"
+                ref, nat = _both(x, dt, out=out, axis=1, round_mode=rm, seed=4)
+                _assert_same(ref, nat, FIELDS, what)
+                values = native.quantize(
+                    x, dt, axis=1, round_mode=rm, seed=4, want_codes=False, values_dtype=out
+                ).values
+                assert np.array_equal(_bits(values), _bits(ref.values)), what + " values only"
+
+
+@pytest.mark.parametrize("simd", ["", "base"])
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp4", "nvfp4"])
+def test_native_every_half_through_channels(
+    name: str, simd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every float16 and every bfloat16 bit pattern (NaN payloads, Infs, subnormals, both zeros)
+    # as the input of a channel-tiled cast, and float32 results across both types' subnormal,
+    # overflow and tie cases rounded back: the vector conversions (AVX2 + F16C) and the scalar
+    # ones (ONNXQ_SIMD=base) give the reference's bits.
+    if simd:
+        monkeypatch.setenv("ONNXQ_SIMD", simd)
+    dt = datatype(name)
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    for src in (np.float16, ml_dtypes.bfloat16):
+        x = every.view(src).reshape(1, 128, 512)
+        ref, nat = _both(x, dt, out=src, axis=1)
+        _assert_same(ref, nat, FIELDS, f"{name} every {src.__name__}")
+    rng = np.random.default_rng(8)
+    wide = rng.standard_normal((2, 64, 9, 7)) * np.exp2(rng.integers(-140, 130, (2, 64, 9, 7)))
+    for out in (np.float16, ml_dtypes.bfloat16):
+        ref, nat = _both(wide.astype(np.float32), dt, out=out, axis=1)
+        _assert_same(ref, nat, FIELDS, f"{name} float32 -> {out.__name__} values")
+
+
+@pytest.mark.parametrize("src", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mxfp8e4",
+        "mxfp4",
+        "mxint8",
+        "mx6",
+        "bfp16",
+        "e4m3fnuz_float16_t0",
+        "cb41fi_e2m2fnuz_e8m0_t32",
+        "e2m1fnuz_e8m0_t16n2m4",
+    ],
+)
+def test_native_half_values_in_work_items(name: str, src: type) -> None:
+    # Values-only casts of half data run in work items of about 2^14 elements cut at tile
+    # boundaries: several row items; channel items of several tile groups with every
+    # position; single groups at runs of positions (with a partial last group and a partial
+    # last run); a tile that spans the whole axis. Every cut gives the reference's bits.
+    dt = datatype(name)
+    for shape, axis in (
+        ((400, 96), 1),
+        ((2, 96, 10, 20), 1),
+        ((1, 40, 600), 1),
+        ((3, 200, 90), 1),
+        ((2, 2, 48, 300), 2),
+    ):
+        x = _data(shape, "special", seed=5).astype(src)
+        with np.errstate(all="ignore"):
+            want = reference.quantize(x.astype(np.float32), dt, axis=axis, finite_dtype=x.dtype)
+        got = native.quantize(x, dt, axis=axis, want_codes=False, values_dtype=src).values
+        assert np.array_equal(_bits(got), _bits(want.values.astype(src))), (name, shape, axis)
