@@ -18,8 +18,11 @@ A second table times NCHW activations (``NCHW_SHAPES``) tiled along their channe
 the channel kernels) against the same tensor tiled along its last axis (the row kernels), both
 fused, with Identity as the floor.
 
+``--dtype float16`` times float16 activations (the casts convert them to float32 and back
+around the float32 kernels).
+
 Usage: python benchmarks/activation_qdq.py [--repeat 15] [--formats mxfp8 mxfp4 ...]
-       [--no-nchw]
+       [--no-nchw] [--dtype float32|float16]
 """
 
 from __future__ import annotations
@@ -52,14 +55,15 @@ NCHW_SHAPES = [
 FORMATS = ["mxfp8", "mxfp4", "mx6", "nvfp4", "bfp16"]
 
 
-def _models(fmt: str, rank: int, axis: int = -1) -> dict[str, Any]:
+def _models(fmt: str, rank: int, axis: int = -1, dtype: str = "float32") -> dict[str, Any]:
     from onnx import TensorProto, helper
 
     from onnxq.graph.schemas import output_types
 
     dims = [f"d{i}" for i in range(rank)]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+    elem = TensorProto.FLOAT16 if dtype == "float16" else TensorProto.FLOAT
+    x = helper.make_tensor_value_info("x", elem, dims)
+    y = helper.make_tensor_value_info("y", elem, dims)
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     types = output_types("QuantizeMX", {"dtype": fmt})
     names = [
@@ -76,7 +80,13 @@ def _models(fmt: str, rank: int, axis: int = -1) -> dict[str, Any]:
             helper.make_node("QuantizeMX", ["x"], names, domain="onnxq", dtype=fmt, axis=axis),
             helper.make_node("Shape", ["x"], ["x_shape"]),
             helper.make_node(
-                "DequantizeMX", [*names, "x_shape"], ["y"], domain="onnxq", dtype=fmt, axis=axis
+                "DequantizeMX",
+                [*names, "x_shape"],
+                ["y"],
+                domain="onnxq",
+                dtype=fmt,
+                axis=axis,
+                output_type=elem,
             ),
         ],
     }
@@ -103,7 +113,7 @@ def _medians(ort: Any, models: dict[str, Any], x: np.ndarray, repeat: int) -> di
     for k, sess in sessions.items():
         b = sess.io_binding()
         b.bind_cpu_input("x", x)
-        b.bind_output("y", "cpu", 0, np.float32, list(x.shape), outs[k].ctypes.data)
+        b.bind_output("y", "cpu", 0, x.dtype, list(x.shape), outs[k].ctypes.data)
         bindings[k] = b
         sess.run_with_iobinding(b)  # warm-up
     # a batch of runs takes about 20 ms, so the thread clock's resolution does not matter
@@ -120,7 +130,8 @@ def _medians(ort: Any, models: dict[str, Any], x: np.ndarray, repeat: int) -> di
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    bits = f"u{a.dtype.itemsize}"
+    return np.array_equal(a.view(bits), b.view(bits))
 
 
 def main() -> None:
@@ -128,11 +139,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--formats", nargs="*", default=FORMATS)
     parser.add_argument("--no-nchw", action="store_true", help="skip the channel-axis table")
+    parser.add_argument(
+        "--dtype", choices=["float32", "float16"], default="float32", help="activation type"
+    )
     args = parser.parse_args()
 
     import onnxruntime as ort
 
-    print(f"CPU: {kernels.cpu_name()} ({os.cpu_count()} logical cores); one intra-op thread")
+    print(
+        f"CPU: {kernels.cpu_name()} ({os.cpu_count()} logical cores); one intra-op thread; "
+        f"{args.dtype} activations"
+    )
     print("thread CPU time per run, median of interleaved rounds; ratios in the same run")
     print(
         f"{'shape':<15} {'format':<8} {'identity':>9} {'fused':>9} {'pair':>9} "
@@ -140,9 +157,9 @@ def main() -> None:
     )
     rng = np.random.default_rng(0)
     for shape in SHAPES:
-        x = rng.standard_normal(shape, dtype=np.float32)
+        x = rng.standard_normal(shape, dtype=np.float32).astype(args.dtype)
         for fmt in args.formats:
-            r = _medians(ort, _models(fmt, len(shape)), x, args.repeat)
+            r = _medians(ort, _models(fmt, len(shape), dtype=args.dtype), x, args.repeat)
             if not _same(r["out"]["fused"], r["out"]["pair"]):
                 raise SystemExit(f"{fmt} {shape}: the fused op and the pair disagree")
             med = r["med"]
@@ -160,11 +177,11 @@ def main() -> None:
         f"{'ax1/id':>7} {'last/id':>8} {'ax1/last':>9}"
     )
     for shape in NCHW_SHAPES:
-        x = rng.standard_normal(shape, dtype=np.float32)
+        x = rng.standard_normal(shape, dtype=np.float32).astype(args.dtype)
         for fmt in args.formats:
-            ch = _models(fmt, len(shape), axis=1)
+            ch = _models(fmt, len(shape), axis=1, dtype=args.dtype)
             models = {"identity": ch["identity"], "ax1": ch["fused"], "pair1": ch["pair"]}
-            models["last"] = _models(fmt, len(shape))["fused"]
+            models["last"] = _models(fmt, len(shape), dtype=args.dtype)["fused"]
             r = _medians(ort, models, x, args.repeat)
             if not _same(r["out"]["ax1"], r["out"]["pair1"]):
                 raise SystemExit(f"{fmt} {shape} axis 1: the fused op and the pair disagree")
