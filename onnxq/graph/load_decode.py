@@ -65,15 +65,20 @@ from onnxq.graph.walk import (
 __all__ = [
     "CHUNK_BYTES",
     "DECODE_MODES",
+    "SESSION_DTYPE",
     "Fold",
     "SessionModel",
     "foldable",
     "light_copy",
     "release_freed_memory",
+    "rename_dtype",
     "session_model",
 ]
 
 DECODE_MODES = ("load", "run")
+# The name of the onnxq ops' `dtype` attribute in the model a session hands onnxruntime (the
+# kernels read either): see `rename_dtype`.
+SESSION_DTYPE = "onnxq_dtype"
 CHUNK_BYTES = 64 << 20  # decoded bytes held in memory at a time when writing the file
 _DECODERS = ("DequantizeMX", "CodebookLookup")
 _STANDARD = ("", "ai.onnx")
@@ -567,6 +572,7 @@ def session_model(
         declared = value_info_names(model)
         model = infer_shapes(model)
         trim_value_info(model, declared, DOMAIN)  # the rest would change onnxruntime's fusions
+        rename_dtype(model)
     _restore(model, source, folder)
     if not folds:
         return SessionModel(model.SerializeToString(), folds, custom_ops=custom)
@@ -593,6 +599,25 @@ def session_model(
     result = _decode_to_memory(model, folds, decode)
     result.custom_ops = custom
     return result
+
+
+def rename_dtype(model: onnx.ModelProto) -> None:
+    """Rename the onnxq nodes' ``dtype`` attribute to `SESSION_DTYPE`, in place.
+
+    onnxruntime's CPU provider runs a float16 node that sits between two nodes it must cast
+    to float32 (a float16 Conv has no CPU kernel) in float32 as well, and then requires any
+    ``dtype`` attribute of that node to be an integer (its InsertCastTransformer, up to at
+    least 1.32): an activation cast between two float16 convolutions, whose ``dtype`` is a
+    string, stopped the session ("InsertCastTransformer works on the assumption that `dtype`
+    attribute holds an integer"). Under another name onnxruntime leaves the attribute alone
+    and runs the cast in float32 between its Casts. Run after anything that reads ``dtype``.
+    """
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            if node.domain == DOMAIN:
+                for attr in node.attribute:
+                    if attr.name == "dtype":
+                        attr.name = SESSION_DTYPE
 
 
 def _strip_placeholders(model: onnx.ModelProto, folds: list[Fold]) -> None:

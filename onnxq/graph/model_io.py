@@ -33,7 +33,7 @@ from onnxq._files import (
     read_range,
 )
 from onnxq.graph.schemas import DOMAIN
-from onnxq.graph.walk import trim_value_info, value_info_names
+from onnxq.graph.walk import sort_nodes, trim_value_info, value_info_names
 
 __all__ = [
     "SPILL_LOCATION",
@@ -107,6 +107,7 @@ def load(
         base = path.parent
     else:
         raise TypeError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
+    sort_nodes(loaded.graph)  # onnxruntime runs unsorted graphs; onnx.checker refuses them
     if output is None:
         load_external(loaded, base)
         return loaded, None

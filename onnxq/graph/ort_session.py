@@ -19,7 +19,12 @@ import onnx
 
 from onnxq._files import check_external, load_model
 from onnxq.cast import native
-from onnxq.graph.load_decode import DECODE_MODES, release_freed_memory, session_model
+from onnxq.graph.load_decode import (
+    DECODE_MODES,
+    release_freed_memory,
+    rename_dtype,
+    session_model,
+)
 from onnxq.graph.schemas import DOMAIN, infer_shapes
 from onnxq.graph.walk import trim_value_info, value_info_names
 
@@ -154,6 +159,7 @@ def session(
         given = _as_model(path_or_model)[0]
         model = infer_shapes(given)
         trim_value_info(model, value_info_names(given), DOMAIN)
+        rename_dtype(model)
         _register(options, lib)
         return ort.InferenceSession(model.SerializeToString(), sess_options=options, **kwargs)
     loaded, folder = _as_model(path_or_model)

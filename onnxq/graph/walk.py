@@ -4,6 +4,7 @@ The one place that knows how subgraphs hang off nodes (If, Loop, Scan bodies in 
 GRAPHS attributes) and how attribute protos become Python values.
 """
 
+import heapq
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,3 +65,68 @@ def trim_value_info(model: onnx.ModelProto, keep: set[str], domain: str) -> None
         if len(kept) != len(g.value_info):
             del g.value_info[:]
             g.value_info.extend(kept)
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Every name a node's subgraphs (at any depth) read: a superset of their outer reads."""
+    reads: set[str] = set()
+    for sub in node_subgraphs(node):
+        for graph in walk_graphs(sub):
+            for inner in graph.node:
+                reads.update(inner.input)
+    return reads
+
+
+def sort_nodes(graph: onnx.GraphProto) -> bool:
+    """Put ``graph``'s nodes (and its subgraphs') in topological order, in place.
+
+    onnxruntime runs a graph whose nodes are out of order, and converters write such graphs
+    (onnxruntime's own float16 converter appends its input Casts at the end); onnx.checker
+    and the passes that walk nodes in order need them sorted. The order is stable: a node
+    moves only after what it reads (its subgraphs' reads of this graph's values included).
+    A graph that has no such order (a cycle, a value made twice) is left as it is, for the
+    checker to report.
+
+    Returns:
+        True when a node moved.
+    """
+    moved = False
+    for sub_graph in (s for n in graph.node for s in node_subgraphs(n)):
+        moved = sort_nodes(sub_graph) or moved
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for name in node.output:
+            if name:
+                if name in producer:
+                    return moved
+                producer[name] = i
+    needs = [
+        {producer[n] for n in (*node.input, *_subgraph_reads(node)) if n in producer} - {i}
+        for i, node in enumerate(graph.node)
+    ]
+    if all(all(j < i for j in deps) for i, deps in enumerate(needs)):
+        return moved
+    users: dict[int, list[int]] = {}
+    waiting = [len(deps) for deps in needs]
+    for i, deps in enumerate(needs):
+        for j in deps:
+            users.setdefault(j, []).append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for k in users.get(i, ()):
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                heapq.heappush(ready, k)
+    if len(order) != len(needs):  # a cycle
+        return moved
+    nodes = [graph.node[i] for i in order]
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes, strict=True):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+    return True

@@ -37,7 +37,9 @@ bool has_shape_input(const OrtKernelInfo* info) {
 
 void init_kernel(Kernel* k, const OrtKernelInfo* info) {
   std::string dtype;
-  if (!attr_string(info, "dtype", &dtype))
+  // onnxq.runtime.session renames it "onnxq_dtype" (load_decode.rename_dtype: onnxruntime
+  // requires an integer of any `dtype` on a float16 node it moves to float32).
+  if (!attr_string(info, "dtype", &dtype) && !attr_string(info, "onnxq_dtype", &dtype))
     throw OpError("attribute 'dtype' (a preset such as 'mxfp4' or a data type code) is required");
   std::string e = parse_dtype(dtype, &k->parsed);
   if (!e.empty()) throw OpError("dtype " + quote_code(dtype) + ": " + e);
