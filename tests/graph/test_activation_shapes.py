@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -30,8 +28,8 @@ from onnxq.graph.quantize import quantize_model
 from onnxq.graph.recipe import Recipe
 from onnxq.graph.schemas import DOMAIN, input_index
 from tests.graph.activation_share import activation_share
+from tests.onnxq_cli import run_onnxq
 
-ROOT = Path(__file__).resolve().parents[2]
 _F = TensorProto.FLOAT
 
 
@@ -242,15 +240,7 @@ def test_calibrated_tensor_scales_work_on_dynamic_shapes(tmp_path: Path) -> None
 
 # -- the CLI on bad input ---------------------------------------------------------------------
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "onnxq", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_onnxq(*argv)
 
 
 def _digest(path: Path) -> str:

@@ -27,6 +27,7 @@ from onnxq import cast
 from onnxq.graph import quantize as quantize_module
 from onnxq.graph.ort_session import session
 from onnxq.graph.quantize import quantize_model
+from tests.onnxq_cli import run_onnxq
 
 pytestmark = pytest.mark.needs_custom_ops
 
@@ -218,23 +219,10 @@ def test_efficientnet_pads_fold_again(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 def test_cli_quantize_moves_the_cast_and_leaves_the_input(tmp_path: Path) -> None:
     """``python -m onnxq quantize`` as a subprocess: exit 0, the move made, the input intact."""
-    import os
-    import subprocess
-    import sys
-
     src, out = tmp_path / "pad_conv.onnx", tmp_path / "pad_conv.q.onnx"
     onnx.save(_model(), str(src))
     before = src.read_bytes()
-    root = Path(__file__).resolve().parents[2]
-    argv = ["quantize", str(src), "-o", str(out), "--activations", "mxfp8"]
-    done = subprocess.run(
-        [sys.executable, "-m", "onnxq", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_onnxq("quantize", str(src), "-o", str(out), "--activations", "mxfp8")
     assert done.returncode == 0, done.stderr
     assert src.read_bytes() == before
     assert _hoisted(onnx.load(str(out)))

@@ -24,6 +24,7 @@ from onnxq.graph.load_decode import SESSION_DTYPE, rename_dtype
 from onnxq.graph.ort_session import session
 from onnxq.graph.quantize import quantize_model
 from onnxq.graph.walk import sort_nodes
+from tests.onnxq_cli import run_onnxq
 
 pytestmark = pytest.mark.needs_custom_ops
 
@@ -147,23 +148,10 @@ def test_the_session_model_renames_dtype_and_the_file_keeps_it() -> None:
 
 def test_unsorted_float16_model_quantizes_from_the_cli(tmp_path: Path) -> None:
     """``python -m onnxq quantize`` on an unsorted graph: exit 0, a valid output, input kept."""
-    import os
-    import subprocess
-    import sys
-
     src, out = tmp_path / "unsorted.onnx", tmp_path / "unsorted.q.onnx"
     onnx.save(_conv_qdq_conv(unsorted=True), str(src))
     before = src.read_bytes()
-    root = Path(__file__).resolve().parents[2]
-    argv = ["quantize", str(src), "-o", str(out), "--activations", "mxfp8e4"]
-    done = subprocess.run(
-        [sys.executable, "-m", "onnxq", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_onnxq("quantize", str(src), "-o", str(out), "--activations", "mxfp8e4")
     assert done.returncode == 0, done.stderr
     assert src.read_bytes() == before
     onnx.checker.check_model(str(out))
