@@ -16,11 +16,16 @@ namespace {
 
 constexpr uint32_t kQuiet = 0x7FC00000u;  // store_y's NaN
 
-void widen_scalar(const uint16_t* src, float* dst, int64_t i0, int64_t n, bool bf16) {
+// Elements [i0, n) one at a time. Always inlined: in the AVX2 functions' tails the loop is
+// then VEX code too (a call into SSE-encoded code costs a state transition, hundreds of
+// cycles on some CPUs, per call, and channel runs are short).
+__attribute__((always_inline)) inline void widen_scalar(const uint16_t* src, float* dst,
+                                                        int64_t i0, int64_t n, bool bf16) {
   for (int64_t i = i0; i < n; ++i) dst[i] = bf16 ? bf16_to_float(src[i]) : half_to_float(src[i]);
 }
 
-void narrow_scalar(const float* src, uint16_t* dst, int64_t i0, int64_t n, bool bf16) {
+__attribute__((always_inline)) inline void narrow_scalar(const float* src, uint16_t* dst,
+                                                         int64_t i0, int64_t n, bool bf16) {
   for (int64_t i = i0; i < n; ++i) {
     float v = src[i];
     if (v != v) std::memcpy(&v, &kQuiet, sizeof v);
@@ -72,9 +77,7 @@ void widen_avx2(const uint16_t* src, float* dst, int64_t n, bool bf16) {
                     : widen8_half(h);
     _mm256_storeu_ps(dst + i, f);
   }
-  // The tail here, in VEX code: a call into the SSE-encoded scalar loop costs a state
-  // transition (hundreds of cycles on some CPUs) per call, and channel runs are short.
-  for (; i < n; ++i) dst[i] = bf16 ? bf16_to_float(src[i]) : half_to_float(src[i]);
+  widen_scalar(src, dst, i, n, bf16);
 }
 
 void narrow_avx2(const float* src, uint16_t* dst, int64_t n, bool bf16) {
@@ -87,11 +90,7 @@ void narrow_avx2(const float* src, uint16_t* dst, int64_t n, bool bf16) {
                      : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
   }
-  for (; i < n; ++i) {
-    float v = src[i];
-    if (v != v) std::memcpy(&v, &kQuiet, sizeof v);
-    dst[i] = bf16 ? float_to_bf16(v) : float_to_half(v);
-  }
+  narrow_scalar(src, dst, i, n, bf16);
 }
 
 #pragma GCC pop_options

@@ -17,8 +17,8 @@
 
 #include "codebook_fast.h"
 #include "fast_channels.h"
-#include "half_convert.h"
 #include "fast_rows.h"
+#include "half_convert.h"
 #include "packing.h"
 #include "quant_internal.h"
 
