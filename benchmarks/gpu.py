@@ -17,7 +17,8 @@ around back-to-back calls, host overhead included where it exceeds the GPU time)
 is the same call captured once in a CUDA graph and replayed (GPU time only).
 
 Usage: ``PYTHONPATH=. python benchmarks/gpu.py --json OUT.json [--budget SECONDS]``;
-``--sweep`` first times a few program sizes of the fast path and uses the best.
+``--sweep`` first times a few program sizes of the fast path and uses the best, then the
+packing layouts of sub-byte compress casts (``ONNXQ_TRITON_PACK_GROUP``), 8192^2 kernels.
 """
 
 from __future__ import annotations
@@ -137,6 +138,48 @@ def sweep(iters: int) -> str | None:
     return best[0]
 
 
+PACK_LAYOUTS = ("default", "flat", "3d", "load", "16")
+
+
+def pack_layouts(iters: int) -> list[dict[str, Any]]:
+    """Compress kernels (CUDA graphs, 8192^2) of the sub-byte formats in every packing layout
+    (``ONNXQ_TRITON_PACK_GROUP``), as fractions of a copy; the default is left unchanged."""
+    import os
+
+    from onnxq.cast.api import cast
+
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn((8192, 8192), dtype=dtype, device="cuda")
+        nbytes = x.numel() * x.element_size()
+        buf = torch.empty_like(x)
+        copy_ms = bench(lambda x=x, buf=buf: buf.copy_(x), iters)
+        del buf
+        for fmt in ("mxfp6e2", "mxfp4", "mx6", "nvfp4"):
+            row: dict[str, Any] = {"format": fmt, "dtype": str(dtype).split(".")[-1]}
+            for layout in PACK_LAYOUTS:
+                if layout == "default":
+                    os.environ.pop("ONNXQ_TRITON_PACK_GROUP", None)
+                else:
+                    os.environ["ONNXQ_TRITON_PACK_GROUP"] = layout
+                try:
+                    out_bytes = qbytes(cast(x, fmt, mode="compress", backend="triton"))
+
+                    def run(x: Any = x, f: str = fmt) -> Any:
+                        return cast(x, f, mode="compress", backend="triton")
+
+                    ms = bench_graph(run, iters)
+                    row[layout] = (nbytes + out_bytes) / ms / (2 * nbytes / copy_ms)
+                except Exception as err:
+                    row[f"{layout}_error"] = str(err)[:200]
+            os.environ.pop("ONNXQ_TRITON_PACK_GROUP", None)
+            print(f"packing layouts: {json.dumps(row)}", flush=True)
+            rows.append(row)
+        del x
+        torch.cuda.empty_cache()
+    return rows
+
+
 def c_library_path(iters: int) -> list[dict[str, Any]]:
     """The C library's CUDA path (ahead-of-time kernels, `onnxq.cast.cuda_aot`): packed
     quantize with the fast kernels and with the general ones (``ONNXQ_CUDA_FAST=0``)."""
@@ -194,6 +237,7 @@ def main() -> None:
     }
     if args.sweep:
         results["fast_config"] = sweep(args.iters)
+        results["pack_layouts"] = pack_layouts(args.iters)
     ao = torchao_casts()
     results["torchao"] = sorted(ao)
     for shape, dtype, formats in CASES:
@@ -291,6 +335,18 @@ def summary(results: dict[str, Any]) -> str:
             f"{cell('torchao_to_mx_gbps')} | {cell('torchao_triton_to_mxfp8_dim0_gbps')} |"
             + (f" {r['error'][:80]}" if "error" in r else "")
         )
+    rows = results.get("pack_layouts") or []
+    if rows:
+        lines += [
+            "",
+            "Compress kernels by packing layout (`ONNXQ_TRITON_PACK_GROUP`, 8192x8192), x copy:",
+            "",
+            "| format | dtype | " + " | ".join(PACK_LAYOUTS) + " |",
+            "|---|---|" + "---|" * len(PACK_LAYOUTS),
+        ]
+        for r in rows:
+            cells = [f"{r[k]:.2f}" if k in r else "error" for k in PACK_LAYOUTS]
+            lines.append(f"| {r['format']} | {r['dtype']} | " + " | ".join(cells) + " |")
     rows = results.get("c_library") or []
     if rows:
         lines += [

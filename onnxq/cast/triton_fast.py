@@ -55,15 +55,56 @@ _BLOCK, _WARPS = 4096, 8  # elements and warps per program (benchmarks/gpu.py --
 _AMAX_BLOCK, _AMAX_PROGRAMS = 4096, 1056  # the tensor-amax pass: 8 programs per H100 SM
 
 
-def _pack3d() -> bool:
-    """Whether float-scale (NVFP4) compress packs from a 3-D block, groups innermost.
+def _pack_layout(bits: int, tile: int, float_scale: bool, itemsize: int) -> tuple[int, int]:
+    """(G3, group) of compress casts of ``bits``-bit codes that do not fill whole bytes.
 
-    Measured on an H100 (8192^2 and 16384^2, CUDA graphs, x copy): NVFP4 0.31-0.44 flat,
-    0.35-0.51 in 3-D; but MXFP4 0.62-0.92 flat against 0.57-0.71, and MXFP6 0.58-0.87
-    against 0.15-0.26, so exponent-scale formats keep the flattened block.
-    ``ONNXQ_TRITON_PACK3D=0`` turns it off.
+    Codes are packed in groups of ``group`` consecutive codes, each summed in registers and
+    written as whole 8- to 64-bit integers (`_units`). G3 > 1: the kernel loads its block as
+    (tiles, tile // G3, G3) with a group innermost; G3 = 1: it loads (tiles, tile) and
+    flattens the block to groups. Measured on an H100 (8192^2 and 16384^2, CUDA graphs, x
+    copy) with the smallest whole-byte group: NVFP4 0.31-0.44 flat, 0.35-0.51 in 3-D; but
+    MXFP4 0.62-0.92 flat against 0.57-0.71, and MXFP6 0.58-0.87 against 0.15-0.26, so
+    exponent-scale formats keep the flat block. Larger groups (16 6-bit codes are three
+    32-bit stores, not twelve byte stores) are not timed on a GPU yet.
+
+    ``ONNXQ_TRITON_PACK_GROUP`` overrides the choice: ``flat`` (the smallest group, flat),
+    ``3d`` (the smallest group, 3-D), ``load`` (flat groups of the codes of one 16-byte load,
+    so a thread sums its own codes: 8 from bfloat16, 4 from float32), or N, a power of two:
+    flat groups of N codes; groups are at least the smallest whole-byte group, at most a
+    tile and at most 128 bits.
     """
-    return os.environ.get("ONNXQ_TRITON_PACK3D", "1") != "0"
+    g_min = _group(bits)[0]
+    text = os.environ.get("ONNXQ_TRITON_PACK_GROUP", "")
+    if not text:
+        return (g_min, g_min) if float_scale else (1, g_min)
+    if text == "flat":
+        return 1, g_min
+    if text == "3d":
+        return g_min, g_min
+    if text == "load":
+        g = 16 // itemsize
+        while g * bits > 128:
+            g //= 2
+    else:
+        try:
+            g = int(text)
+        except ValueError:
+            g = -1
+        if g < 1 or g & (g - 1) or g * bits > 128:
+            raise ValueError(
+                f"ONNXQ_TRITON_PACK_GROUP={text!r}: expected flat, 3d, load or a power of two "
+                f"of at most {128 // bits} codes (128 bits of {bits}-bit codes), e.g. 16"
+            )
+    return 1, min(max(g, g_min), tile)
+
+
+def _units(bits: int, group: int) -> tuple[int, int]:
+    """(bits, count) of the integers that write one group of ``group`` codes."""
+    total = bits * group
+    unit = 64
+    while total % unit:
+        unit //= 2
+    return unit, total // unit
 
 
 def _config() -> tuple[int, int]:
@@ -189,7 +230,7 @@ def _launch(
     want_codes: bool,
     packed: bool,
     interpreting: bool,
-    pack3d: bool,
+    pack_layout: tuple[int, int],
 ) -> _Launch:
     # Worked out once per cast signature: the format arithmetic costs more host time than
     # the kernel takes on a 64 MiB tensor.
@@ -200,7 +241,9 @@ def _launch(
     code_nbytes = (numel * n.bits + 7) // 8 if packed else numel
     meta_count = fp.n_tiles * fp.nsub if s.tiles[0].subtile else 0
     meta_nbytes = (meta_count + 7) // 8 if packed else meta_count
-    g, nb = _group(n.bits)
+    g = _group(n.bits)[0]
+    g3, group = pack_layout if packed and g > 1 else (1, g)
+    unit, units = _units(n.bits, group)
     if n.is_float:
         nan_mode = 2 if nan_policy is NanPolicy.BLOCK else 0
     else:
@@ -273,7 +316,10 @@ def _launch(
         WANT_Y=want_values,
         WANT_CODES=want_codes,
         PACKED=packed,
-        G3=g if packed and g > 1 and not s.scale.is_exponent and pack3d else 1,
+        G3=g3,
+        P_GROUP=group,
+        P_UNIT=unit,
+        P_UNITS=units,
         NAN_MODE=nan_mode,
         SHIFT=bool(s.tiles[0].subtile),
         E_FLOAT=e.is_float,
@@ -283,7 +329,6 @@ def _launch(
         E_MAXF=float(n.maxfloat),
         E_BITS=n.bits,
         E_G=g,
-        E_NB=nb,
         E_NEGZERO=e.negzero,
         E_NANCODE=e.nan_code,
         E_LIM=float(e.maxm),
@@ -335,7 +380,7 @@ def quantize(
         want_codes,
         packed,
         os.environ.get("TRITON_INTERPRET", "") == "1",
-        _pack3d(),
+        _pack_layout(dt.nspec.bits, fp.tc, not dt.sspec.scale.is_exponent, x.element_size()),
     )
     dev = x.device
     unused = _placeholder(dev)

@@ -36,11 +36,16 @@ def _expand(
     # a value per unit -> a value per element of the block: (BT, TC), or (BT, TC // G3, G3)
     # when G3 > 1 (compress: groups of G3 codes that pack into whole bytes)
     if SHIFT:
-        return tl.reshape(tl.broadcast_to(t[:, :, None], (BT, NSUB, SUB)), (BT, TC))
+        per_elem = tl.broadcast_to(t[:, :, None], (BT, NSUB, SUB))
+        if G3 > 1:
+            out = tl.reshape(per_elem, (BT, TC // G3, G3))
+        else:
+            out = tl.reshape(per_elem, (BT, TC))
     elif G3 > 1:
-        return tl.broadcast_to(t[:, None, None], (BT, TC // G3, G3))
+        out = tl.broadcast_to(t[:, None, None], (BT, TC // G3, G3))
     else:
-        return tl.broadcast_to(t[:, None], (BT, TC))
+        out = tl.broadcast_to(t[:, None], (BT, TC))
+    return out
 
 
 @triton.jit
@@ -70,30 +75,72 @@ def _pack_store(
     COLS: tl.constexpr,
     BITS: tl.constexpr,
     G: tl.constexpr,
-    NB: tl.constexpr,
-    GROUPED: tl.constexpr,
+    U: tl.constexpr,
+    M: tl.constexpr,
+    BLOCK3D: tl.constexpr,
 ):
     # Write this program's ROWS x COLS codes (C order) as packing.py's little-endian bit
-    # stream: groups of G codes fill NB whole bytes, and the program's stream starts on a
-    # byte. GROUPED: the block is (ROWS, COLS // G, G) already, each group innermost (NVFP4).
-    # Otherwise the (ROWS, COLS) block is flattened first: splitting its rows in place
-    # instead made 6-bit packing 3x slower on an H100 (0.6-0.8 -> 0.2-0.3 of a copy).
-    if GROUPED:
+    # stream; the program's stream starts on a whole group. Groups of G consecutive codes
+    # (G * BITS bits, a whole number of bytes, at most 128) are summed in registers and
+    # written as M integers of U bits (8, 16, 32 or 64: the largest power of two dividing
+    # G * BITS): the smallest group of 6-bit codes is three byte stores, 16 of them three
+    # 32-bit stores. BLOCK3D: the block is (ROWS, COLS // G, G) already, each group innermost
+    # (NVFP4's measured layout); otherwise the (ROWS, COLS) block is flattened first, since
+    # splitting its rows in place made 6-bit packing 3x slower on an H100 (0.6-0.8 -> 0.2-0.3
+    # of a copy).
+    NG: tl.constexpr = ROWS * COLS // G
+    if BLOCK3D:
         c = codes
         gidx = tl.arange(0, ROWS)[:, None] * (COLS // G) + tl.arange(0, COLS // G)[None, :]
     else:
-        c = tl.reshape(tl.reshape(codes, (ROWS * COLS,)), (ROWS * COLS // G, G))
-        gidx = tl.arange(0, ROWS * COLS // G)
-    shifts = tl.arange(0, G) * BITS
-    if G * BITS > 32:
-        word = tl.sum(c.to(tl.int64) << shifts.to(tl.int64), axis=-1)
+        c = tl.reshape(tl.reshape(codes, (ROWS * COLS,)), (NG, G))
+        gidx = tl.arange(0, NG)
+    pos = tl.arange(0, G)
+    if BLOCK3D:
+        pos = pos[None, None, :]
     else:
-        word = tl.sum(c << shifts, axis=-1)
-    base = pid.to(tl.int64) * (ROWS * COLS // G * NB)
-    for b in tl.static_range(NB):
-        byte = ((word >> (8 * b)) & 0xFF).to(tl.uint8)
-        pos = base + gidx * NB + b
-        tl.store(ptr + pos, byte, mask=pos < nbytes)
+        pos = pos[None, :]
+    if G * BITS <= 32:
+        HB: tl.constexpr = G * BITS  # all of the group's bits in `lo`
+        lo = tl.sum(c << (pos * BITS), axis=-1)
+        hi = lo
+    elif G * BITS <= 64:
+        HB: tl.constexpr = G * BITS
+        lo = tl.sum(c.to(tl.int64) << (pos * BITS).to(tl.int64), axis=-1)
+        hi = lo
+    else:
+        HB: tl.constexpr = (G // 2) * BITS  # the first half's bits in `lo`, the rest in `hi`
+        c = c.to(tl.int64)
+        pos = pos.to(tl.int64)
+        lo = tl.sum(tl.where(pos < G // 2, c << (pos * BITS), 0), axis=-1)
+        hi = tl.sum(tl.where(pos >= G // 2, c << ((pos - G // 2) * BITS), 0), axis=-1)
+    if U == 8:
+        uptr = ptr
+    elif U == 16:
+        uptr = ptr.to(tl.pointer_type(tl.int16))
+    elif U == 32:
+        uptr = ptr.to(tl.pointer_type(tl.int32))
+    else:
+        uptr = ptr.to(tl.pointer_type(tl.int64))
+    base = pid.to(tl.int64) * (NG * M)
+    for j in tl.static_range(M):
+        # unit j: bits [j * U, (j + 1) * U) of the group (constant shifts)
+        if j * U >= HB:
+            part = hi >> (j * U - HB)
+        elif (j + 1) * U > HB:
+            part = (lo >> (j * U)) | (hi << (HB - j * U))
+        else:
+            part = lo >> (j * U)
+        if U == 8:
+            unit = part.to(tl.uint8)
+        elif U == 16:
+            unit = part.to(tl.int16)
+        elif U == 32:
+            unit = part.to(tl.int32)
+        else:
+            unit = part.to(tl.int64)
+        upos = base + gidx * M + j
+        tl.store(uptr + upos, unit, mask=upos * (U // 8) < nbytes)
 
 
 @triton.jit
@@ -168,7 +215,7 @@ def _fast_stats(
     finite = ab < 0x7F800000
     absf = tl.where(finite, ab, 0)
     if SHIFT:
-        sub_max = tl.max(tl.reshape(absf, (BT, NSUB, SUB)), axis=2)
+        sub_max = tl.max(tl.reshape(absf, (BT, NSUB, SUB)), axis=2)  # from 2-D or 3-D blocks
         amax_b = tl.max(sub_max, axis=1)
     elif G3 > 1:
         amax_b = tl.max(tl.max(absf, axis=2), axis=1)
@@ -452,8 +499,10 @@ def _store_codes(
     TC: tl.constexpr,
     E_BITS: tl.constexpr,
     E_G: tl.constexpr,
-    E_NB: tl.constexpr,
     G3: tl.constexpr,
+    P_GROUP: tl.constexpr,
+    P_UNIT: tl.constexpr,
+    P_UNITS: tl.constexpr,
     PACKED: tl.constexpr,
 ):
     # one byte per code, or (PACKED, codes under 8 bits) packing.py's bit stream
@@ -462,7 +511,9 @@ def _store_codes(
             tl.store(code_ptr + start + offs, code.to(tl.uint8), mask=ok)
         else:
             pid = tl.program_id(0)
-            _pack_store(code_ptr, code, pid, code_nbytes, BT, TC, E_BITS, E_G, E_NB, G3 > 1)
+            _pack_store(
+                code_ptr, code, pid, code_nbytes, BT, TC, E_BITS, P_GROUP, P_UNIT, P_UNITS, G3 > 1
+            )
     else:
         tl.store(code_ptr + start + offs, code.to(tl.uint8), mask=ok)
 
@@ -482,7 +533,7 @@ def _store_shift_bits(
     # MX shift bits: one byte per subtile, or (PACKED) one bit
     bits = below.to(tl.int32) & t_ok[:, None]
     if PACKED:
-        _pack_store(meta_ptr, bits, pid, meta_nbytes, BT, NSUB, 1, 8, 1, False)
+        _pack_store(meta_ptr, bits, pid, meta_nbytes, BT, NSUB, 1, 8, 8, 1, False)
     else:
         moffs = tile[:, None] * NSUB + tl.arange(0, NSUB)[None, :]
         tl.store(meta_ptr + moffs, bits.to(tl.uint8), mask=t_ok[:, None])
@@ -511,6 +562,9 @@ def _fast_kernel(
     WANT_CODES: tl.constexpr,
     PACKED: tl.constexpr,
     G3: tl.constexpr,  # > 1: the block is (BT, TC // G3, G3), packing groups innermost
+    P_GROUP: tl.constexpr,  # packed codes: groups of P_GROUP codes (G3 when G3 > 1) ...
+    P_UNIT: tl.constexpr,  # ... written as P_UNITS integers of P_UNIT bits each
+    P_UNITS: tl.constexpr,
     NAN_MODE: tl.constexpr,  # 0 element NaNs, 1 a NaN makes the tile NaN, 2 so does an Inf
     SKIND: tl.constexpr,  # 1 exponent scale, 2 float scale
     SHIFT: tl.constexpr,
@@ -522,7 +576,6 @@ def _fast_kernel(
     E_MAXF: tl.constexpr,
     E_BITS: tl.constexpr,
     E_G: tl.constexpr,
-    E_NB: tl.constexpr,
     E_NEGZERO: tl.constexpr,
     E_NANCODE: tl.constexpr,
     E_LIM: tl.constexpr,
@@ -582,7 +635,21 @@ def _fast_kernel(
         )
         code = tl.where(tile_nan, 0, code)
         _store_codes(
-            code_ptr, start, code, offs, ok, code_nbytes, BT, TC, E_BITS, E_G, E_NB, G3, PACKED
+            code_ptr,
+            start,
+            code,
+            offs,
+            ok,
+            code_nbytes,
+            BT,
+            TC,
+            E_BITS,
+            E_G,
+            G3,
+            P_GROUP,
+            P_UNIT,
+            P_UNITS,
+            PACKED,
         )
         tl.store(scale_ptr + tile, scode.to(tl.uint8), mask=t_ok)
         if SHIFT:

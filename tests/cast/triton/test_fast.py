@@ -145,18 +145,48 @@ def test_the_general_kernel_agrees_with_the_fast_path(monkeypatch: pytest.Monkey
         assert_same(getattr(fast, field), getattr(slow, field), field)
 
 
-def test_both_packing_layouts_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    # NVFP4 compress packs from a 3-D block, other formats from the flattened one; both
-    # layouts must write the same stream for every code width that packs.
-    x = to_torch(hostile((6, 192), 16, seed=8), "float32")
-    for name in ("nvfp4", "mxfp4", "mxfp6e2", "mx4"):
-        monkeypatch.setenv("ONNXQ_TRITON_PACK3D", "1")
-        a = cast(x, name, mode="compress", backend="triton")
-        monkeypatch.setenv("ONNXQ_TRITON_PACK3D", "0")
-        b = cast(x, name, mode="compress", backend="triton")
-        for field in ("data", "scale", "tenscale", "meta"):
-            assert_same(getattr(a, field), getattr(b, field), f"{name} {field}")
-    check(hostile((6, 192), 16, seed=8), "nvfp4", "bfloat16", modes=("compress",))
+# Every packing layout a compress cast can use, per code width: the smallest whole-byte group
+# from the flattened block and from a 3-D block, and larger groups written as 16/32/64-bit
+# integers (which unit and how many: `tf._units`; nvfp4's 32 is clamped to its 16-code tile).
+PACK_GROUPS = {
+    "nvfp4": ("flat", "3d", "load", "1", "8", "16", "32"),  # 4-bit: 16 codes, one 64-bit store
+    "mxfp4": ("flat", "3d", "load", "16", "32"),  # 32 codes: two 64-bit halves
+    "mxfp6e2": ("flat", "3d", "load", "8", "16"),  # 6-bit: 8 codes 3 x 16 bits, 16 3 x 32
+    "mx6": ("flat", "3d", "load", "16"),  # 5-bit codes and MX shift bits: 16 are 5 x 16 bits
+    "mx4": ("flat", "3d", "load", "16"),  # 3-bit: 16 codes are 3 x 16 bits
+}
+
+
+@pytest.mark.parametrize("name", sorted(PACK_GROUPS))
+def test_every_packing_group_writes_the_same_stream(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # Each group size must write packing.py's stream bit for bit; 6 rows of 192 end the
+    # last program's block inside the tensor, so the stores past the end are masked.
+    x = hostile((6, 192), 16, seed=8)
+    for group in PACK_GROUPS[name]:
+        monkeypatch.setenv("ONNXQ_TRITON_PACK_GROUP", group)
+        check(x, name, "float32", modes=("compress",))
+    for group in ("load", "16"):  # 8 codes of a bfloat16 load; 16 codes over two threads
+        monkeypatch.setenv("ONNXQ_TRITON_PACK_GROUP", group)
+        check(x, name, "bfloat16", modes=("compress",))
+
+
+def test_pack_group_units() -> None:
+    # (unit bits, units) of a group: the largest power of two up to 64 dividing its bits.
+    assert tf._units(4, 2) == (8, 1)  # 8 bits: a byte
+    assert tf._units(6, 4) == (8, 3)  # 24 bits: three bytes
+    assert tf._units(6, 16) == (32, 3)  # 96 bits
+    assert tf._units(5, 16) == (16, 5)  # 80 bits
+    assert tf._units(4, 32) == (64, 2)  # 128 bits
+
+
+def test_a_bad_pack_group_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = to_torch(hostile((2, 64), 32, seed=3), "float32")
+    for bad in ("12", "-4", "0", "64", "3D"):  # not a power of two, <= 0, 384 bits, a typo
+        monkeypatch.setenv("ONNXQ_TRITON_PACK_GROUP", bad)
+        with pytest.raises(ValueError, match="ONNXQ_TRITON_PACK_GROUP"):
+            cast(x, "mxfp6e2", mode="compress", backend="triton")
 
 
 @pytest.mark.parametrize(
