@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -98,6 +99,17 @@ def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: 
     return launches
 
 
+@contextlib.contextmanager
+def _default_packing() -> Iterator[None]:
+    """The default packing layout, whatever ``ONNXQ_TRITON_PACK_GROUP`` says at build time."""
+    saved = os.environ.pop("ONNXQ_TRITON_PACK_GROUP", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["ONNXQ_TRITON_PACK_GROUP"] = saved
+
+
 def _record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str):
     """The fast path's launches for one cast (the tuned program size, not the environment's)."""
     import torch
@@ -109,7 +121,7 @@ def _record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: s
         why = tf.why_not_fast(shape, dt, -1, RoundMode.EVEN)
         raise GenerationError(f"{dt.code}: the fast path refuses {shape} ({why})")
     x = torch.zeros(shape, dtype=getattr(torch, in_type))
-    with _recording(tf) as launches:
+    with _recording(tf) as launches, _default_packing():
         tf.quantize(
             x,
             dt,

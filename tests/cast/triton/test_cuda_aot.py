@@ -155,6 +155,22 @@ def test_generation_refuses_unknown_parameters(kernel: str, param: str) -> None:
     assert "refused:" in proc.stdout and param in proc.stdout and kernel in proc.stdout
 
 
+def test_generation_ignores_the_packing_knob() -> None:
+    # The embedded kernels use the default packing layout, whatever the build's environment
+    # says: ONNXQ_TRITON_PACK_GROUP is an experiment's switch, not a build option.
+    if not HAVE_TRITON:
+        pytest.skip("torch/triton not installed")
+    code = """
+        from onnxq.cast import aot
+        specs = aot.specialisations(("mxfp6e2",))[1]
+        print(sorted({s.constexprs.get("P_GROUP") for s in specs} - {None}))
+        """
+    plain = _python(code)
+    knob = _python(code, ONNXQ_TRITON_PACK_GROUP="16")
+    assert plain.returncode == 0 and knob.returncode == 0, (plain.stderr + knob.stderr)[-2000:]
+    assert plain.stdout.strip() == knob.stdout.strip() == "[4]", (plain.stdout, knob.stdout)
+
+
 # The C++ launcher (ops/src/cuda_launch.cc) mirrored in Python over the generated table, run in
 # Triton's interpreter: the geometry, the parameter roles and values, the chosen BT and NVFP4's
 # tensor-amax passes give the reference's bits. (The cubins themselves need a GPU: see below.)
