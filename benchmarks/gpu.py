@@ -18,7 +18,8 @@ is the same call captured once in a CUDA graph and replayed (GPU time only).
 
 Usage: ``PYTHONPATH=. python benchmarks/gpu.py --json OUT.json [--budget SECONDS]``;
 ``--sweep`` first times a few program sizes of the fast path and uses the best, then the
-packing layouts of sub-byte compress casts (``ONNXQ_TRITON_PACK_GROUP``), 8192^2 kernels.
+packing layouts of sub-byte compress casts (``ONNXQ_TRITON_PACK_GROUP``) and the codebook
+kernel's program sizes (``ONNXQ_TRITON_CB_CONFIG``), 8192^2 kernels.
 """
 
 from __future__ import annotations
@@ -197,6 +198,49 @@ def pack_layouts(iters: int) -> list[dict[str, Any]]:
     return rows
 
 
+CB_CONFIGS = ("512:4", "256:4", "256:2", "1024:8", "128:1")  # the first is the default
+
+
+def codebook_configs(iters: int) -> list[dict[str, Any]]:
+    """The codebook kernel (8192^2, CUDA graphs) at a few program sizes and warp counts
+    (``ONNXQ_TRITON_CB_CONFIG``), as fractions of a copy. ptxas for sm_90 gives 512:4 142
+    registers a thread (3 programs, 12 warps an SM), 256:4 64 with 24 bytes spilled."""
+    import os
+
+    from onnxq.cast.api import cast
+
+    fmt = "cb41fi_e2m2fnuz_e8m0_t32"
+    rows = []
+    for dtype, modes in ((torch.bfloat16, ("virtual", "compress")), (torch.float32, ("virtual",))):
+        x = torch.randn((8192, 8192), dtype=dtype, device="cuda")
+        nbytes = x.numel() * x.element_size()
+        buf = torch.empty_like(x)
+        copy_ms = bench(lambda x=x, buf=buf: buf.copy_(x), iters)
+        del buf
+        for mode in modes:
+            row: dict[str, Any] = {"dtype": str(dtype).split(".")[-1], "mode": mode}
+            for cfg in CB_CONFIGS:
+                os.environ["ONNXQ_TRITON_CB_CONFIG"] = cfg
+                try:
+                    q = cast(x, fmt, mode=mode, backend="triton")
+                    out_bytes = nbytes if mode == "virtual" else qbytes(q)
+                    del q
+
+                    def run(x: Any = x, m: str = mode) -> Any:
+                        return cast(x, fmt, mode=m, backend="triton")
+
+                    ms = bench_graph(run, iters)
+                    row[cfg] = (nbytes + out_bytes) / ms / (2 * nbytes / copy_ms)
+                except Exception as err:
+                    row[f"{cfg}_error"] = str(err)[:200]
+            os.environ.pop("ONNXQ_TRITON_CB_CONFIG", None)
+            print(f"codebook configs: {json.dumps(row)}", flush=True)
+            rows.append(row)
+        del x
+        torch.cuda.empty_cache()
+    return rows
+
+
 def c_library_path(iters: int) -> list[dict[str, Any]]:
     """The C library's CUDA path (ahead-of-time kernels, `onnxq.cast.cuda_aot`): packed
     quantize with the fast kernels and with the general ones (``ONNXQ_CUDA_FAST=0``)."""
@@ -255,6 +299,7 @@ def main() -> None:
     if args.sweep:
         results["fast_config"] = sweep(args.iters)
         results["pack_layouts"] = pack_layouts(args.iters)
+        results["codebook_configs"] = codebook_configs(args.iters)
     ao = torchao_casts()
     results["torchao"] = sorted(ao)
     for shape, dtype, formats in CASES:
@@ -364,6 +409,19 @@ def summary(results: dict[str, Any]) -> str:
         for r in rows:
             cells = [f"{r[k]:.2f}" if r.get(k) is not None else "error" for k in PACK_LAYOUTS]
             lines.append(f"| {r['format']} | {r['dtype']} | " + " | ".join(cells) + " |")
+    rows = results.get("codebook_configs") or []
+    if rows:
+        lines += [
+            "",
+            "Codebook kernel by `ONNXQ_TRITON_CB_CONFIG` (cb41fi_e2m2fnuz_e8m0_t32, 8192x8192), "
+            "x copy:",
+            "",
+            "| dtype | mode | " + " | ".join(CB_CONFIGS) + " |",
+            "|---|---|" + "---|" * len(CB_CONFIGS),
+        ]
+        for r in rows:
+            cells = [f"{r[k]:.2f}" if r.get(k) is not None else "error" for k in CB_CONFIGS]
+            lines.append(f"| {r['dtype']} | {r['mode']} | " + " | ".join(cells) + " |")
     rows = results.get("c_library") or []
     if rows:
         lines += [

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,34 @@ _MAX_TILE = 1024  # a tile (or a whole-tensor scale's tensor) must fit one progr
 _BLOCK = 512  # elements per program (float64 work: about 100 registers per thread at 4 warps)
 _NUM_WARPS = 4
 _CHUNK = 512  # elements per step of a long tile's program
+
+
+def _config() -> tuple[int, int]:
+    """(elements, warps) per program of the whole-tile kernels.
+
+    ``ONNXQ_TRITON_CB_CONFIG=1024:8`` overrides them (``benchmarks/gpu.py --sweep`` times a
+    few; the bits do not change).
+    """
+    text = os.environ.get("ONNXQ_TRITON_CB_CONFIG", "")
+    if not text:
+        return _BLOCK, _NUM_WARPS
+    return _parse_config(text)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_config(text: str) -> tuple[int, int]:
+    try:
+        block, warps = (int(v) for v in text.split(":"))
+    except ValueError:
+        block = warps = 0
+    if block < 32 or block > 8192 or block & (block - 1) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(
+            f"ONNXQ_TRITON_CB_CONFIG={text!r}: expected BLOCK:WARPS, BLOCK a power of two from "
+            f"32 to 8192 and WARPS one of 1, 2, 4, 8, 16, e.g. 512:4"
+        )
+    return block, warps
+
+
 _FORCE_ORDERED = False  # tests: take the reference-order pass in every program
 
 
@@ -176,7 +205,7 @@ def _launch(g: _Geom) -> tuple[int, int, int, int]:
             return chunk // g.sub, g.sub, 1, triton.cdiv(g.TC, chunk)
         return 1, _CHUNK, 1, triton.cdiv(g.TC, _CHUNK)
     nsub_p, sub_p = triton.next_power_of_2(g.nsub), triton.next_power_of_2(g.sub)
-    bt = max(1, _BLOCK // (nsub_p * sub_p))  # not capped by n_inst: fewer compiles
+    bt = max(1, _config()[0] // (nsub_p * sub_p))  # not capped by n_inst: fewer compiles
     return nsub_p, sub_p, bt, 1
 
 
@@ -315,7 +344,7 @@ def quantize(
         SUBT=bool(g.tiling.Sc),
         NSUB=nsub_p,
         SUB=sub_p,
-        num_warps=_NUM_WARPS,
+        num_warps=_config()[1],
         enable_fp_fusion=False,
     )
     ptrs = (_int_view(x), _int_view(y), codes, scale, meta, m64, m32, even)
@@ -410,7 +439,7 @@ def dequantize(
         book.num_mappings,
         OUT_KIND=_IN_KIND[out_dtype],
         CHUNKED=long,
-        num_warps=_NUM_WARPS,
+        num_warps=_config()[1],
         **_common(g, nsub_p, sub_p, bt),
     )
     return y

@@ -203,6 +203,14 @@ def _group(bits: int) -> tuple[int, int]:
     return g, g * bits // 8
 
 
+def _pack_consts(bits: int, packed: bool, layout: tuple[int, int]) -> dict[str, int]:
+    """The kernel's packing constexprs: block shape (G3), group, and the integers per group."""
+    g = _group(bits)[0]
+    g3, group = layout if packed and g > 1 else (1, g)
+    unit, units = _units(bits, group)
+    return dict(E_G=g, G3=g3, P_GROUP=group, P_UNIT=unit, P_UNITS=units)
+
+
 # -- host side ---------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class _Launch:
@@ -241,9 +249,6 @@ def _launch(
     code_nbytes = (numel * n.bits + 7) // 8 if packed else numel
     meta_count = fp.n_tiles * fp.nsub if s.tiles[0].subtile else 0
     meta_nbytes = (meta_count + 7) // 8 if packed else meta_count
-    g = _group(n.bits)[0]
-    g3, group = pack_layout if packed and g > 1 else (1, g)
-    unit, units = _units(n.bits, group)
     if n.is_float:
         nan_mode = 2 if nan_policy is NanPolicy.BLOCK else 0
     else:
@@ -316,10 +321,7 @@ def _launch(
         WANT_Y=want_values,
         WANT_CODES=want_codes,
         PACKED=packed,
-        G3=g3,
-        P_GROUP=group,
-        P_UNIT=unit,
-        P_UNITS=units,
+        **_pack_consts(n.bits, packed, pack_layout),
         NAN_MODE=nan_mode,
         SHIFT=bool(s.tiles[0].subtile),
         E_FLOAT=e.is_float,
@@ -328,7 +330,6 @@ def _launch(
         E_EMAX=e.emax,
         E_MAXF=float(n.maxfloat),
         E_BITS=n.bits,
-        E_G=g,
         E_NEGZERO=e.negzero,
         E_NANCODE=e.nan_code,
         E_LIM=float(e.maxm),

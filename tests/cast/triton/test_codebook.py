@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.cast.triton.support import DEV, GPU, compare, torch
+from tests.cast.triton.support import DEV, GPU, compare, to_torch, torch
 
 # isort: split
 from onnxq.cast import triton as tk
@@ -188,6 +188,24 @@ def test_shapes_and_axes(shape: tuple[int, ...], axis: int, name: str) -> None:
     if x.size >= 40:
         x = with_specials(x, seed=x.size)
     check(x, name, axis=axis, modes=("virtual", "actual", "compress"))
+
+
+@pytest.mark.parametrize("config", ["32:1", "2048:8"])
+def test_program_sizes(monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+    # ONNXQ_TRITON_CB_CONFIG changes tiles per program (one 32-element tile; 64 of them, the
+    # last program ending inside the tensor) and warps, never the bits.
+    monkeypatch.setenv("ONNXQ_TRITON_CB_CONFIG", config)
+    x = with_specials(sample((9, 96), seed=15))
+    check(x, PRESET, modes=("virtual", "compress"))
+    check(x, "cb42fi012_e2m2fnuz_e8m0_t16s4", "bfloat16", modes=("actual",))
+
+
+def test_a_bad_program_size_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = to_torch(sample((2, 64), seed=16), "float32")
+    for bad in ("512", "500:4", "512:3", "16:1", "16384:4"):
+        monkeypatch.setenv("ONNXQ_TRITON_CB_CONFIG", bad)
+        with pytest.raises(ValueError, match="ONNXQ_TRITON_CB_CONFIG"):
+            triton_cast(x, datatype(PRESET), "virtual", -1)
 
 
 def test_long_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
