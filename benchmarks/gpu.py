@@ -139,6 +139,24 @@ def sweep(iters: int) -> str | None:
     return best[0]
 
 
+def copy_time(x: torch.Tensor, iters: int) -> float:
+    """Milliseconds of a device copy of ``x`` (read + write)."""
+    buf = torch.empty_like(x)
+    return bench(lambda: buf.copy_(x), iters)
+
+
+def kernel_fraction(x: torch.Tensor, fmt: str, mode: str, copy_ms: float, iters: int) -> float:
+    """One cast's kernels (a CUDA graph's replay) as a fraction of the copy's bandwidth."""
+    from onnxq.cast.api import cast
+
+    nbytes = x.numel() * x.element_size()
+    q = cast(x, fmt, mode=mode, backend="triton")
+    out_bytes = nbytes if mode == "virtual" else qbytes(q)
+    del q
+    ms = bench_graph(lambda: cast(x, fmt, mode=mode, backend="triton"), iters)
+    return (nbytes + out_bytes) / ms / (2 * nbytes / copy_ms)
+
+
 PACK_LAYOUTS = ("default", "flat", "3d", "load", "16")
 
 
@@ -158,15 +176,10 @@ def pack_layouts(iters: int) -> list[dict[str, Any]]:
     (``ONNXQ_TRITON_PACK_GROUP``), as fractions of a copy; the default is left unchanged."""
     import os
 
-    from onnxq.cast.api import cast
-
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn((8192, 8192), dtype=dtype, device="cuda")
-        nbytes = x.numel() * x.element_size()
-        buf = torch.empty_like(x)
-        copy_ms = bench(lambda x=x, buf=buf: buf.copy_(x), iters)
-        del buf
+        copy_ms = copy_time(x, iters)
         for fmt in ("mxfp6e2", "mxfp4", "mx6", "nvfp4"):
             row: dict[str, Any] = {"format": fmt, "dtype": str(dtype).split(".")[-1]}
             timed: dict[tuple[int, int], str] = {}  # (G3, group) -> the layout that timed it
@@ -181,13 +194,7 @@ def pack_layouts(iters: int) -> list[dict[str, Any]]:
                     continue
                 timed[key] = layout
                 try:
-                    out_bytes = qbytes(cast(x, fmt, mode="compress", backend="triton"))
-
-                    def run(x: Any = x, f: str = fmt) -> Any:
-                        return cast(x, f, mode="compress", backend="triton")
-
-                    ms = bench_graph(run, iters)
-                    row[layout] = (nbytes + out_bytes) / ms / (2 * nbytes / copy_ms)
+                    row[layout] = kernel_fraction(x, fmt, "compress", copy_ms, iters)
                 except Exception as err:
                     row[f"{layout}_error"] = str(err)[:200]
             os.environ.pop("ONNXQ_TRITON_PACK_GROUP", None)
@@ -207,30 +214,17 @@ def codebook_configs(iters: int) -> list[dict[str, Any]]:
     registers a thread (3 programs, 12 warps an SM), 256:4 64 with 24 bytes spilled."""
     import os
 
-    from onnxq.cast.api import cast
-
     fmt = "cb41fi_e2m2fnuz_e8m0_t32"
     rows = []
     for dtype, modes in ((torch.bfloat16, ("virtual", "compress")), (torch.float32, ("virtual",))):
         x = torch.randn((8192, 8192), dtype=dtype, device="cuda")
-        nbytes = x.numel() * x.element_size()
-        buf = torch.empty_like(x)
-        copy_ms = bench(lambda x=x, buf=buf: buf.copy_(x), iters)
-        del buf
+        copy_ms = copy_time(x, iters)
         for mode in modes:
             row: dict[str, Any] = {"dtype": str(dtype).split(".")[-1], "mode": mode}
             for cfg in CB_CONFIGS:
                 os.environ["ONNXQ_TRITON_CB_CONFIG"] = cfg
                 try:
-                    q = cast(x, fmt, mode=mode, backend="triton")
-                    out_bytes = nbytes if mode == "virtual" else qbytes(q)
-                    del q
-
-                    def run(x: Any = x, m: str = mode) -> Any:
-                        return cast(x, fmt, mode=m, backend="triton")
-
-                    ms = bench_graph(run, iters)
-                    row[cfg] = (nbytes + out_bytes) / ms / (2 * nbytes / copy_ms)
+                    row[cfg] = kernel_fraction(x, fmt, mode, copy_ms, iters)
                 except Exception as err:
                     row[f"{cfg}_error"] = str(err)[:200]
             os.environ.pop("ONNXQ_TRITON_CB_CONFIG", None)
@@ -366,6 +360,21 @@ def main() -> None:
     print(summary(results))
 
 
+def _fraction_table(
+    title: str, keys: tuple[str, ...], columns: tuple[str, ...], rows: list[dict[str, Any]]
+) -> list[str]:
+    """Markdown lines of a sweep: one row per record, its fractions of a copy per column."""
+    if not rows:
+        return []
+    lines = ["", title, "", "| " + " | ".join(keys + columns) + " |"]
+    lines.append("|" + "---|" * (len(keys) + len(columns)))
+    for r in rows:
+        cells = [str(r[k]) for k in keys]
+        cells += [f"{r[c]:.2f}" if r.get(c) is not None else "error" for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def summary(results: dict[str, Any]) -> str:
     """A markdown table of the records (what RESULTS.md holds)."""
     lines = [
@@ -397,31 +406,19 @@ def summary(results: dict[str, Any]) -> str:
             f"{cell('torchao_to_mx_gbps')} | {cell('torchao_triton_to_mxfp8_dim0_gbps')} |"
             + (f" {r['error'][:80]}" if "error" in r else "")
         )
-    rows = results.get("pack_layouts") or []
-    if rows:
-        lines += [
-            "",
-            "Compress kernels by packing layout (`ONNXQ_TRITON_PACK_GROUP`, 8192x8192), x copy:",
-            "",
-            "| format | dtype | " + " | ".join(PACK_LAYOUTS) + " |",
-            "|---|---|" + "---|" * len(PACK_LAYOUTS),
-        ]
-        for r in rows:
-            cells = [f"{r[k]:.2f}" if r.get(k) is not None else "error" for k in PACK_LAYOUTS]
-            lines.append(f"| {r['format']} | {r['dtype']} | " + " | ".join(cells) + " |")
-    rows = results.get("codebook_configs") or []
-    if rows:
-        lines += [
-            "",
-            "Codebook kernel by `ONNXQ_TRITON_CB_CONFIG` (cb41fi_e2m2fnuz_e8m0_t32, 8192x8192), "
-            "x copy:",
-            "",
-            "| dtype | mode | " + " | ".join(CB_CONFIGS) + " |",
-            "|---|---|" + "---|" * len(CB_CONFIGS),
-        ]
-        for r in rows:
-            cells = [f"{r[k]:.2f}" if r.get(k) is not None else "error" for k in CB_CONFIGS]
-            lines.append(f"| {r['dtype']} | {r['mode']} | " + " | ".join(cells) + " |")
+    lines += _fraction_table(
+        "Compress kernels by packing layout (`ONNXQ_TRITON_PACK_GROUP`, 8192x8192), x copy:",
+        ("format", "dtype"),
+        PACK_LAYOUTS,
+        results.get("pack_layouts") or [],
+    )
+    lines += _fraction_table(
+        "Codebook kernel by `ONNXQ_TRITON_CB_CONFIG` (cb41fi_e2m2fnuz_e8m0_t32, 8192x8192), "
+        "x copy:",
+        ("dtype", "mode"),
+        CB_CONFIGS,
+        results.get("codebook_configs") or [],
+    )
     rows = results.get("c_library") or []
     if rows:
         lines += [
