@@ -68,19 +68,22 @@ def _pack_layout(bits: int, tile: int, float_scale: bool, itemsize: int) -> tupl
     32-bit stores, not twelve byte stores) are not timed on a GPU yet.
 
     ``ONNXQ_TRITON_PACK_GROUP`` overrides the choice: ``flat`` (the smallest group, flat),
-    ``3d`` (the smallest group, 3-D), ``load`` (flat groups of the codes of one 16-byte load,
-    so a thread sums its own codes: 8 from bfloat16, 4 from float32), or N, a power of two:
-    flat groups of N codes; groups are at least the smallest whole-byte group, at most a
-    tile and at most 128 bits.
+    ``3d`` (the smallest group, 3-D, where a tile holds one), ``load`` (flat groups of the
+    codes of one 16-byte load, so a thread sums its own codes: 8 from bfloat16, 4 from
+    float32), or N, a power of two: flat groups of N codes; groups are at most a tile (but
+    at least the smallest whole-byte group) and at most 128 bits.
     """
     g_min = _group(bits)[0]
+    # a 3-D block needs whole groups in a tile (NVFP4-like formats with tiles of 2 or 4
+    # 5- or 6-bit codes do not have them)
+    three_d = (g_min, g_min) if g_min <= tile else (1, g_min)
     text = os.environ.get("ONNXQ_TRITON_PACK_GROUP", "")
     if not text:
-        return (g_min, g_min) if float_scale else (1, g_min)
+        return three_d if float_scale else (1, g_min)
     if text == "flat":
         return 1, g_min
     if text == "3d":
-        return g_min, g_min
+        return three_d
     if text == "load":
         g = 16 // itemsize
         while g * bits > 128:
@@ -95,7 +98,10 @@ def _pack_layout(bits: int, tile: int, float_scale: bool, itemsize: int) -> tupl
                 f"ONNXQ_TRITON_PACK_GROUP={text!r}: expected flat, 3d, load or a power of two "
                 f"of at most {128 // bits} codes (128 bits of {bits}-bit codes), e.g. 16"
             )
-    return 1, min(max(g, g_min), tile)
+    # Larger groups stay within a tile, so a tensor is whole groups and whole units: the last
+    # unit never runs past the stream. The smallest group may span tiles (bytes are masked
+    # one by one).
+    return 1, max(min(g, tile), g_min)
 
 
 def _units(bits: int, group: int) -> tuple[int, int]:

@@ -172,6 +172,20 @@ def test_every_packing_group_writes_the_same_stream(
         check(x, name, "bfloat16", modes=("compress",))
 
 
+@pytest.mark.parametrize("name", ["e2m2_e4m3_t4", "e2m3_e4m3_t2", "e1m1_e4m3_t2"])
+def test_tiles_shorter_than_a_packing_group(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # 5-, 6- and 3-bit codes with a float scale in tiles of 4 or 2: the smallest whole-byte
+    # group (8, 4, 8 codes) spans tiles, so no 3-D block (it used to fail to compile), and
+    # larger groups fall back to it; 5 rows of 24 codes end the stream inside a byte group.
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((5, 24)).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-30, 30, size=x.shape).astype(np.float32)
+    x[0, :4] = [0.0, -0.0, np.inf, np.nan]
+    for group in ("", "3d", "load", "16"):
+        monkeypatch.setenv("ONNXQ_TRITON_PACK_GROUP", group)
+        check(x, name, "float32", modes=("compress",))
+
+
 def test_pack_group_units() -> None:
     # (unit bits, units) of a group: the largest power of two up to 64 dividing its bits.
     assert tf._units(4, 2) == (8, 1)  # 8 bits: a byte
