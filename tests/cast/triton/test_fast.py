@@ -186,6 +186,21 @@ def test_tiles_shorter_than_a_packing_group(monkeypatch: pytest.MonkeyPatch, nam
         check(x, name, "float32", modes=("compress",))
 
 
+@pytest.mark.parametrize("name", ["e4m3fn_e4m3fn_t4", "e5m2_e4m3fn_t2", "nvfp4"])
+def test_zero_float_scales_give_positive_zeros(name: str) -> None:
+    # A float scale of zero (a tile of +-0, or amax / 57344 below E4M3's smallest step for
+    # E5M2 elements) sends every element but NaN to +0 in the reference, -0 and -Inf included;
+    # the fast path kept the input's sign where the element format has a -0.
+    tile = datatype(name).sspec.tiles[0].size
+    x = np.zeros((4, 2 * tile), np.float32)
+    x[0] = -0.0
+    x[1, :2] = [-1.0, 2.0]  # E5M2 / E4M3: a scale under the smallest step
+    x[2, :3] = [-np.inf, np.nan, -0.0]
+    x[3] = np.linspace(-3.0, 3.0, 2 * tile)
+    check(x, name, "float32")
+    check(x, name, "bfloat16", modes=("virtual",))
+
+
 def test_pack_group_units() -> None:
     # (unit bits, units) of a group: the largest power of two up to 64 dividing its bits.
     assert tf._units(4, 2) == (8, 1)  # 8 bits: a byte
