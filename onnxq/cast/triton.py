@@ -133,7 +133,8 @@ def _stats(x: torch.Tensor, tc: int, n_inst: int, nc: int, inner: int, C: int, m
     flags = torch.empty(n_units, dtype=torch.int8, device=x.device)
     lo = hi = amax
     if minmax:
-        lo, hi = torch.empty_like(amax), torch.empty_like(amax)
+        lo = torch.empty(n_units, dtype=torch.int64, device=x.device)  # `_lo_key`s
+        hi = torch.empty_like(amax)
     _stats_kernel[_programs(n_units, 1)](
         _int_view(x),
         amax,

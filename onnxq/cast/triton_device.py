@@ -326,10 +326,30 @@ def _okey(b):
 
 
 @triton.jit
-def _zswap(k):
-    # swap the keys of -0 and +0: for the minimum, +0 below -0 (numpy's min keeps the last of
-    # equal values, and a tile's zero padding, +0, comes last)
-    return tl.where((k == 0) | (k == -1), ~k, k)
+def _tile_pos(q, TILE: tl.constexpr, NSUB: tl.constexpr, SUB: tl.constexpr):
+    # each lane's position in its tile (chunk q of TILE elements, NSUB x SUB lanes a unit)
+    kk = tl.arange(0, NSUB)[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    return q[:, None, None] * TILE + kk[None, :, :]
+
+
+@triton.jit
+def _lo_key(xb, pos, fin):
+    # int64 keys whose minimum is numpy's minimum of a tile's finite values, where equal
+    # values take the later one: +0 and -0 are equal, so a tile whose minimum is zero takes
+    # the sign of its last zero (the reference's padding, +0, comes last). Zeros sit between
+    # the negative and positive keys, the later position lower, with the sign in bit 0.
+    zero = (xb & 0x7FFFFFFF) == 0
+    zkey = (((1 << 30) - pos.to(tl.int64)) << 1) | (xb < 0).to(tl.int64)
+    key = tl.where(zero, zkey, _okey(xb).to(tl.int64) << 32)
+    return tl.where(fin, key, 0x7FFFFFFFFFFFFFFF)
+
+
+@triton.jit
+def _lo_bits(key):
+    # float32 bits of a `_lo_key` minimum (0 when the tile has no finite value)
+    zero = (key >= 0) & (key < (1 << 32))
+    bits = tl.where(zero, (key & 1).to(tl.int32) << 31, _okey((key >> 32).to(tl.int32)))
+    return tl.where(key == 0x7FFFFFFFFFFFFFFF, 0, bits)
 
 
 @triton.jit

@@ -17,12 +17,13 @@ import triton.language as tl
 
 from onnxq.cast.triton_device import (
     _ldexp_bits,
+    _lo_key,
     _load_any,
     _meta_offsets,
     _okey,
     _store_values,
+    _tile_pos,
     _unit_offsets,
-    _zswap,
 )
 
 
@@ -61,9 +62,11 @@ def _stats_kernel(
     tl.store(amax_ptr + u, amax, mask=u_ok)
     tl.store(flag_ptr + u, (2 * nf + isnan).to(tl.int8), mask=u_ok)
     if MINMAX:
-        # ordered keys of the finite min and max (the host reduces chunks with min / max)
+        # keys of the finite min (`_lo_key`, int64) and max (ordered float bits); the host
+        # reduces a tile's chunks with min / max
         fin = finite & intile
-        lo = tl.min(tl.min(tl.where(fin, _zswap(_okey(xb)), 0x7FFFFFFF), axis=2), axis=1)
+        pos = _tile_pos(_q, TILE, 1, TILE)
+        lo = tl.min(tl.min(_lo_key(xb, pos, fin), axis=2), axis=1)
         hi = tl.max(tl.max(tl.where(fin, _okey(xb), -0x7FFFFFFF - 1), axis=2), axis=1)
         tl.store(lo_ptr + u, lo, mask=u_ok)
         tl.store(hi_ptr + u, hi, mask=u_ok)

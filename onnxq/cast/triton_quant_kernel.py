@@ -18,6 +18,8 @@ from onnxq.cast.triton_device import (
     _finite_clamp,
     _float_code,
     _float_pred,
+    _lo_bits,
+    _lo_key,
     _load_any,
     _make_f32,
     _meta_offsets,
@@ -26,8 +28,8 @@ from onnxq.cast.triton_device import (
     _rand24,
     _scale_exp_t,
     _store_values,
+    _tile_pos,
     _unit_offsets,
-    _zswap,
 )
 
 
@@ -96,16 +98,17 @@ def _elem_nan(xb, tile_nan, E_FLOAT: tl.constexpr):
 
 
 @triton.jit
-def _zero_range(xb, intile, inst, u_ok, lo_ptr, hi_ptr, PRE: tl.constexpr):
-    # float32 bits of the tiles' finite minimum and maximum (0 when there is none)
+def _zero_range(xb, intile, pos, inst, u_ok, lo_ptr, hi_ptr, PRE: tl.constexpr):
+    # float32 bits of the tiles' finite minimum and maximum (0 when there is none); PRE: the
+    # statistics pass's keys (`_lo_key` minima and ordered-key maxima)
     if PRE:
-        lo_k = tl.load(lo_ptr + inst, mask=u_ok, other=0)
+        lo_k = tl.load(lo_ptr + inst, mask=u_ok, other=0x7FFFFFFFFFFFFFFF)
         hi_k = tl.load(hi_ptr + inst, mask=u_ok, other=0)
     else:
         fin = ((xb & 0x7FFFFFFF) < 0x7F800000) & intile
-        lo_k = tl.min(tl.min(tl.where(fin, _zswap(_okey(xb)), 0x7FFFFFFF), axis=2), axis=1)
+        lo_k = tl.min(tl.min(_lo_key(xb, pos, fin), axis=2), axis=1)
         hi_k = tl.max(tl.max(tl.where(fin, _okey(xb), -0x7FFFFFFF - 1), axis=2), axis=1)
-    lo_b = tl.where(lo_k == 0x7FFFFFFF, 0, _okey(_zswap(lo_k)))
+    lo_b = _lo_bits(lo_k)
     hi_b = tl.where(hi_k == -0x7FFFFFFF - 1, 0, _okey(hi_k))
     return lo_b, hi_b
 
@@ -114,6 +117,7 @@ def _zero_range(xb, intile, inst, u_ok, lo_ptr, hi_ptr, PRE: tl.constexpr):
 def _raw_scale(
     xb,
     intile,
+    pos,
     inst,
     u_ok,
     amax_b,
@@ -133,7 +137,7 @@ def _raw_scale(
         zpt = ()
     else:
         # zero point: the scale spans [min, max] of the finite values (with 0 for ints)
-        lo_b, hi_b = _zero_range(xb, intile, inst, u_ok, lo_ptr, hi_ptr, PRE)
+        lo_b, hi_b = _zero_range(xb, intile, pos, inst, u_ok, lo_ptr, hi_ptr, PRE)
         lo = lo_b.to(tl.float32, bitcast=True)
         hi = hi_b.to(tl.float32, bitcast=True)
         if SKIND == 3:
@@ -302,6 +306,10 @@ def _zero_elems(
     if SKIND == 3:
         yb = (qf * eff3).to(tl.int32, bitcast=True)
     else:
+        # a negative v that rounds to 0 is -0 in the reference (its clip keeps it), so a -0
+        # zero point decodes it to -0, not +0
+        negz = ((vb < 0) & (rn == 0)).to(tl.int32) << 31
+        qf = (qf.to(tl.int32, bitcast=True) | negz).to(tl.float32, bitcast=True)
         yb = (qf * eff3 + zf[:, None, None]).to(tl.int32, bitcast=True)
     tl.store(zero_ptr + inst, zcode.to(zero_ptr.dtype.element_ty), mask=first)
     return yb, n
@@ -516,8 +524,9 @@ def _quant_kernel(
     )
     if SKIND >= 2:
         zfmt = (z_mbits, z_emin, z_emax, z_maxm, z_bits, z_negzero)
+        pos = _tile_pos(q, TILE, NSUB, SUB)
         raw_s, zpt = _raw_scale(
-            xb, intile, inst, u_ok, amax_b, lo_ptr, hi_ptr, el_maxf, zfmt, PRE, SKIND
+            xb, intile, pos, inst, u_ok, amax_b, lo_ptr, hi_ptr, el_maxf, zfmt, PRE, SKIND
         )
         sfmt, tfmt = (s_mbits, s_emin, s_emax, s_maxm, s_nan), (t_mbits, t_emin, t_emax, t_maxm)
         sc, eff3 = _scale_code(

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from onnxq.cast import native
 from onnxq.cast.api import QTensor, cast, upcast
 from onnxq.deploy import bfp
 
@@ -845,6 +846,27 @@ ZERO_POINTS: list[Case] = [
 @pytest.mark.parametrize("case", params(ZERO_POINTS))
 def test_zero_points(case: Case) -> None:
     run(case)
+
+
+# A float zero point is cast(min): when a tile's minimum is zero, its sign is the sign of the
+# tile's last zero, since np.minimum takes the later of equal values (decision 42; np.min's
+# reduction follows that only on short arrays). uint4_float16_e4m3fn_t0 along axis 1, rows of
+# 9000 values of 2.0 with some zeros: E4M3 codes of the zero point, +0 -> 0x00, -0 -> 0x80.
+#   row 0: +0 at 100, -0 at 5000, +0 at 8500, -0 at 8999 (the last)  -> -0 -> 128
+#   row 1: the same with +0 at 8999                                  -> +0 -> 0
+#   row 2: -0 at 5, +0 at 4100, -0 at 4200 (np.min of this row is +0) -> -0 -> 128
+# The scale is (2 - z) / 15 = 0.1333 -> float16 0x3044 either way.
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_float_zero_point_of_a_zero_minimum(backend: str) -> None:
+    if backend == "native" and not native.available():
+        pytest.skip("native library not built")
+    x = np.full((3, 9000), 2.0, np.float32)
+    x[0, [100, 5000, 8500, 8999]] = [0.0, -0.0, 0.0, -0.0]
+    x[1, [100, 5000, 8500, 8999]] = [0.0, -0.0, 0.0, 0.0]
+    x[2, [5, 4100, 4200]] = [-0.0, 0.0, -0.0]
+    q = cast(x, "uint4_float16_e4m3fn_t0", mode="actual", axis=1, backend=backend)
+    assert np.asarray(q.zero).ravel().tolist() == [128, 0, 128]
+    assert np.asarray(q.scale).ravel().tolist() == [0x3044] * 3
 
 
 # -- family 5: geometry and edge tiles ------------------------------------------------------

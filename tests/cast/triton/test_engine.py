@@ -297,6 +297,21 @@ def test_long_tiles_with_subtiles_zero_points_and_2d() -> None:
     check(sample((1100, 3), seed=45), "e4m3fn_e8m0_t0_t2", axis=1)
 
 
+def test_float_zero_points_of_zero_minima() -> None:
+    # A tile whose minimum is zero takes the sign of its last zero as the zero point (+0 and
+    # -0 are equal; np.minimum takes the later one), and a negative value that rounds to 0 is
+    # -0, so with a -0 zero point it decodes to -0. Short tiles, a partial last tile (its
+    # padding, +0, comes last) and two-chunk tiles (the statistics pass).
+    x = np.array([[0.0, -0.0, -0.0, 0.0, -0.0, -0.0, 0.0, 0.0, 0.1275, -3.1e-4, -1e-39, 0.5]])
+    for code in ("uint4_float16_e4m3fn_t2", "uint4_float16_e4m3fn_t4", "uint8_float16_e4m3fn_t8"):
+        check(x.astype(np.float32), code, modes=("virtual", "actual"))
+    long = np.full((3, 5000), 2.0, np.float32)
+    long[0, [100, 4500, 4999]] = [0.0, 0.0, -0.0]  # the last zero in the second chunk
+    long[1, [5, 4100, 4200]] = [-0.0, 0.0, -0.0]
+    long[2, [5, 4100, 4999]] = [-0.0, -0.0, 0.0]
+    check(long, "uint4_float16_e4m3fn_t0", modes=("actual",), axis=1)
+
+
 def test_tiny_and_huge_tiles() -> None:
     x = np.zeros((6, 64), np.float32)
     x[0] = np.float32(1e-40) * np.arange(64, dtype=np.float32)  # subnormal tile
