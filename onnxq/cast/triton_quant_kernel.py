@@ -141,8 +141,10 @@ def _raw_scale(
         lo = lo_b.to(tl.float32, bitcast=True)
         hi = hi_b.to(tl.float32, bitcast=True)
         if SKIND == 3:
-            lo = tl.minimum(lo, 0.0)
-            hi = tl.maximum(hi, 0.0)
+            # np.minimum(lo, 0) / np.maximum(hi, 0): ties (+-0) take the later 0, which a
+            # GPU's min / max need not do
+            lo = tl.where(lo < 0.0, lo, 0.0)
+            hi = tl.where(hi > 0.0, hi, 0.0)
             raw_s = tl.div_rn(hi - lo, tl.zeros_like(hi) + el_maxf)
             zpt = (lo,)
         else:
