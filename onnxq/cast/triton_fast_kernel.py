@@ -620,11 +620,13 @@ def _fast_kernel(
         eff_t, scode = _float_scale(amax_b, tnan, ts, EL_MAXF, S_MBITS, S_EMIN, S_MAXF, S_NAN, TS)
         eff = _expand(eff_t, BT, NSUB, SUB, TC, False, G3)
         # a zero scale (an all-zero tile, or one that underflows the scale format) sends
-        # every element but NaN to +0, negative ones included (reference `_float_scaled`)
+        # every element but NaN to +0, negative ones included (reference `_float_scaled`);
+        # without a -0 code (NVFP4) r = 0 drops the sign already, so no work per element
         scaled = eff > 0
         v = tl.where(scaled, tl.div_rn(a, eff), 0.0)
-        neg = neg & scaled
-        xb = tl.where(scaled, xb, xb & 0x7FFFFFFF)
+        if E_NEGZERO:
+            neg = neg & scaled
+            xb = tl.where(scaled, xb, xb & 0x7FFFFFFF)
         kk = 0
         bound = float("inf")
     r = _round_elems(v, neg, kk, bound, E_FLOAT, E_MBITS, E_EMIN, E_MAXF, E_LIM, FULL_INT, SPLIT)
