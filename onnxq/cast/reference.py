@@ -494,7 +494,7 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     hi = np.where(finite, xt, np.float32(-np.inf)).max(axis=-1)
     lo = np.where(np.isfinite(lo), lo, np.float32(0))
     hi = np.where(np.isfinite(hi), hi, np.float32(0))
-    lo, hi = _later_zero(xt, finite, lo), _later_zero(xt, finite, hi)
+    lo, hi = _later_zeros(xt, finite, lo, hi)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if s.zero.is_float:
             zero = quantize_values(lo.astype(np.float64), s.zero, RoundMode.EVEN).astype(np.float32)
@@ -531,17 +531,22 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     return y, (q.astype(np.int64) if want_codes else None)
 
 
-def _later_zero(xt: np.ndarray, finite: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """A tile's minimum or maximum ``m`` with equal values taking the later one.
+def _later_zeros(
+    xt: np.ndarray, finite: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A tile's minimum and maximum with equal values taking the later one.
 
-    np.minimum / np.maximum take the later of equal values, so a zero ``m`` gets the sign of
-    the tile's last zero (the padding, +0, comes last); np.min / np.max reductions follow that
-    only on short arrays, so the sign is set here.
+    np.minimum / np.maximum take the later of equal values, so a zero minimum or maximum gets
+    the sign of the tile's last zero (the padding, +0, comes last); np.min / np.max
+    reductions follow that only on short arrays, so the sign is set here.
     """
+    if not (np.any(lo == 0) or np.any(hi == 0)):
+        return lo, hi
     zero = finite & (xt == 0)
     last = xt.shape[-1] - 1 - np.argmax(zero[..., ::-1], axis=-1)
     neg = np.signbit(np.take_along_axis(xt, last[..., None], axis=-1)[..., 0])
-    return np.where(m == 0, np.where(neg, np.float32(-0.0), np.float32(0.0)), m)
+    signed = np.where(neg, np.float32(-0.0), np.float32(0.0))
+    return np.where(lo == 0, signed, lo), np.where(hi == 0, signed, hi)
 
 
 def _round_signed(v: np.ndarray, mode: RoundMode, rand: np.ndarray | None) -> np.ndarray:
