@@ -56,7 +56,7 @@ import triton
 from onnxq.cast.layout import Tiling
 from onnxq.cast.triton_bits import _int_view
 from onnxq.cast.triton_codebook_kernels import _cb_dequant_kernel, _cb_quant_kernel
-from onnxq.cast.triton_plan import _IN_KIND, _bump_threshold, _elem_fmt
+from onnxq.cast.triton_plan import _IN_KIND, _bump_threshold, _elem_fmt, block_warps
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
@@ -68,6 +68,7 @@ _MAX_TILE = 1024  # a tile (or a whole-tensor scale's tensor) must fit one progr
 _BLOCK = 512  # elements per program (float64 work: about 100 registers per thread at 4 warps)
 _NUM_WARPS = 4
 _CHUNK = 512  # elements per step of a long tile's program
+_FORCE_ORDERED = False  # tests: take the reference-order pass in every program
 
 
 def _config() -> tuple[int, int]:
@@ -79,24 +80,7 @@ def _config() -> tuple[int, int]:
     text = os.environ.get("ONNXQ_TRITON_CB_CONFIG", "")
     if not text:
         return _BLOCK, _NUM_WARPS
-    return _parse_config(text)
-
-
-@functools.lru_cache(maxsize=8)
-def _parse_config(text: str) -> tuple[int, int]:
-    try:
-        block, warps = (int(v) for v in text.split(":"))
-    except ValueError:
-        block = warps = 0
-    if block < 32 or block > 8192 or block & (block - 1) or warps not in (1, 2, 4, 8, 16):
-        raise ValueError(
-            f"ONNXQ_TRITON_CB_CONFIG={text!r}: expected BLOCK:WARPS, BLOCK a power of two from "
-            f"32 to 8192 and WARPS one of 1, 2, 4, 8, 16, e.g. 512:4"
-        )
-    return block, warps
-
-
-_FORCE_ORDERED = False  # tests: take the reference-order pass in every program
+    return block_warps("ONNXQ_TRITON_CB_CONFIG", text, 32, 8192, (1, 2, 4, 8, 16), "512:4")
 
 
 # -- geometry --------------------------------------------------------------------------------

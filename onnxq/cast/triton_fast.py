@@ -44,7 +44,7 @@ import triton
 from onnxq.cast.elements import nan_code
 from onnxq.cast.triton_bits import _int_view
 from onnxq.cast.triton_fast_kernel import _amax_kernel, _fast_kernel
-from onnxq.cast.triton_plan import _IN_KIND, _SMODE, _elem_fmt
+from onnxq.cast.triton_plan import _IN_KIND, _SMODE, _elem_fmt, block_warps
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
@@ -118,16 +118,8 @@ def _config() -> tuple[int, int]:
     text = os.environ.get("ONNXQ_TRITON_FAST_CONFIG", "")
     if not text:
         return _BLOCK, _WARPS
-    try:
-        block, warps = (int(v) for v in text.split(":"))
-    except ValueError:
-        block = warps = 0
-    if block < 1024 or block & (block - 1) or warps not in (1, 2, 4, 8, 16, 32):
-        raise ValueError(
-            f"ONNXQ_TRITON_FAST_CONFIG={text!r}: expected BLOCK:WARPS, BLOCK a power of two "
-            f">= 1024 and WARPS one of 1, 2, 4, 8, 16, 32, e.g. 4096:8"
-        )
-    return block, warps
+    knob = "ONNXQ_TRITON_FAST_CONFIG"
+    return block_warps(knob, text, 1024, 1 << 20, (1, 2, 4, 8, 16, 32), "4096:8")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ a padded copy), `_ElemFmt` the numbers of an element or scale format the kernels
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -61,6 +62,29 @@ class _ElemFmt:
     has_inf: bool
     nan_code: int
     inf_code: int
+
+
+@functools.lru_cache(maxsize=16)
+def block_warps(
+    knob: str, text: str, smallest: int, largest: int, warps: tuple[int, ...], example: str
+) -> tuple[int, int]:
+    """``BLOCK:WARPS`` from an environment knob's ``text``.
+
+    BLOCK must be a power of two in [smallest, largest], WARPS one of ``warps``.
+
+    Raises:
+        ValueError: anything else, with the knob's name and an example.
+    """
+    try:
+        block, count = (int(v) for v in text.split(":"))
+    except ValueError:
+        block = count = 0
+    if not smallest <= block <= largest or block & (block - 1) or count not in warps:
+        raise ValueError(
+            f"{knob}={text!r}: expected BLOCK:WARPS, BLOCK a power of two from {smallest} to "
+            f"{largest} and WARPS one of {', '.join(map(str, warps))}, e.g. {example}"
+        )
+    return block, count
 
 
 def _elem_fmt(spec: NumberSpec) -> _ElemFmt:

@@ -210,6 +210,14 @@ def test_pack_group_units() -> None:
     assert tf._units(4, 32) == (64, 2)  # 128 bits
 
 
+def test_a_bad_program_size_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = to_torch(hostile((2, 64), 32, seed=3), "float32")
+    for bad in ("4096", "512:8", "3000:8", "4096:3"):  # no warps, too small, not 2^k, warps
+        monkeypatch.setenv("ONNXQ_TRITON_FAST_CONFIG", bad)
+        with pytest.raises(ValueError, match=r"ONNXQ_TRITON_FAST_CONFIG=.*e\.g\. 4096:8"):
+            cast(x, "mxfp4", backend="triton")
+
+
 def test_a_bad_pack_group_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     x = to_torch(hostile((2, 64), 32, seed=3), "float32")
     for bad in ("12", "-4", "0", "64", "3D"):  # not a power of two, <= 0, 384 bits, a typo
