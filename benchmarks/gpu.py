@@ -171,33 +171,43 @@ def _pack_key(fmt: str, itemsize: int) -> tuple[int, int]:
     return triton_fast._pack_layout(dt.nspec.bits, tile, not dt.sspec.scale.is_exponent, itemsize)
 
 
+def knob_sweep(knob: str, settings: tuple[str, ...], measure: Any) -> dict[str, Any]:
+    """``measure()`` under each setting of an environment knob ("default": unset); a failure
+    is recorded as ``<setting>_error`` and the sweep goes on. The knob is unset afterwards."""
+    import os
+
+    row: dict[str, Any] = {}
+    for setting in settings:
+        if setting == "default":
+            os.environ.pop(knob, None)
+        else:
+            os.environ[knob] = setting
+        try:
+            row[setting] = measure()
+        except Exception as err:
+            row[f"{setting}_error"] = str(err)[:200]
+    os.environ.pop(knob, None)
+    return row
+
+
 def pack_layouts(iters: int) -> list[dict[str, Any]]:
     """Compress kernels (CUDA graphs, 8192^2) of the sub-byte formats in every packing layout
     (``ONNXQ_TRITON_PACK_GROUP``), as fractions of a copy; the default is left unchanged."""
-    import os
-
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn((8192, 8192), dtype=dtype, device="cuda")
         copy_ms = copy_time(x, iters)
         for fmt in ("mxfp6e2", "mxfp4", "mx6", "nvfp4"):
-            row: dict[str, Any] = {"format": fmt, "dtype": str(dtype).split(".")[-1]}
-            timed: dict[tuple[int, int], str] = {}  # (G3, group) -> the layout that timed it
-            for layout in PACK_LAYOUTS:
-                if layout == "default":
-                    os.environ.pop("ONNXQ_TRITON_PACK_GROUP", None)
-                else:
-                    os.environ["ONNXQ_TRITON_PACK_GROUP"] = layout
+            timed: dict[tuple[int, int], float] = {}  # layouts giving one kernel: timed once
+
+            def measure(x: Any = x, fmt: str = fmt, timed: dict = timed, c: float = copy_ms):
                 key = _pack_key(fmt, x.element_size())
-                if key in timed:  # the same kernel as an earlier layout
-                    row[layout] = row.get(timed[key])
-                    continue
-                timed[key] = layout
-                try:
-                    row[layout] = kernel_fraction(x, fmt, "compress", copy_ms, iters)
-                except Exception as err:
-                    row[f"{layout}_error"] = str(err)[:200]
-            os.environ.pop("ONNXQ_TRITON_PACK_GROUP", None)
+                if key not in timed:
+                    timed[key] = kernel_fraction(x, fmt, "compress", c, iters)
+                return timed[key]
+
+            row = knob_sweep("ONNXQ_TRITON_PACK_GROUP", PACK_LAYOUTS, measure)
+            row.update(format=fmt, dtype=str(dtype).split(".")[-1])
             print(f"packing layouts: {json.dumps(row)}", flush=True)
             rows.append(row)
         del x
@@ -205,29 +215,25 @@ def pack_layouts(iters: int) -> list[dict[str, Any]]:
     return rows
 
 
-CB_CONFIGS = ("512:4", "256:4", "256:2", "1024:8", "128:1")  # the first is the default
+CB_CONFIGS = ("default", "256:4", "256:2", "1024:8", "128:1")  # the default is 512:4
 
 
 def codebook_configs(iters: int) -> list[dict[str, Any]]:
     """The codebook kernel (8192^2, CUDA graphs) at a few program sizes and warp counts
     (``ONNXQ_TRITON_CB_CONFIG``), as fractions of a copy. ptxas for sm_90 gives 512:4 142
     registers a thread (3 programs, 12 warps an SM), 256:4 64 with 24 bytes spilled."""
-    import os
-
     fmt = "cb41fi_e2m2fnuz_e8m0_t32"
     rows = []
     for dtype, modes in ((torch.bfloat16, ("virtual", "compress")), (torch.float32, ("virtual",))):
         x = torch.randn((8192, 8192), dtype=dtype, device="cuda")
         copy_ms = copy_time(x, iters)
         for mode in modes:
-            row: dict[str, Any] = {"dtype": str(dtype).split(".")[-1], "mode": mode}
-            for cfg in CB_CONFIGS:
-                os.environ["ONNXQ_TRITON_CB_CONFIG"] = cfg
-                try:
-                    row[cfg] = kernel_fraction(x, fmt, mode, copy_ms, iters)
-                except Exception as err:
-                    row[f"{cfg}_error"] = str(err)[:200]
-            os.environ.pop("ONNXQ_TRITON_CB_CONFIG", None)
+            row = knob_sweep(
+                "ONNXQ_TRITON_CB_CONFIG",
+                CB_CONFIGS,
+                lambda x=x, mode=mode, c=copy_ms: kernel_fraction(x, fmt, mode, c, iters),
+            )
+            row.update(dtype=str(dtype).split(".")[-1], mode=mode)
             print(f"codebook configs: {json.dumps(row)}", flush=True)
             rows.append(row)
         del x
@@ -413,8 +419,8 @@ def summary(results: dict[str, Any]) -> str:
         results.get("pack_layouts") or [],
     )
     lines += _fraction_table(
-        "Codebook kernel by `ONNXQ_TRITON_CB_CONFIG` (cb41fi_e2m2fnuz_e8m0_t32, 8192x8192), "
-        "x copy:",
+        "Codebook kernel by `ONNXQ_TRITON_CB_CONFIG` (default 512:4; cb41fi_e2m2fnuz_e8m0_t32, "
+        "8192x8192), x copy:",
         ("dtype", "mode"),
         CB_CONFIGS,
         results.get("codebook_configs") or [],

@@ -32,8 +32,8 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, do not interpre
 SHAPE = (8192, 8192)  # its sizes are multiples of 16, as the JIT's specialisation assumes
 
 
-def record(preset: str, ftype: str, mode: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """The fast kernel's launch for one cast: (kernel, bound arguments, launch options)."""
+def record(preset: str, ftype: str, mode: str) -> Any:
+    """The fast kernel's recorded launch for one cast (`onnxq.cast.aot_record`)."""
     from onnxq.cast import aot_record, triton_fast
     from onnxq.formats.datatype import datatype
 
@@ -41,12 +41,7 @@ def record(preset: str, ftype: str, mode: str) -> tuple[Any, dict[str, Any], dic
     # the recorder pins the default packing for the embedded kernels; here the knob decides
     with _knob_respected(aot_record):
         launches = aot_record._record_fast(triton_fast, datatype(preset), SHAPE, ftype, want)
-    launch = next(la for la in launches if la.kernel.fn.__name__ == "_fast_kernel")
-    names = list(launch.kernel.arg_names)
-    bound = dict(zip(names, launch.args, strict=False))
-    options = {k: v for k, v in launch.kwargs.items() if k not in names}
-    bound.update({k: v for k, v in launch.kwargs.items() if k in names})
-    return launch.kernel, bound, options
+    return next(la for la in launches if la.kernel.fn.__name__ == "_fast_kernel")
 
 
 @contextlib.contextmanager
@@ -59,39 +54,27 @@ def _knob_respected(aot_record: Any) -> Any:
         aot_record._default_packing = saved
 
 
-def compile_sm90(kernel: Any, bound: dict[str, Any], options: dict[str, Any]) -> Any:
-    """Compile for sm_90 with the JIT's hints: 16-byte aligned pointers, and integers that
-    are multiples of 16 marked so (the JIT specialises them the same way)."""
-    import torch
+def compile_sm90(launch: Any) -> Any:
+    """Compile a recorded launch for sm_90 as the AOT build describes it (`aot_record.
+    _describe`), with the JIT's hints: 16-byte aligned pointers, and integers that are
+    multiples of 16 marked so (the JIT specialises them the same way; the AOT build does not)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     from onnxq.cast import aot_record
 
-    constexpr_names = aot_record._constexpr_names(kernel)
-    signature: dict[str, str] = {}
-    constexprs: dict[str, Any] = {}
-    hinted = []
-    for i, (name, value) in enumerate(bound.items()):
-        if name in constexpr_names:
-            constexprs[name] = value
-            signature[name] = "constexpr"
-        elif isinstance(value, torch.Tensor):
-            signature[name] = aot_record._ptr_type(value)
-            hinted.append(i)
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if value % 16 == 0:
-                hinted.append(i)
+    signature, constexprs, options, roles = aot_record._describe(launch, {}, [], tenscale=True)
     constexprs["HW_BF16"] = True  # the interpreter's switch; the GPU converts in hardware
+    names = list(launch.kernel.arg_names)
+    hinted = [n for n, t in signature.items() if t.startswith("*")]
+    hinted += [n for n, role, value in roles if role == "value" and isinstance(value, int)
+               and signature[n] == "i32" and value % 16 == 0]  # fmt: skip
     target = GPUTarget("cuda", 90, 32)
     backend = triton.compiler.make_backend(target)
-    parsed = backend.parse_options(dict(options, enable_fp_fusion=False))
-    attrs = {(i,): [["tt.divisibility", 16]] for i in hinted}
+    parsed = backend.parse_options(options)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
     src = triton.compiler.ASTSource(
-        fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs
+        fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs
     )
     return triton.compile(src, target=target, options=parsed.__dict__)
 
@@ -149,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     from onnxq.cast.aot_spec import GenerationError
 
     try:
-        kernel, bound, options = record(args.preset, args.dtype, args.mode)
+        launch = record(args.preset, args.dtype, args.mode)
     except (ValueError, GenerationError) as err:  # an unknown format, one the fast path refuses
         print(f"kernel_report: {err}", file=sys.stderr)
         return 2
-    ck = compile_sm90(kernel, bound, options)
+    ck = compile_sm90(launch)
     keys = ("BT", "TC", "G3", "P_GROUP", "P_UNIT", "P_UNITS")
-    print({k: bound[k] for k in keys if k in bound})
+    print({k: launch.kwargs[k] for k in keys if k in launch.kwargs})
     for key, value in report(ck).items():
         print(f"{key}: {value}")
     if args.save:
