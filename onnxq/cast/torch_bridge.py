@@ -155,10 +155,12 @@ def upcast_triton(q: Any, out: torch.dtype = torch.float32) -> torch.Tensor:
 
     if not q.dtype.nspec.is_codebook:
         return tk.upcast(q, out)
-    codes, meta = q.data, q.meta
-    if q.mode is CastMode.COMPRESS:
-        codes = tk.unpack_bits(codes, q.dtype.nspec.bits, math.prod(q.shape)).reshape(q.shape)
-        if meta is not None:
-            grid = tcb.meta_shape(q.dtype, q.shape, q.axis)
-            meta = tk.unpack_bits(meta, q.dtype.meta_bits, math.prod(grid))
-    return tcb.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out)
+    codes, mask = tk.unpacked_codes(q)
+    meta = q.meta
+    if q.mode is CastMode.COMPRESS and meta is not None:
+        grid = tcb.meta_shape(q.dtype, q.shape, q.axis)
+        meta = tk.unpack_bits(meta, q.dtype.meta_bits, math.prod(grid))
+    y = tcb.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out)
+    if mask is not None:  # pruned positions read as zero (numpy_path.upcast_array)
+        y = y.masked_fill_(~mask.reshape(q.shape).to(torch.bool), 0)
+    return y

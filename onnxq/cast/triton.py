@@ -58,7 +58,7 @@ from onnxq.cast.triton_bits import (
     pack_bits,
     unpack_bits,
 )
-from onnxq.cast.triton_kernels import _dequant_kernel, _prune_kernel, _stats_kernel
+from onnxq.cast.triton_kernels import _dequant_kernel, _stats_kernel
 from onnxq.cast.triton_plan import (
     _BLOCK,
     _FINITE,
@@ -79,6 +79,7 @@ from onnxq.cast.triton_tiles import (
     _tile_grid,
     _tile_ungrid,
     _to_tile_rows,
+    prune,
 )
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
@@ -163,43 +164,6 @@ def _stats(x: torch.Tensor, tc: int, n_inst: int, nc: int, inner: int, C: int, m
     return amax, flags, lo, hi
 
 
-def _sparse_dim(p: _Plan) -> int:
-    """The input dim that N:M groups run along (reference `_prune`)."""
-    t, (_n, _m, index) = p.tiling, p.dt.sspec.sparsity
-    if t.kind == "2d" and index == 0:
-        ndim = len(t.shape)
-        return ndim - 2 if t.axis == ndim - 1 else ndim - 1
-    return t.axis
-
-
-def _prune(x: torch.Tensor, p: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
-    """N:M-pruned copy of ``x`` and the keep mask (bool, input shape)."""
-    n_keep, m, _ = p.dt.sspec.sparsity
-    d = _sparse_dim(p)
-    shape = tuple(x.shape)
-    L, inner = shape[d], math.prod(shape[d + 1 :])
-    ng_l = -(-L // m)
-    n_groups = math.prod(shape[:d]) * ng_l * inner
-    bg = max(1, 2048 // (m * m))
-    y = torch.empty_like(x)
-    mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
-    _prune_kernel[_programs(n_groups, bg)](
-        _int_view(x),
-        _int_view(y),
-        mask,
-        n_groups,
-        L,
-        inner,
-        ng_l,
-        n_keep,
-        _bf16(x.dtype),
-        HALF=x.dtype != torch.float32,
-        M=m,
-        BG=bg,
-    )
-    return y, mask.view(torch.bool)
-
-
 def quantize(
     x: torch.Tensor,
     dt: DataType,
@@ -235,7 +199,7 @@ def quantize(
     out: dict[str, Any] = {}
     mask = None
     if s is not None and s.sparsity[1]:
-        x, mask = _prune(x, p)
+        x, mask = prune(x, p.tiling, s.sparsity)
         out["mask"] = mask
     stoch = round_mode is RoundMode.STOCHASTIC
     idx = None
@@ -600,26 +564,36 @@ def to_qtensor(
     )
 
 
+def unpacked_codes(q: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A QTensor's element codes (input shape) and N:M keep mask (bool), unpacked.
+
+    A compress-mode stream holds the codes of kept positions only: pruned ones read as 0.
+    """
+    codes, mask = q.data, q.mask
+    if q.mode is not CastMode.COMPRESS:
+        return codes, mask
+    count = math.prod(q.shape)
+    bits = q.dtype.nspec.bits
+    if mask is None:
+        return unpack_bits(codes, bits, count).reshape(q.shape), None
+    mask = unpack_bits(mask, 1, count).to(torch.bool).reshape(q.shape)
+    kept = unpack_bits(codes, bits, int(mask.sum()))
+    codes = torch.zeros(q.shape, dtype=_signed(kept).dtype, device=kept.device)
+    codes[mask] = _signed(kept)
+    return codes, mask
+
+
 def upcast(q: Any, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode a `QTensor` of torch tensors (actual or compress mode) with `dequantize`.
 
     Raises:
         NotImplementedError: the format is not implemented in Triton (see `plan`).
     """
-    codes, meta, mask = q.data, q.meta, q.mask
-    count = math.prod(q.shape)
-    if q.mode is CastMode.COMPRESS:
-        bits = q.dtype.nspec.bits
-        if mask is not None:
-            mask = unpack_bits(mask, 1, count).to(torch.bool).reshape(q.shape)
-            kept = unpack_bits(codes, bits, int(mask.sum()))
-            codes = torch.zeros(q.shape, dtype=_signed(kept).dtype, device=kept.device)
-            codes[mask] = _signed(kept)
-        else:
-            codes = unpack_bits(codes, bits, count).reshape(q.shape)
-        if meta is not None:
-            p = plan(q.shape, q.dtype, q.axis)
-            meta = unpack_bits(meta, q.dtype.meta_bits, math.prod(p.meta_shape))
+    codes, mask = unpacked_codes(q)
+    meta = q.meta
+    if q.mode is CastMode.COMPRESS and meta is not None:
+        p = plan(q.shape, q.dtype, q.axis)
+        meta = unpack_bits(meta, q.dtype.meta_bits, math.prod(p.meta_shape))
     return dequantize(
         q.dtype,
         q.shape,

@@ -29,9 +29,14 @@ writing, and without (the tile is the unit) one pass adding every mapping's erro
 2^-50 * n, n the tile length) and one writing - the tile is read 2-3 times (from L2 when it
 fits). Its near-tie pass adds 512 elements per step one at a time (slow, and rare).
 
-Supported: 1-D tiles on any axis and tensor scales, with or without subtiles (up to 1024
-elements each), exponent scales up to 8 bits, compute types up to 16 bits (table values are
-float32 numbers). Not here (`supports` says why): 2-D tiles, N:M sparsity, custom metrics (the
+2-D tiles are cast as the 1-D tiles of a copy holding one tile per row, each subtile
+contiguous (`triton_tiles._to_tile_rows`): the reference's tile and subtile order, so the same
+sums and choices; results go back to the input layout and layout.py's grids. N:M sparsity
+prunes the input first (`triton_tiles.prune`, as the reference) and zeroes pruned values.
+
+Supported: 1-D and 2-D tiles on any axis and tensor scales, with or without subtiles (up to
+1024 elements each), N:M sparsity, exponent scales up to 8 bits, compute types up to 16 bits
+(table values are float32 numbers). Not here (`supports` says why): custom metrics (the
 reference only), stochastic rounding (no backend has it).
 
 This module is the host side; the kernels are in `onnxq.cast.triton_codebook_kernels`, their
@@ -56,7 +61,16 @@ import triton
 from onnxq.cast.layout import Tiling
 from onnxq.cast.triton_bits import _int_view
 from onnxq.cast.triton_codebook_kernels import _cb_dequant_kernel, _cb_quant_kernel
-from onnxq.cast.triton_plan import _IN_KIND, _bump_threshold, _elem_fmt, block_warps
+from onnxq.cast.triton_plan import _IN_KIND, _bump_threshold, _elem_fmt, _grid_2d, block_warps
+from onnxq.cast.triton_tiles import (
+    _from_tile_rows,
+    _rows_grid,
+    _rows_ungrid,
+    _sub_grid,
+    _sub_ungrid,
+    _to_tile_rows,
+    prune,
+)
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
@@ -125,10 +139,6 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
         return f"{name} is not a codebook format"
     if s is None or not s.scale.is_exponent:
         return f"the Triton codebook engine needs an exponent scale ({name})"
-    if s.is_2d:
-        return f"the Triton codebook engine does not implement 2-D tiles ({name})"
-    if s.sparsity[1]:
-        return f"the Triton codebook engine does not implement N:M sparsity ({name})"
     if s.scale.ebits > 8:
         return f"the Triton codebook engine does not implement exponent scales over 8 bits ({name})"
     if n.compute.bits > 16:
@@ -142,7 +152,7 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
     if not -len(shape) <= axis < len(shape):
         return f"axis {axis} is out of range for shape {shape}"
     tiling = Tiling.build(tuple(shape), axis, s)
-    if tiling.Sc > _MAX_TILE:
+    if (tiling.Sr or 1) * tiling.Sc > _MAX_TILE:
         return (
             f"the Triton codebook engine does not implement subtiles over {_MAX_TILE} "
             f"elements ({name})"
@@ -152,14 +162,27 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
 
 def meta_shape(dt: DataType, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
     """Shape of the unpacked meta grid (what a compress-mode meta stream unpacks to)."""
-    return _geom(tuple(shape), dt, int(axis) % len(shape)).meta_shape
+    assert dt.sspec is not None
+    t = Tiling.build(tuple(shape), int(axis) % len(shape), dt.sspec)
+    if t.kind == "2d":
+        return _grid_2d(t, *t.sub_counts) if t.Sc else _grid_2d(t, t.nR, t.nC)
+    return _geom_of(t).meta_shape
 
 
-def _geom(shape: tuple[int, ...], dt: DataType, axis: int) -> _Geom:
-    s = dt.sspec
-    assert s is not None
-    tiling = Tiling.build(tuple(shape), axis, s)
-    a = tiling.axis
+def _row_tiling(t: Tiling) -> Tiling:
+    """2-D tiles as the 1-D tiles of their rows copy, which the kernels cast.
+
+    `_to_tile_rows` puts a tile per row, each subtile contiguous: the reference's elements in
+    the reference's order (`to_tiles`, `to_subtiles`), so the same sums and choices.
+    """
+    n, e = t.B * t.nR * t.nC, t.tile_elems
+    unit = t.Sr * t.Sc
+    return Tiling((n, e), 1, 1, n, e, 1, e, 1 if unit else 0, unit, "1d")
+
+
+def _geom_of(tiling: Tiling) -> _Geom:
+    """The kernels' geometry of a 1-D or tensor tiling."""
+    shape, a = tiling.shape, tiling.axis
     size = math.prod(shape)
     outer, inner, C = math.prod(shape[:a]), math.prod(shape[a + 1 :]), shape[a]
     if tiling.kind == "tensor":
@@ -292,8 +315,17 @@ def quantize(
     book = _check_book(dt, tuple(x.shape), axis)
     s = dt.sspec
     assert s is not None
-    g = _geom(tuple(x.shape), dt, axis)
+    tiling = Tiling.build(tuple(x.shape), axis, s)
     x = x.contiguous()
+    out: dict[str, Any] = {}
+    mask = None
+    if s.sparsity[1]:  # as the reference: prune first, then tile the pruned tensor
+        x, mask = prune(x, tiling, s.sparsity)
+        out["mask"] = mask
+    rows = tiling.kind == "2d"
+    if rows:
+        x = _to_tile_rows(x, tiling)
+    g = _geom_of(_row_tiling(tiling) if rows else tiling)
     dev = x.device
     nsub_p, sub_p, bt, n_chunks = _launch(g)
     m64, m32, even, _tab = _book_tables(book, dev)
@@ -353,13 +385,21 @@ def quantize(
         LONG=long,
         **consts,
     )
-    out: dict[str, Any] = {}
     if want_values:
+        if rows:
+            y = _from_tile_rows(y, tiling)
+        if mask is not None:  # pruned positions read as zero, NaN tiles included
+            y = y.masked_fill_(~mask, 0)
         out["values"] = y
     if want_codes:
-        out["codes"] = codes
-        out["scale"] = scale.reshape(g.grid_shape)
-        out["meta"] = meta.reshape(g.meta_shape)
+        if rows:
+            out["codes"] = _from_tile_rows(codes, tiling)
+            out["scale"] = _rows_grid(scale, tiling)
+            out["meta"] = _sub_grid(meta, tiling) if tiling.Sc else _rows_grid(meta, tiling)
+        else:
+            out["codes"] = codes
+            out["scale"] = scale.reshape(g.grid_shape)
+            out["meta"] = meta.reshape(g.meta_shape)
     return out
 
 
@@ -392,14 +432,22 @@ def dequantize(
         raise ValueError(f"{dt.name}: dequantizing needs the scale tensor")
     if meta is None:
         raise ValueError(f"{dt.name}: dequantizing needs the meta tensor")
-    g = _geom(shape, dt, int(axis) % len(shape))
+    tiling = Tiling.build(shape, int(axis) % len(shape), s)
+    rows = tiling.kind == "2d"
+    g = _geom_of(_row_tiling(tiling) if rows else tiling)
     dev = codes.device
     nsub_p, sub_p, bt, n_chunks = _launch(g)
     tab = _book_tables(book, dev)[3]
-    y = torch.empty(shape, dtype=out_dtype, device=dev)
-    c = codes.contiguous().reshape(-1)
-    sc = scale.contiguous().reshape(-1)
-    mt = meta.contiguous().reshape(-1)
+    c = codes.contiguous().reshape(shape)
+    if rows:
+        c = _to_tile_rows(c, tiling)
+        sc = _rows_ungrid(scale.contiguous(), tiling)
+        mt = _sub_ungrid(meta, tiling) if tiling.Sc else _rows_ungrid(meta.contiguous(), tiling)
+    else:
+        sc = scale.contiguous().reshape(-1)
+        mt = meta.contiguous().reshape(-1)
+    y = torch.empty(c.shape, dtype=out_dtype, device=dev)
+    c = c.reshape(-1)
     long = _is_long(g)
     _cb_dequant_kernel[(g.n_inst * n_chunks if long else triton.cdiv(g.n_inst, bt),)](
         c,
@@ -426,4 +474,4 @@ def dequantize(
         num_warps=_config()[1],
         **_common(g, nsub_p, sub_p, bt),
     )
-    return y
+    return _from_tile_rows(y, tiling) if rows else y

@@ -1,14 +1,20 @@
-"""Host-side tile reshaping of the Triton engine: 2-D tiles as rows, scale and shift-bit grids.
+"""Host-side tile work of the Triton engines: 2-D tiles as rows, grids, N:M pruning.
 
 The kernels see 2-D tiles as the rows of a padded copy holding one tile per row (subtiles
-contiguous); these put tensors into that order and back into layout.py's grids.
+contiguous); these put tensors into that order and back into layout.py's grids. `prune` (the
+reference's `_prune`) runs before either engine's quantize kernel.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import triton
 
 from onnxq.cast.layout import Tiling
+from onnxq.cast.triton_bits import _int_view
+from onnxq.cast.triton_kernels import _prune_kernel
 from onnxq.cast.triton_plan import _grid_2d, _Plan
 
 
@@ -51,17 +57,71 @@ def _sub_ungrid(grid: torch.Tensor, t: Tiling) -> torch.Tensor:
     return full.reshape(t.B, t.nR, tr, t.nC, tc).permute(0, 1, 3, 2, 4).reshape(-1)
 
 
+def _rows_grid(per_tile: torch.Tensor, t: Tiling) -> torch.Tensor:
+    """Per-tile values of 2-D tiles in row order -> layout.py `tile_grid`."""
+    g = per_tile.reshape(*t.moved_shape[:-2], t.nR, t.nC)
+    return g.movedim(-1, t.axis).contiguous()
+
+
+def _rows_ungrid(grid: torch.Tensor, t: Tiling) -> torch.Tensor:
+    """Inverse of `_rows_grid`, flat."""
+    return grid.reshape(_grid_2d(t, t.nR, t.nC)).movedim(t.axis, -1).reshape(-1)
+
+
 def _tile_grid(per_tile: torch.Tensor, p: _Plan) -> torch.Tensor:
     """Per-tile codes in instance order -> the scale grid (layout.py `tile_grid`)."""
     if p.rows:
-        t = p.tiling
-        g = per_tile.reshape(*t.moved_shape[:-2], t.nR, t.nC)
-        return g.movedim(-1, t.axis).contiguous()
+        return _rows_grid(per_tile, p.tiling)
     return per_tile.reshape(p.grid_shape)
 
 
 def _tile_ungrid(grid: torch.Tensor, p: _Plan) -> torch.Tensor:
     """Inverse of `_tile_grid`, flat."""
     if p.rows:
-        return grid.reshape(p.grid_shape).movedim(p.tiling.axis, -1).reshape(-1)
+        return _rows_ungrid(grid, p.tiling)
     return grid.reshape(-1)
+
+
+# -- N:M sparsity ----------------------------------------------------------------------------
+def _sparse_dim(t: Tiling, index: int) -> int:
+    """The input dim that N:M groups run along (reference `_prune`).
+
+    The tiled axis, or for sparsity on the first of 2-D tiles the row dim of (B, R, C).
+    """
+    if t.kind == "2d" and index == 0:
+        ndim = len(t.shape)
+        return ndim - 2 if t.axis == ndim - 1 else ndim - 1
+    return t.axis
+
+
+def prune(
+    x: torch.Tensor, t: Tiling, sparsity: tuple[int, int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """N:M-pruned copy of contiguous ``x`` and the keep mask (bool, input shape).
+
+    ``sparsity`` is the scale spec's (N, M, tile index).
+    """
+    n_keep, m, index = sparsity
+    d = _sparse_dim(t, index)
+    shape = tuple(x.shape)
+    L, inner = shape[d], math.prod(shape[d + 1 :])
+    ng_l = -(-L // m)
+    n_groups = math.prod(shape[:d]) * ng_l * inner
+    bg = max(1, 2048 // (m * m))
+    y = torch.empty_like(x)
+    mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
+    _prune_kernel[(triton.cdiv(n_groups, bg),)](
+        _int_view(x),
+        _int_view(y),
+        mask,
+        n_groups,
+        L,
+        inner,
+        ng_l,
+        n_keep,
+        int(x.dtype == torch.bfloat16),
+        HALF=x.dtype != torch.float32,
+        M=m,
+        BG=bg,
+    )
+    return y, mask.view(torch.bool)

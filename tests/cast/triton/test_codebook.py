@@ -10,8 +10,6 @@ as bits, codes, scales and meta as integers, in virtual, actual and compress mod
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -21,6 +19,7 @@ from tests.cast.triton.support import DEV, GPU, compare, to_torch, torch
 from onnxq.cast import triton as tk
 from onnxq.cast import triton_codebook as tcb
 from onnxq.cast.api import QTensor, cast
+from onnxq.cast.torch_bridge import upcast_triton
 from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import DataType, datatype
 from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
@@ -94,13 +93,8 @@ def triton_cast(
 
 
 def triton_upcast(q: QTensor, out: torch.dtype) -> torch.Tensor:
-    """The engine's dequantize, unpacking as torch_bridge.upcast_triton does."""
-    codes, meta = q.data, q.meta
-    if q.mode is CastMode.COMPRESS:
-        codes = tk.unpack_bits(codes, q.dtype.nspec.bits, math.prod(q.shape)).reshape(q.shape)
-        count = math.prod(tcb.meta_shape(q.dtype, q.shape, q.axis))
-        meta = tk.unpack_bits(meta, q.dtype.meta_bits, count)
-    return tcb.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out)
+    """The engine's dequantize, as `onnxq.upcast` runs it on CUDA data."""
+    return upcast_triton(q, out)
 
 
 def check(
@@ -208,6 +202,47 @@ def test_a_bad_program_size_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
             triton_cast(x, datatype(PRESET), "virtual", -1)
 
 
+# -- 2-D tiles and N:M sparsity: the 1-D kernels on a copy with a tile per row -------------
+@pytest.mark.parametrize(
+    ("name", "shape", "axis"),
+    [
+        ("cb41fi_e2m2fnuz_e8m0_t4_t8", (9, 30), -1),  # partial tiles both ways
+        ("cb41fi_e2m2fnuz_e8m0_t4s2_t8s4", (9, 30), -1),  # a mapping per 2x4 subtile
+        ("cb42fi012_e2m2fnuz_e8m0_t4s2_t8s4", (3, 9, 30), 1),  # the axis in the middle
+        ("cb43f1234e_e4m3fnuz_e8m0_t2s1_t16s8", (2, 5, 33), 0),  # the first axis tiled
+        ("cb41fi_e2m2fnuz_e8m0_t0_t8", (7, 20), -1),  # whole columns of rows
+    ],
+)
+def test_2d_tiles(name: str, shape: tuple[int, ...], axis: int) -> None:
+    x = with_specials(sample(shape, seed=sum(shape), spread=3), seed=len(name))
+    check(x, name, axis=axis, modes=("virtual", "actual", "compress"))
+    check(x, name, "bfloat16", axis=axis, modes=("virtual", "compress"), nan_policy="block")
+
+
+def test_long_2d_tiles() -> None:
+    # 32x64 tiles (2048 elements) take the chunked one-program-per-tile kernel
+    x = with_specials(sample((40, 70), seed=17, spread=3))
+    check(x, "cb41fi_e2m2fnuz_e8m0_t32_t64", modes=("virtual", "compress"))
+    check(x, "cb42fi012_e2m2fnuz_e8m0_t32s4_t64s16", modes=("actual",))
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "axis"),
+    [
+        ("cb41fi_e2m2fnuz_e8m0_t32n2m4", (5, 70), -1),  # a partial group at the row end
+        ("cb41fi_e2m2fnuz_e8m0_t16s4n1m4", (6, 40), 0),
+        ("cb41fi_e2m2fnuz_e8m0_t4_t8n2m4", (6, 20), -1),  # groups along the columns
+        ("cb42fi012_e2m2fnuz_e8m0_t4n2m4_t8", (6, 21), -1),  # groups down the rows
+        ("cb41fi_e2m2fnuz_e8m0_t4n2m4_t8s4", (3, 10, 16), 1),
+    ],
+)
+def test_nm_sparsity(name: str, shape: tuple[int, ...], axis: int) -> None:
+    # with_specials: NaN poisons its tile, and pruned positions must still read as zero
+    x = with_specials(sample(shape, seed=sum(shape) + 1, spread=3), seed=len(name))
+    check(x, name, axis=axis, modes=("virtual", "actual", "compress"))
+    check(x, name, "float16", axis=axis, modes=("virtual", "compress"), nan_policy="block")
+
+
 def test_long_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     # tiles over 1024 elements: chunked, one program per tile (the tile or its subtiles)
     x = with_specials(sample((3, 1100), seed=13, spread=3))
@@ -295,7 +330,8 @@ def test_ordered_pass_matches(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_supports_and_refusals() -> None:
     assert tcb.supports(datatype(PRESET), (4, 64), 1) is None
-    assert "2-D" in tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t4_t8"), (8, 8), 1)
+    assert tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t4_t8n2m4"), (8, 8), 1) is None
+    assert "1024" in tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t64s32_t128s64"), (64, 128), 1)
     assert tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t0"), (2, 2000), 1) is None
     assert "1024" in tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t4096s2048"), (2, 4096), 1)
     assert "codebook" in tcb.supports(datatype("mxfp4"), (4, 64), 1)
@@ -310,12 +346,6 @@ def test_supports_and_refusals() -> None:
             scale_mode=ScaleMode.FLOOR,
             nan_policy=NanPolicy.ELEMENT,
         )
-    with pytest.raises(NotImplementedError, match="2-D"):
-        tcb.quantize(
-            torch.ones(8, 8, device=DEV),
-            datatype("cb41fi_e2m2fnuz_e8m0_t4_t8"),
-            axis=1,
-            round_mode=RoundMode.EVEN,
-            scale_mode=ScaleMode.FLOOR,
-            nan_policy=NanPolicy.ELEMENT,
-        )
+    # 2-D tiles need 2 dims: the reference's own ValueError
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        tcb.supports(datatype("cb41fi_e2m2fnuz_e8m0_t4_t8"), (8,), 0)
