@@ -35,9 +35,10 @@ sums and choices; results go back to the input layout and layout.py's grids. N:M
 prunes the input first (`triton_tiles.prune`, as the reference) and zeroes pruned values.
 
 Supported: 1-D and 2-D tiles on any axis and tensor scales, with or without subtiles (up to
-1024 elements each), N:M sparsity, exponent scales up to 8 bits, compute types up to 16 bits
-(table values are float32 numbers). Not here (`supports` says why): custom metrics (the
-reference only), stochastic rounding (no backend has it).
+1024 elements each), N:M sparsity, exponent scales of any width the formats have (up to 10
+bits: 16-bit scale codes), any compute type whose table values are float32 numbers. Not here
+(`supports` says why): custom metrics (the reference only), stochastic rounding (no backend has
+it), subtiles over 1024 elements.
 
 This module is the host side; the kernels are in `onnxq.cast.triton_codebook_kernels`, their
 device helpers in `onnxq.cast.triton_codebook_device`.
@@ -59,9 +60,17 @@ import torch
 import triton
 
 from onnxq.cast.layout import Tiling
-from onnxq.cast.triton_bits import _int_view
+from onnxq.cast.triton_bits import _int_view, _signed
 from onnxq.cast.triton_codebook_kernels import _cb_dequant_kernel, _cb_quant_kernel
-from onnxq.cast.triton_plan import _IN_KIND, _bump_threshold, _elem_fmt, _grid_2d, block_warps
+from onnxq.cast.triton_plan import (
+    _IN_KIND,
+    _bump_threshold,
+    _code_torch_dtype,
+    _elem_fmt,
+    _grid_2d,
+    _store_dtype,
+    block_warps,
+)
 from onnxq.cast.triton_tiles import (
     _from_tile_rows,
     _rows_grid,
@@ -139,10 +148,6 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
         return f"{name} is not a codebook format"
     if s is None or not s.scale.is_exponent:
         return f"the Triton codebook engine needs an exponent scale ({name})"
-    if s.scale.ebits > 8:
-        return f"the Triton codebook engine does not implement exponent scales over 8 bits ({name})"
-    if n.compute.bits > 16:
-        return f"the Triton codebook engine needs a compute type of at most 16 bits ({name})"
     if not n.is_populated:
         return f"{name}: the generic codebook has no mappings yet (add_mappings)"
     if not _float32_table(n, n.magnitudes()):
@@ -332,7 +337,9 @@ def quantize(
     y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
     if want_codes:
         codes = torch.empty(x.shape, dtype=torch.uint8, device=dev)
-        scale = torch.empty(g.n_inst, dtype=torch.uint8, device=dev)
+        # scale codes: uint8 up to 8 bits, else int16 (torch's uint16 lacks CUDA ops), viewed
+        # as the reference's uint16 on the way out
+        scale = torch.empty(g.n_inst, dtype=_store_dtype(s.scale.bits), device=dev)
         meta = torch.empty(math.prod(g.meta_shape), dtype=torch.uint8, device=dev)
     else:
         codes = scale = meta = torch.empty(1, dtype=torch.uint8, device=dev)
@@ -394,11 +401,11 @@ def quantize(
     if want_codes:
         if rows:
             out["codes"] = _from_tile_rows(codes, tiling)
-            out["scale"] = _rows_grid(scale, tiling)
+            out["scale"] = _rows_grid(scale, tiling).view(_code_torch_dtype(s.scale.bits))
             out["meta"] = _sub_grid(meta, tiling) if tiling.Sc else _rows_grid(meta, tiling)
         else:
             out["codes"] = codes
-            out["scale"] = scale.reshape(g.grid_shape)
+            out["scale"] = scale.reshape(g.grid_shape).view(_code_torch_dtype(s.scale.bits))
             out["meta"] = meta.reshape(g.meta_shape)
     return out
 
@@ -439,12 +446,13 @@ def dequantize(
     nsub_p, sub_p, bt, n_chunks = _launch(g)
     tab = _book_tables(book, dev)[3]
     c = codes.contiguous().reshape(shape)
+    scale = _signed(scale.contiguous())  # 16-bit codes: torch's uint16 lacks CUDA ops
     if rows:
         c = _to_tile_rows(c, tiling)
-        sc = _rows_ungrid(scale.contiguous(), tiling)
+        sc = _rows_ungrid(scale, tiling)
         mt = _sub_ungrid(meta, tiling) if tiling.Sc else _rows_ungrid(meta.contiguous(), tiling)
     else:
-        sc = scale.contiguous().reshape(-1)
+        sc = scale.reshape(-1)
         mt = meta.contiguous().reshape(-1)
     y = torch.empty(c.shape, dtype=out_dtype, device=dev)
     c = c.reshape(-1)

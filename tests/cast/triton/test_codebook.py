@@ -243,6 +243,27 @@ def test_nm_sparsity(name: str, shape: tuple[int, ...], axis: int) -> None:
     check(x, name, "float16", axis=axis, modes=("virtual", "compress"), nan_policy="block")
 
 
+@pytest.mark.parametrize(
+    ("name", "shape", "axis"),
+    [
+        ("cb41fi_e2m2fnuz_e10m0_t32", (5, 70), -1),  # scale codes over 8 bits (uint16)
+        ("cb42fi012_e2m2fnuz_e9m0_t16s4", (5, 70), -1),
+        ("cb41fi_e2m2fnuz_e10m0", (5, 7), 0),  # one tensor scale
+        ("cb41fi_e8m23_e8m0_t32", (5, 70), -1),  # compute types over 16 bits
+        ("cb51ie_e6m17_e8m0_t16s2", (5, 70), -1),
+        ("cb41fi_e5m10_e10m0_t4_t8", (9, 30), -1),  # both, with 2-D tiles
+    ],
+)
+def test_wide_scales_and_compute_types(name: str, shape: tuple[int, ...], axis: int) -> None:
+    # spread 30: tile exponents past an 8-bit scale's range (2^-127) on the low side
+    x = with_specials(sample(shape, seed=len(name), spread=30))
+    check(x, name, axis=axis, modes=("virtual", "actual", "compress"))
+    check(x, name, "bfloat16", axis=axis, scale_mode="ceil", round_mode="away")
+    tiny = np.zeros((3, 32), np.float32)  # a zero tile (the lowest code), a subnormal one
+    tiny[1], tiny[2, 0] = np.float32(1e-45), np.float32(3e38)
+    check(tiny, name, axis=-1, modes=("virtual", "actual"))
+
+
 def test_long_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     # tiles over 1024 elements: chunked, one program per tile (the tile or its subtiles)
     x = with_specials(sample((3, 1100), seed=13, spread=3))
@@ -253,6 +274,7 @@ def test_long_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     check(x[:2].T.copy(), "cb42fi012_e2m2fnuz_e8m0_t0", axis=0)
     check(sample((40, 37), seed=14), "cb41fi_e2m2fnuz_e8m0", axis=0, modes=("virtual", "actual"))
     check(x[:1], "cb42fi012_e2m2fnuz_e8m0_t2048s16", modes=("virtual", "compress"))
+    check(x, "cb41fi_e8m23_e10m0_t2048s16", "bfloat16", modes=("actual",))
     monkeypatch.setattr(tcb, "_FORCE_ORDERED", True)
     check(x[:1, :1030], "cb41fi_e2m2fnuz_e8m0_t0", modes=("actual",))
 
