@@ -23,7 +23,8 @@ cat "$OUT/env.txt"
 echo "== tests (GPU path) =="
 TESTS=""
 for t in tests/cast/triton/test_fast.py tests/cast/triton/test_engine.py \
-         tests/cast/triton/test_codebook.py tests/cast/triton/test_cuda_aot.py; do
+         tests/cast/triton/test_codebook.py tests/cast/triton/test_search.py \
+         tests/cast/triton/test_cuda_aot.py; do
   [ -f "$t" ] && TESTS="$TESTS $t"
 done
 # Kernel compilation dominates: with pytest-xdist, workers compile in parallel on the host's

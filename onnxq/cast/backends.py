@@ -74,7 +74,10 @@ def _triton(x: Any, request: CastRequest, out: Any = None) -> Encoded:
 
     dt, virtual = request.dtype, not request.want_codes
     book = dt.nspec.is_codebook
-    fp = None if book else tf.fast_plan(tuple(x.shape), dt, request.axis, request.round_mode)
+    searched = request.scale_mode is ScaleMode.SEARCH  # general kernel, once per candidate
+    fp = None
+    if not (book or searched):
+        fp = tf.fast_plan(tuple(x.shape), dt, request.axis, request.round_mode)
     if fp is not None:
         res = tf.quantize(
             x.detach(),
@@ -191,19 +194,20 @@ def triton_gap(shape: tuple[int, ...], request: CastRequest) -> str | None:
         return f"the Triton engine needs triton ({err})"
     if request.metric is not None:
         return "the Triton engine does not implement custom codebook metrics"
-    if request.scale_mode is ScaleMode.SEARCH:
-        return (
-            "the Triton engine does not implement scale_mode 'search' (a per-tile search for "
-            "stored weight scales); the CPU engines do"
-        )
     dt = request.dtype
+    searched = request.scale_mode is ScaleMode.SEARCH
     if dt.nspec.is_codebook:
+        if searched:
+            return (
+                "the Triton engine does not implement scale_mode 'search' for codebooks (a "
+                "per-tile search for stored weight scales); the CPU engines do"
+            )
         from onnxq.cast import triton_codebook as tcb
 
         return tcb.supports(dt, shape, request.axis)
     from onnxq.cast import triton_fast
 
-    if triton_fast.fast_plan(shape, dt, request.axis, request.round_mode) is not None:
+    if not searched and triton_fast.fast_plan(shape, dt, request.axis, request.round_mode):
         return None
     try:
         tk.plan(shape, dt, request.axis)

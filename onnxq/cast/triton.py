@@ -176,8 +176,12 @@ def quantize(
     full_int_range: bool,
     want_values: bool,
     want_codes: bool,
+    scale_step: int = 0,
 ) -> dict[str, Any]:
     """Quantize a float32/float16/bfloat16 torch tensor (reference `quantize`, bit for bit).
+
+    Scale mode ``search`` runs `onnxq.cast.triton_search` (this function once per candidate,
+    ``scale_step`` codes away from the floor scale).
 
     Returns:
         A dict with ``values`` (input dtype and shape, when asked), ``codes`` (unpacked
@@ -192,8 +196,24 @@ def quantize(
     if x.dtype not in _IN_KIND:
         raise TypeError(f"the Triton engine casts float32, float16 or bfloat16, not {x.dtype}")
     p = plan(tuple(x.shape), dt, axis)
-    x = x.contiguous()
     s = dt.sspec
+    if scale_mode is ScaleMode.SEARCH:
+        if s is not None and s.family != "zero":  # (a zero point's scale is never searched)
+            from onnxq.cast import triton_search
+
+            return triton_search.quantize(
+                x,
+                dt,
+                axis=axis,
+                round_mode=round_mode,
+                nan_policy=nan_policy,
+                seed=seed,
+                full_int_range=full_int_range,
+                want_values=want_values,
+                want_codes=want_codes,
+            )
+        scale_mode = ScaleMode.FLOOR  # nothing to search: the scale mode is moot
+    x = x.contiguous()
     dev = x.device
     e = p.elem
     out: dict[str, Any] = {}
@@ -218,7 +238,7 @@ def quantize(
     flags = torch.zeros(1, dtype=torch.int8, device=dev)
     top = torch.zeros(1, dtype=torch.float32, device=dev)
     nums = _quant_numbers(p, x.dtype, round_mode, scale_mode, nan_policy, full_int_range)
-    nums.update(want_y=int(want_values), want_codes=int(want_codes))
+    nums.update(want_y=int(want_values), want_codes=int(want_codes), s_step=scale_step)
     if s is not None:
         if not p.single:
             amax, flags, lo, hi = _stats(

@@ -168,13 +168,15 @@ def _scale_code(
     top_ptr,
     ts_code_ptr,
     ts_denom,
+    s_step,
     sfmt,
     tfmt,
     TS: tl.constexpr,
 ):
-    # Round the float scale to its format (after dividing by the tensor scale, TS) and store
-    # its code (NaN tiles: the NaN code) and the tensor scale's; returns the scale and the
-    # effective one each element is divided by
+    # Round the float scale to its format (after dividing by the tensor scale, TS), step it
+    # by ``s_step`` codes (scale search's candidates), and store its code (NaN tiles: the NaN
+    # code) and the tensor scale's; returns the scale and the effective one each element is
+    # divided by
     s_mbits, s_emin, s_emax, s_maxm, s_nan = sfmt
     if TS:
         t_mbits, t_emin, t_emax, t_maxm = tfmt
@@ -187,6 +189,15 @@ def _scale_code(
         tl.store(ts_code_ptr, _float_code(tn, tsx, t_mbits, t_emin), mask=tl.program_id(0) == 0)
     rb = raw_s.to(tl.int32, bitcast=True)
     sn, ssx = _quant_elem(rb, 0, 0, True, s_mbits, s_emin, s_emax, s_maxm, 0, 0, False)
+    if s_step != 0:
+        # scale_search.float_step: positive float codes are in value order, so one grid
+        # step is one code, from 0 (code 0) up to the largest finite value (no further)
+        top_code = _float_code(s_maxm, s_emax - s_mbits, s_mbits, s_emin)
+        c = tl.minimum(tl.maximum(_float_code(sn, ssx, s_mbits, s_emin) + s_step, 0), top_code)
+        E = c >> s_mbits
+        m = c & ((1 << s_mbits) - 1)
+        sn = tl.where(E == 0, m, m + (1 << s_mbits))
+        ssx = tl.where(E == 0, s_emin, s_emin + E - 1) - s_mbits
     sc = _make_f32(sn, ssx).to(tl.float32, bitcast=True)
     scode = tl.where(tnan, s_nan, _float_code(sn, ssx, s_mbits, s_emin))
     if TS:
@@ -414,6 +425,7 @@ _QUANT_RUNTIME = [
     "s_high",
     "s_bias",
     "s_nan",
+    "s_step",
     "s_mbits",
     "s_emin",
     "s_emax",
@@ -479,6 +491,7 @@ def _quant_kernel(
     s_high,
     s_bias,
     s_nan,
+    s_step,
     el_maxf,
     s_mbits,
     s_emin,
@@ -532,7 +545,18 @@ def _quant_kernel(
         )
         sfmt, tfmt = (s_mbits, s_emin, s_emax, s_maxm, s_nan), (t_mbits, t_emin, t_emax, t_maxm)
         sc, eff3 = _scale_code(
-            raw_s, tnan, inst, first, scale_ptr, top_ptr, ts_code_ptr, ts_denom, sfmt, tfmt, TS
+            raw_s,
+            tnan,
+            inst,
+            first,
+            scale_ptr,
+            top_ptr,
+            ts_code_ptr,
+            ts_denom,
+            s_step,
+            sfmt,
+            tfmt,
+            TS,
         )
         if SKIND == 2:
             yb, code = _float_elems(xb, eff3, rand, elem_nan, efmt, mode, f_over, E_FLOAT, STOCH)
@@ -542,7 +566,8 @@ def _quant_kernel(
                 xb, sc, eff3, rand, zpt, zfmt, efmt, mode, fin, zero_ptr, inst, first, STOCH, SKIND
             )
     else:
-        expo = (bump_t, e_emax, s_low, s_high, s_bias, s_nan)
+        # scale search's candidate (`s_step` exponents up): as the element type's emax lowered
+        expo = (bump_t, e_emax - s_step, s_low, s_high, s_bias, s_nan)
         sexp3, below = _exp_scale(
             off, amax_b, sub_max, tnan, expo, scale_ptr, inst, first, SHIFT, SKIND
         )

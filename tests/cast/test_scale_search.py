@@ -236,10 +236,12 @@ def test_zero_and_nan_tiles() -> None:
     assert blk.scale[1, 0] == blk.scale[2, 0] == 255  # the NaN policy is unchanged
 
 
-def test_triton_declines_search_and_auto_picks_a_cpu_engine() -> None:
+def test_auto_picks_a_cpu_engine_and_triton_declines_only_codebooks() -> None:
     request = resolve("mxfp8", (2, 32), scale_mode="search")
     assert request.scale_mode is ScaleMode.SEARCH
     assert backends.choose_for_array(request).value in ("native", "reference")
     pytest.importorskip("triton")
-    why = backends.triton_gap((2, 32), request)
+    assert backends.triton_gap((2, 32), request) is None  # tests/cast/triton/test_search.py
+    book = resolve("cb51ie_e2m3_mx6_e8m0_t16s2", (2, 32), scale_mode="search")
+    why = backends.triton_gap((2, 32), book)
     assert why is not None and "search" in why

@@ -1,0 +1,162 @@
+"""Scale mode ``search`` on the Triton engine against the numpy reference, bit for bit (issue 16).
+
+`onnxq.cast.triton_search` runs the general kernel once per candidate scale and picks per tile;
+these cast through `onnxq.cast(..., backend="triton")` (what users run) in every mode and
+compare values, codes, scales, meta and masks with the reference, and the upcasts too.
+Without a GPU the kernels run in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cast.triton.support import compare, to_torch, torch
+
+# isort: split
+from onnxq.cast import triton_search as tsearch
+from onnxq.cast.api import cast
+from onnxq.cast.torch_bridge import upcast_triton
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+FAMILIES = [
+    "mxfp8",  # e4m3 elements, E8M0 scales
+    "mxfp4",
+    "mx6",  # shift bits (meta) beside the searched scale
+    "int8_e8m0_t8",  # int elements, exponent scales
+    "nvfp4",  # E4M3 tile scales over a float32 tensor scale
+    "e2m1_e4m3_t16",  # float tile scales, no tensor scale
+    "int8_float32_t0",  # int elements, float channel scales
+    "int4_bfloat16_t32",
+    "e4m3_e8m0",  # one exponent scale for the tensor
+    "e2m1_e8m0_t4_t8",  # 2-D tiles
+    "e2m1_e8m0_t16n2m4",  # N:M sparsity
+    "uint4_bfloat16_bfloat16_t32",  # zero point: no search, the ordinary rule
+]
+
+
+def weights(seed: int) -> np.ndarray:
+    """Data where every candidate wins some tiles (counted in `test_every_candidate_wins`)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((16, 64)) * np.exp2(rng.integers(-8, 8, size=(16, 1)))
+    x[:4, 1:] = 0.0  # one value per tile, as a depthwise conv's weights
+    x[4:6] = 0.0625  # mxfp4's floor - 1 tile (tests/cast/test_scale_search.py's golden)
+    x[4:6, ::32] = 1.0
+    x[6:8] *= 1.99  # mantissas near 2: floor clips them
+    x[8, 3], x[9, 5], x[10, 7], x[11, :] = np.nan, np.inf, -np.inf, 0.0
+    return x.astype(np.float32)
+
+
+def check(x: np.ndarray, name: str, dtype: str = "float32", **kw: object) -> None:
+    compare(
+        x,
+        dtype,
+        ("virtual", "actual", "compress"),
+        lambda xn, mode: cast(xn, name, mode=mode, scale_mode="search", backend="reference", **kw),
+        lambda xt, mode: cast(xt, name, mode=mode, scale_mode="search", backend="triton", **kw),
+        upcast_triton,
+        ("float32", dtype),
+        lambda mode: f"{name} {dtype} {x.shape} {mode} {kw}",
+    )
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_families(name: str) -> None:
+    check(weights(1), name)
+    check(weights(2).reshape(4, 4, 64), name, "bfloat16", axis=1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_inputs_and_policies(dtype: str) -> None:
+    x = weights(3)
+    check(x, "mxfp4", dtype, nan_policy="block")
+    check(x.T.copy(), "nvfp4", dtype, axis=0, round_mode="away")
+    check(x, "mxint8", dtype, round_mode="stochastic", seed=5)
+
+
+def test_golden_floor_minus_one_mxfp4() -> None:
+    # tests/cast/test_scale_search.py's worked tile: 1.0 and 31 x 0.0625 picks floor - 1
+    # (scale code 124, error 0.00390625 against 0.12109375 for floor and floor + 1)
+    x = np.full((1, 32), 0.0625, np.float32)
+    x[0, 0] = 1.0
+    q = cast(to_torch(x, "float32"), "mxfp4", mode="actual", scale_mode="search", backend="triton")
+    assert q.scale.tolist() == [[124]]
+    y = cast(to_torch(x, "float32"), "mxfp4", scale_mode="search", backend="triton")
+    assert y[0, 0] == 0.75 and bool(torch.all(y[0, 1:] == 0.0625))
+
+
+def test_every_candidate_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the data is worth its name: floor, floor + 1 and floor - 1 each win tiles
+    seen = []
+    choose = tsearch._choose
+
+    def spy(*args: object) -> torch.Tensor:
+        c = choose(*args)
+        seen.append(torch.bincount(c, minlength=3).tolist())
+        return c
+
+    monkeypatch.setattr(tsearch, "_choose", spy)
+    for name in ("mxfp4", "nvfp4", "int8_float32_t0"):
+        cast(to_torch(weights(1), "float32"), name, scale_mode="search", backend="triton")
+    assert all(min(counts) > 0 for counts in seen), seen
+
+
+def test_exact_scoring_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every tile scored again with the reference's ordered sums (the near-tie path)
+    monkeypatch.setattr(tsearch, "_FORCE_EXACT", True)
+    check(weights(4), "mxfp4")
+    check(weights(5), "e2m1_e4m3_t16", "bfloat16")
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "int8_e8m0_t8", "e2m1_e4m3_t16", "int8_float32_t0"])
+def test_candidate_scales(name: str) -> None:
+    # each candidate pass stores the floor scale moved by its step: exponent codes +-1 within
+    # the scale's range (zero tiles keep the lowest code), float scales one grid value up or
+    # down (scale_search.float_step: 0 stays 0 going down, the largest value going up)
+    from onnxq.cast import triton as tk
+    from onnxq.cast.elements import decode_codes, encode_values
+    from onnxq.cast.layout import Tiling
+    from onnxq.cast.reference import _scale_exponent
+    from onnxq.cast.scale_search import float_step
+    from onnxq.formats.datatype import datatype
+    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+
+    dt = datatype(name)
+    s = dt.sspec
+    x = weights(6)
+    x[12] = np.float32(3e38)  # the top of the scale's range
+    x[13] = np.float32(1e-45)  # the bottom
+    floor = cast(x, name, mode="actual", backend="reference").scale.astype(np.int64)
+    for step in (1, -1):
+        got = tk.quantize(
+            to_torch(x, "float32"),
+            dt,
+            axis=-1,
+            round_mode=RoundMode.EVEN,
+            scale_mode=ScaleMode.FLOOR,
+            nan_policy=NanPolicy.ELEMENT,
+            seed=0,
+            full_int_range=False,
+            want_values=False,
+            want_codes=True,
+            scale_step=step,
+        )["scale"]
+        got = got.cpu().numpy().astype(np.int64)
+        if s.scale.is_exponent:
+            # reference arithmetic: floor exponent + step, clamped; zero tiles the lowest
+            t = Tiling.build(x.shape, -1, s)
+            xt = t.to_tiles(x)
+            amax = np.where(np.isfinite(xt), np.abs(xt), 0).max(axis=-1)
+            frac = dt.nspec.int_fraction_bits
+            stored = _scale_exponent(amax, dt.nspec, ScaleMode.FLOOR) + frac + step
+            low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
+            want = np.where(amax > 0, np.clip(stored, low, high), low) + s.scale.bias
+            if not dt.nspec.is_float:  # no NaN code: a NaN poisons its tile's scale
+                want = np.where(np.isnan(xt).any(axis=-1), (1 << s.scale.ebits) - 1, want)
+            want = t.tile_grid(want)
+        else:
+            sc = decode_codes(floor, s.scale).astype(np.float32)
+            want = encode_values(float_step(sc, s.scale, step).astype(np.float64), s.scale)
+            want = np.where(np.isnan(sc), floor, want)  # NaN tiles keep the NaN code
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} step {step}")
