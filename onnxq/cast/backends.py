@@ -71,6 +71,7 @@ def _triton(x: Any, request: CastRequest, out: Any = None) -> Encoded:
     from onnxq.cast import triton as tk
     from onnxq.cast import triton_codebook as tcb
     from onnxq.cast import triton_fast as tf
+    from onnxq.cast import triton_search as tsearch
 
     dt, virtual = request.dtype, not request.want_codes
     book = dt.nspec.is_codebook
@@ -91,7 +92,8 @@ def _triton(x: Any, request: CastRequest, out: Any = None) -> Encoded:
             packed=request.mode is CastMode.COMPRESS,
         )
     else:
-        res = (tcb if book else tk).quantize(
+        engine = tcb if book else (tsearch if searched else tk)
+        res = engine.quantize(
             x.detach(),
             dt,
             axis=request.axis,

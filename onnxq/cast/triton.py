@@ -180,8 +180,8 @@ def quantize(
 ) -> dict[str, Any]:
     """Quantize a float32/float16/bfloat16 torch tensor (reference `quantize`, bit for bit).
 
-    Scale mode ``search`` runs `onnxq.cast.triton_search` (this function once per candidate,
-    ``scale_step`` codes away from the floor scale).
+    Scale mode ``search`` is `onnxq.cast.triton_search`, which calls this once per candidate
+    scale, ``scale_step`` codes away from the floor scale.
 
     Returns:
         A dict with ``values`` (input dtype and shape, when asked), ``codes`` (unpacked
@@ -198,21 +198,7 @@ def quantize(
     p = plan(tuple(x.shape), dt, axis)
     s = dt.sspec
     if scale_mode is ScaleMode.SEARCH:
-        if s is not None and s.family != "zero":  # (a zero point's scale is never searched)
-            from onnxq.cast import triton_search
-
-            return triton_search.quantize(
-                x,
-                dt,
-                axis=axis,
-                round_mode=round_mode,
-                nan_policy=nan_policy,
-                seed=seed,
-                full_int_range=full_int_range,
-                want_values=want_values,
-                want_codes=want_codes,
-            )
-        scale_mode = ScaleMode.FLOOR  # nothing to search: the scale mode is moot
+        raise ValueError("scale mode 'search' runs in onnxq.cast.triton_search, not here")
     x = x.contiguous()
     dev = x.device
     e = p.elem

@@ -337,8 +337,7 @@ def quantize(
     y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
     if want_codes:
         codes = torch.empty(x.shape, dtype=torch.uint8, device=dev)
-        # scale codes: uint8 up to 8 bits, else int16 (torch's uint16 lacks CUDA ops), viewed
-        # as the reference's uint16 on the way out
+        # scale codes over 8 bits: int16 (torch's uint16 lacks CUDA ops), uint16 out
         scale = torch.empty(g.n_inst, dtype=_store_dtype(s.scale.bits), device=dev)
         meta = torch.empty(math.prod(g.meta_shape), dtype=torch.uint8, device=dev)
     else:
@@ -399,15 +398,30 @@ def quantize(
             y = y.masked_fill_(~mask, 0)
         out["values"] = y
     if want_codes:
-        if rows:
-            out["codes"] = _from_tile_rows(codes, tiling)
-            out["scale"] = _rows_grid(scale, tiling).view(_code_torch_dtype(s.scale.bits))
-            out["meta"] = _sub_grid(meta, tiling) if tiling.Sc else _rows_grid(meta, tiling)
-        else:
-            out["codes"] = codes
-            out["scale"] = scale.reshape(g.grid_shape).view(_code_torch_dtype(s.scale.bits))
-            out["meta"] = meta.reshape(g.meta_shape)
+        out.update(_code_fields(codes, scale, meta, g, tiling))
     return out
+
+
+def _code_fields(
+    codes: torch.Tensor, scale: torch.Tensor, meta: torch.Tensor, g: _Geom, tiling: Tiling
+) -> dict[str, torch.Tensor]:
+    """The kernel's codes, scales and meta in the reference's layouts.
+
+    2-D tiles come back from the rows copy to the input and layout.py's grids; scale codes
+    over 8 bits as uint16.
+    """
+    scale_type = _code_torch_dtype(8 if scale.dtype == torch.uint8 else 16)
+    if tiling.kind == "2d":
+        return {
+            "codes": _from_tile_rows(codes, tiling),
+            "scale": _rows_grid(scale, tiling).view(scale_type),
+            "meta": _sub_grid(meta, tiling) if tiling.Sc else _rows_grid(meta, tiling),
+        }
+    return {
+        "codes": codes,
+        "scale": scale.reshape(g.grid_shape).view(scale_type),
+        "meta": meta.reshape(g.meta_shape),
+    }
 
 
 def dequantize(

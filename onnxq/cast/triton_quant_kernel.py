@@ -168,7 +168,6 @@ def _scale_code(
     top_ptr,
     ts_code_ptr,
     ts_denom,
-    s_step,
     sfmt,
     tfmt,
     TS: tl.constexpr,
@@ -177,7 +176,7 @@ def _scale_code(
     # by ``s_step`` codes (scale search's candidates), and store its code (NaN tiles: the NaN
     # code) and the tensor scale's; returns the scale and the effective one each element is
     # divided by
-    s_mbits, s_emin, s_emax, s_maxm, s_nan = sfmt
+    s_mbits, s_emin, s_emax, s_maxm, s_nan, s_step = sfmt
     if TS:
         t_mbits, t_emin, t_emax, t_maxm = tfmt
         top = tl.load(top_ptr)
@@ -532,7 +531,7 @@ def _quant_kernel(
     xb, _raw = _load_any(x_ptr, off, ok, HALF, bf16)
     rand = _rand_bits(off, ok, idx_ptr, key, STOCH, IDX)
     efmt = (e_mbits, e_emin, e_emax, e_maxm, e_bits, e_negzero, e_nancode, e_infcode)
-    mode = (rmode, full_int, keep_inf)
+    mode, tfmt = (rmode, full_int, keep_inf), (t_mbits, t_emin, t_emax, t_maxm)
     first = u_ok & (q == 0) & (want_codes != 0)  # the lanes that store a tile's scale
     amax_b, sub_max, tnan, tile_nan, elem_nan = _tile_stats(
         xb, ok, u_ok, inst, amax_ptr, flag_ptr, nan_nf, nan_nan, PRE, SKIND, E_FLOAT
@@ -543,20 +542,9 @@ def _quant_kernel(
         raw_s, zpt = _raw_scale(
             xb, intile, pos, inst, u_ok, amax_b, lo_ptr, hi_ptr, el_maxf, zfmt, PRE, SKIND
         )
-        sfmt, tfmt = (s_mbits, s_emin, s_emax, s_maxm, s_nan), (t_mbits, t_emin, t_emax, t_maxm)
+        sfmt = (s_mbits, s_emin, s_emax, s_maxm, s_nan, s_step)
         sc, eff3 = _scale_code(
-            raw_s,
-            tnan,
-            inst,
-            first,
-            scale_ptr,
-            top_ptr,
-            ts_code_ptr,
-            ts_denom,
-            s_step,
-            sfmt,
-            tfmt,
-            TS,
+            raw_s, tnan, inst, first, scale_ptr, top_ptr, ts_code_ptr, ts_denom, sfmt, tfmt, TS
         )
         if SKIND == 2:
             yb, code = _float_elems(xb, eff3, rand, elem_nan, efmt, mode, f_over, E_FLOAT, STOCH)
@@ -566,8 +554,7 @@ def _quant_kernel(
                 xb, sc, eff3, rand, zpt, zfmt, efmt, mode, fin, zero_ptr, inst, first, STOCH, SKIND
             )
     else:
-        # scale search's candidate (`s_step` exponents up): as the element type's emax lowered
-        expo = (bump_t, e_emax - s_step, s_low, s_high, s_bias, s_nan)
+        expo = (bump_t, e_emax - s_step, s_low, s_high, s_bias, s_nan)  # search: s_step up
         sexp3, below = _exp_scale(
             off, amax_b, sub_max, tnan, expo, scale_ptr, inst, first, SHIFT, SKIND
         )

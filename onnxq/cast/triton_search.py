@@ -122,17 +122,34 @@ def quantize(
     *,
     axis: int,
     round_mode: RoundMode,
+    scale_mode: ScaleMode = ScaleMode.SEARCH,
     nan_policy: NanPolicy,
     seed: int,
     full_int_range: bool,
     want_values: bool,
     want_codes: bool,
 ) -> dict[str, Any]:
-    """`triton.quantize` with scale mode ``search`` (exponent and float scales, no zero point).
+    """`triton.quantize` with scale mode ``search`` (not for codebooks).
 
-    Returns the dict `triton.quantize` returns (values of the input dtype when asked).
+    ``scale_mode`` is accepted for the engines' common signature: it is ``search``.
+
+    Zero-point formats keep their min/max rule and unscaled casts have no scale, as in the
+    reference: they are cast once with the floor rule.
+
+    Returns:
+        The dict `triton.quantize` returns (values of the input dtype when asked).
     """
-    assert dt.sspec is not None
+    kw = dict(
+        axis=axis,
+        round_mode=round_mode,
+        nan_policy=nan_policy,
+        seed=seed,
+        full_int_range=full_int_range,
+    )
+    if dt.sspec is None or dt.sspec.family == "zero":
+        return tk.quantize(
+            x, dt, scale_mode=ScaleMode.FLOOR, want_values=want_values, want_codes=want_codes, **kw
+        )
     shape = tuple(x.shape)
     g = Tiling.build(shape, axis, dt.sspec)
     trials = []
@@ -141,15 +158,11 @@ def quantize(
             tk.quantize(
                 x,
                 dt,
-                axis=axis,
-                round_mode=round_mode,
                 scale_mode=ScaleMode.FLOOR,
-                nan_policy=nan_policy,
-                seed=seed,
-                full_int_range=full_int_range,
                 want_values=False,
                 want_codes=True,
                 scale_step=step,
+                **kw,
             )
         )
     first = trials[0]
