@@ -398,19 +398,24 @@ def quantize(
             y = y.masked_fill_(~mask, 0)
         out["values"] = y
     if want_codes:
-        out.update(_code_fields(codes, scale, meta, g, tiling))
+        out.update(_code_fields(codes, scale, meta, g, tiling, s.scale.bits))
     return out
 
 
 def _code_fields(
-    codes: torch.Tensor, scale: torch.Tensor, meta: torch.Tensor, g: _Geom, tiling: Tiling
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    meta: torch.Tensor,
+    g: _Geom,
+    tiling: Tiling,
+    scale_bits: int,
 ) -> dict[str, torch.Tensor]:
     """The kernel's codes, scales and meta in the reference's layouts.
 
     2-D tiles come back from the rows copy to the input and layout.py's grids; scale codes
     over 8 bits as uint16.
     """
-    scale_type = _code_torch_dtype(8 if scale.dtype == torch.uint8 else 16)
+    scale_type = _code_torch_dtype(scale_bits)
     if tiling.kind == "2d":
         return {
             "codes": _from_tile_rows(codes, tiling),

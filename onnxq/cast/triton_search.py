@@ -15,7 +15,9 @@ decode the tile identically (the same terms: equal sums in any order, a tie). Ot
 A tile marked NaN (NaN policy) decodes to NaN under every candidate and its outputs (NaN
 values, code 0, the NaN scale code) do not depend on the choice; shift bits (MX9/6/4), the
 tensor scale and the N:M mask do not depend on the scale either, so they come from the first
-candidate. Codebooks are not searched here (`backends.triton_gap` sends them to the CPU).
+candidate. A virtual cast's values are the chosen codes decoded by the kernel in the input's
+type (its rounding and canonical NaN). Codebooks are not searched here (`backends.triton_gap`
+sends them to the CPU).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from onnxq.cast import triton as tk
 from onnxq.cast.layout import Tiling
 from onnxq.cast.scale_search import STEPS, tile_sq_error
 from onnxq.cast.triton_bits import _signed
+from onnxq.cast.triton_tiles import _from_tile_rows, _rows_grid, _to_tile_rows
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 
@@ -37,75 +40,31 @@ __all__ = ["quantize"]
 _FORCE_EXACT = False  # tests: score every tile with the reference's ordered sums
 
 
-def _tiles(t: torch.Tensor, g: Tiling) -> torch.Tensor:
-    """layout.py `to_tiles` on a torch tensor, as ``(tiles, elements)``, zero padded."""
-    m = t.movedim(g.axis, -1).reshape(g.B, g.R, g.C)
-    m = torch.nn.functional.pad(m, (0, g.nC * g.Tc - g.C, 0, g.nR * g.Tr - g.R))
-    m = m.reshape(g.B, g.nR, g.Tr, g.nC, g.Tc)
-    if g.Tr > 1:
-        m = m.permute(0, 1, 3, 2, 4)
-    return m.reshape(g.B * g.nR * g.nC, g.Tr * g.Tc)
-
-
-def _untiles(t: torch.Tensor, g: Tiling) -> torch.Tensor:
-    """Inverse of `_tiles` (drops the padding)."""
-    m = t.reshape(g.B, g.nR, g.nC, g.Tr, g.Tc)
-    if g.Tr > 1:
-        m = m.permute(0, 1, 3, 2, 4)
-    m = m.reshape(g.B, g.nR * g.Tr, g.nC * g.Tc)[:, : g.R, : g.C]
-    return m.reshape(g.moved_shape).movedim(-1, g.axis).contiguous()
-
-
-def _grid(per_tile: torch.Tensor, g: Tiling) -> torch.Tensor:
-    """layout.py `tile_grid` on a torch tensor."""
-    if g.kind == "tensor":
-        return per_tile.reshape(1)
-    rows = () if g.kind == "1d" else (g.nR,)
-    lead = g.moved_shape[:-1] if g.kind == "1d" else g.moved_shape[:-2]
-    return per_tile.reshape(*lead, *rows, g.nC).movedim(-1, g.axis).contiguous()
-
-
-# The canonical quiet NaN of each narrow type (the reference's float32 NaN, rounded by
-# ml_dtypes / numpy); torch's own conversion gives other payloads (0xFFFF on the CPU).
-_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
-
-
-def _narrow(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Float32 values as ``dtype`` (round-half-even), NaN as the canonical NaN."""
-    if dtype == torch.float32:
-        return y
-    bits = y.to(dtype).view(torch.int16)
-    return bits.masked_fill_(torch.isnan(y), _NAN_BITS[dtype]).view(dtype)
-
-
-def _scores(y: torch.Tensor, x: torch.Tensor, g: Tiling) -> torch.Tensor:
-    """Per-tile squared error in float64, summed in torch's order."""
-    x64, y64 = _tiles(x, g).double(), _tiles(y, g).double()
-    d = torch.where(torch.isfinite(x64), y64 - x64, torch.zeros_like(x64))
-    return (d * d).sum(dim=1)
-
-
 def _choose(ys: list[torch.Tensor], x: torch.Tensor, g: Tiling) -> torch.Tensor:
     """The winning candidate's index per tile (int64), as the reference's ordered sums pick."""
-    n = g.Tr * g.Tc
-    errs = [_scores(y, x, g) for y in ys]
-    bits = [_tiles(y, g).view(torch.int32) for y in ys]
+    n = g.tile_elems
+    xt = _to_tile_rows(x, g, subtiles=False)  # the reference's order (layout.py `to_tiles`)
+    yts = [_to_tile_rows(y, g, subtiles=False) for y in ys]
+    finite_x = torch.isfinite(xt)
+    errs = []
+    for yt in yts:
+        d = torch.where(finite_x, yt.double() - xt.double(), 0.0)
+        errs.append((d * d).sum(dim=1))  # float64, in torch's order
     margin = n * 2.0**-50
     unsure = torch.zeros_like(errs[0], dtype=torch.bool)
     for a in range(len(ys)):
         for b in range(a + 1, len(ys)):
             ea, eb = errs[a], errs[b]
-            same = (bits[a] == bits[b]).all(dim=1)
+            same = (yts[a].view(torch.int32) == yts[b].view(torch.int32)).all(dim=1)
             apart = (ea - eb).abs() > torch.maximum(ea, eb) * margin
             finite = torch.isfinite(ea) & torch.isfinite(eb)  # NaN: a NaN tile, moot
             unsure |= finite & ~same & (~apart | _FORCE_EXACT)
     if bool(unsure.any()):
         # near-ties: the reference's own left-to-right float64 sums, on the host
         pick = unsure.nonzero().reshape(-1)
-        xt = _tiles(x, g)[pick].cpu().numpy()
-        for k, y in enumerate(ys):
-            exact = tile_sq_error(_tiles(y, g)[pick].cpu().numpy(), xt)
-            errs[k] = errs[k].clone()
+        x_near = xt[pick].cpu().numpy()
+        for k, yt in enumerate(yts):
+            exact = tile_sq_error(yt[pick].cpu().numpy(), x_near)
             errs[k][pick] = torch.from_numpy(np.ascontiguousarray(exact)).to(errs[k].device)
     best = errs[0]
     choice = torch.zeros_like(best, dtype=torch.int64)
@@ -185,21 +144,30 @@ def quantize(
         for t in trials
     ]
     choice = _choose(ys, xf, g)
-    per_elem = _untiles(choice[:, None].expand(-1, g.Tr * g.Tc), g)
-    per_tile = _grid(choice, g)
-    out: dict[str, Any] = {k: v for k, v in first.items() if k in ("meta", "tenscale", "mask")}
-    if want_values:
-        y = ys[0]
-        for k in range(1, len(ys)):
-            y = torch.where(per_elem == k, ys[k], y)
-        out["values"] = _narrow(y, x.dtype)
-    if not want_codes:
-        return {k: v for k, v in out.items() if k in ("values", "mask")}
+    per_elem = _from_tile_rows(choice[:, None].expand(-1, g.tile_elems), g, subtiles=False)
+    per_tile = _rows_grid(choice, g)
     # signed views: torch's uint16 / uint32 lack CUDA ops
     codes, scale = _signed(first["codes"]), _signed(first["scale"])
     for k in range(1, len(trials)):
         codes = torch.where(per_elem == k, _signed(trials[k]["codes"]), codes)
         scale = torch.where(per_tile == k, _signed(trials[k]["scale"]), scale)
+    out: dict[str, Any] = {k: v for k, v in first.items() if k in ("meta", "tenscale", "mask")}
     out["codes"] = codes.view(first["codes"].dtype)
     out["scale"] = scale.view(first["scale"].dtype)
+    if want_values:
+        # decoded by the kernel in the input's type: its rounding and canonical NaN, as a
+        # virtual cast's values are the decoded codes (upcast of actual == virtual)
+        out["values"] = tk.dequantize(
+            dt,
+            shape,
+            axis,
+            out["codes"],
+            out["scale"],
+            out.get("tenscale"),
+            out.get("meta"),
+            x.dtype,
+            mask=mask,
+        )
+    if not want_codes:
+        return {k: v for k, v in out.items() if k in ("values", "mask")}
     return out

@@ -18,21 +18,22 @@ from onnxq.cast.triton_kernels import _prune_kernel
 from onnxq.cast.triton_plan import _grid_2d, _Plan
 
 
-def _to_tile_rows(x: torch.Tensor, t: Tiling) -> torch.Tensor:
-    """2-D tiles as rows ``(B*nR*nC, Tr*Tc)``, zero padded, subtiles contiguous.
+def _to_tile_rows(x: torch.Tensor, t: Tiling, subtiles: bool = True) -> torch.Tensor:
+    """Tiles as rows ``(B*nR*nC, Tr*Tc)``, zero padded, subtiles contiguous.
 
-    The order of layout.py's `to_tiles` then `to_subtiles`.
+    The order of layout.py's `to_tiles` then `to_subtiles`; with ``subtiles=False`` that of
+    `to_tiles` alone (row by row within a tile: the order of the search's error sums).
     """
     m = x.movedim(t.axis, -1).reshape(t.B, t.R, t.C)
     m = torch.nn.functional.pad(m, (0, t.nC * t.Tc - t.C, 0, t.nR * t.Tr - t.R))
-    sr, sc = (t.Sr, t.Sc) if t.Sc else (t.Tr, t.Tc)
+    sr, sc = (t.Sr, t.Sc) if t.Sc and subtiles else (t.Tr, t.Tc)
     m = m.reshape(t.B, t.nR, t.Tr // sr, sr, t.nC, t.Tc // sc, sc)
     return m.permute(0, 1, 4, 2, 5, 3, 6).reshape(-1, t.tile_elems).contiguous()
 
 
-def _from_tile_rows(r: torch.Tensor, t: Tiling) -> torch.Tensor:
+def _from_tile_rows(r: torch.Tensor, t: Tiling, subtiles: bool = True) -> torch.Tensor:
     """Inverse of `_to_tile_rows` (drops the padding)."""
-    sr, sc = (t.Sr, t.Sc) if t.Sc else (t.Tr, t.Tc)
+    sr, sc = (t.Sr, t.Sc) if t.Sc and subtiles else (t.Tr, t.Tc)
     m = r.reshape(t.B, t.nR, t.nC, t.Tr // sr, t.Tc // sc, sr, sc).permute(0, 1, 3, 5, 2, 4, 6)
     m = m.reshape(t.B, t.nR * t.Tr, t.nC * t.Tc)[:, : t.R, : t.C]
     return m.reshape(t.moved_shape).movedim(-1, t.axis).contiguous()
@@ -58,9 +59,11 @@ def _sub_ungrid(grid: torch.Tensor, t: Tiling) -> torch.Tensor:
 
 
 def _rows_grid(per_tile: torch.Tensor, t: Tiling) -> torch.Tensor:
-    """Per-tile values of 2-D tiles in row order -> layout.py `tile_grid`."""
-    g = per_tile.reshape(*t.moved_shape[:-2], t.nR, t.nC)
-    return g.movedim(-1, t.axis).contiguous()
+    """Per-tile values in row order (`_to_tile_rows`: B, nR, nC) -> layout.py `tile_grid`."""
+    if t.kind == "tensor":
+        return per_tile.reshape(1)
+    lead = t.moved_shape[:-1] if t.kind == "1d" else (*t.moved_shape[:-2], t.nR)
+    return per_tile.reshape(*lead, t.nC).movedim(-1, t.axis).contiguous()
 
 
 def _rows_ungrid(grid: torch.Tensor, t: Tiling) -> torch.Tensor:
