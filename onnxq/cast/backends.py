@@ -92,7 +92,7 @@ def _triton(x: Any, request: CastRequest, out: Any = None) -> Encoded:
             packed=request.mode is CastMode.COMPRESS,
         )
     else:
-        engine = tcb if book else (tsearch if searched else tk)
+        engine = tsearch if searched else (tcb if book else tk)
         res = engine.quantize(
             x.detach(),
             dt,
@@ -199,11 +199,6 @@ def triton_gap(shape: tuple[int, ...], request: CastRequest) -> str | None:
     dt = request.dtype
     searched = request.scale_mode is ScaleMode.SEARCH
     if dt.nspec.is_codebook:
-        if searched:
-            return (
-                "the Triton engine does not implement scale_mode 'search' for codebooks (a "
-                "per-tile search for stored weight scales); the CPU engines do"
-            )
         from onnxq.cast import triton_codebook as tcb
 
         return tcb.supports(dt, shape, request.axis)

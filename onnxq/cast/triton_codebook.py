@@ -36,7 +36,8 @@ prunes the input first (`triton_tiles.prune`, as the reference) and zeroes prune
 
 Supported: 1-D and 2-D tiles on any axis and tensor scales, with or without subtiles (up to
 1024 elements each), N:M sparsity, exponent scales of any width the formats have (up to 10
-bits: 16-bit scale codes), any compute type whose table values are float32 numbers. Not here
+bits: 16-bit scale codes), any compute type whose table values are float32 numbers, every
+scale mode (``search`` through `onnxq.cast.triton_search`, one pass per candidate). Not here
 (`supports` says why): custom metrics (the reference only), stochastic rounding (no backend has
 it), subtiles over 1024 elements.
 
@@ -248,20 +249,48 @@ def _float32_table(book: Codebook, mags: tuple[tuple[float, ...], ...]) -> bool:
     return all(float(np.float32(m)) == m for row in mags for m in row)
 
 
-def _scale_args(book: Codebook, dt: DataType, scale_mode: ScaleMode) -> list[int]:
-    """bump_t .. s_nan of the kernel (reference `_scale_exponent` on the compute type)."""
+def _scale_args(book: Codebook, dt: DataType, scale_mode: ScaleMode, step: int) -> list[int]:
+    """bump_t .. s_nan of the kernel (reference `_scale_exponent` on the compute type).
+
+    ``step``: scale search's candidate, added to the stored exponent before the clamp (the
+    element emax lowered by it).
+    """
     s = dt.sspec
     assert s is not None
     e = book.compute
     low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
     return [
         _bump_threshold(_elem_fmt(e), scale_mode),
-        e.emax,
+        e.emax - step,
         low,
         high,
         s.scale.bias,
         (1 << s.scale.ebits) - 1,
     ]
+
+
+def _format_args(
+    book: Codebook,
+    dt: DataType,
+    round_mode: RoundMode,
+    nan_block: int,
+    scale_mode: ScaleMode,
+    step: int,
+) -> tuple[Any, ...]:
+    """The quantize kernel's format numbers, ``rmode`` .. ``c_maxf``.
+
+    ``nan_block``: 0 a NaN marks its tile, 1 any NaN or Inf does, 2 none is marked.
+    """
+    c = book.compute
+    return (
+        _ROUND[round_mode],
+        nan_block,
+        *_scale_args(book, dt, scale_mode, step),
+        int(c.has_negative_zero),
+        c.emin,
+        c.mbits,
+        float(c.maxfloat),
+    )
 
 
 # -- host side -------------------------------------------------------------------------------
@@ -296,11 +325,16 @@ def quantize(
     full_int_range: bool = False,
     want_values: bool = True,
     want_codes: bool = False,
+    scale_step: int = 0,
+    mark_nan_tiles: bool = True,
 ) -> dict[str, Any]:
     """Quantize a float32/float16/bfloat16 tensor to codebook ``dt`` (reference, bit for bit).
 
     ``seed`` and ``full_int_range`` are accepted for the engines' common signature and have
-    no effect on codebooks.
+    no effect on codebooks. Scale mode ``search`` is `onnxq.cast.triton_search`, which calls
+    this once per candidate: the floor scale ``scale_step`` codes up, with
+    ``mark_nan_tiles=False`` (a tile holding NaN is cast as the others; the caller marks it
+    after the choice, which scores the unmarked values, as the reference).
 
     Returns:
         A dict with ``values`` (input dtype and shape, when asked), ``codes`` (uint8 table
@@ -310,7 +344,10 @@ def quantize(
     Raises:
         NotImplementedError: stochastic rounding, or a cast `supports` refuses.
         TypeError: an unsupported input dtype.
+        ValueError: scale mode ``search`` (`onnxq.cast.triton_search` runs it).
     """
+    if scale_mode is ScaleMode.SEARCH:
+        raise ValueError("scale mode 'search' runs in onnxq.cast.triton_search, not here")
     if round_mode is RoundMode.STOCHASTIC:
         raise NotImplementedError(
             "codebooks round to the nearest table entry; stochastic is not supported"
@@ -343,15 +380,8 @@ def quantize(
     else:
         codes = scale = meta = torch.empty(1, dtype=torch.uint8, device=dev)
     ib = book.index_bits
-    fmt = (
-        _ROUND[round_mode],
-        int(nan_policy is NanPolicy.BLOCK),
-        *_scale_args(book, dt, scale_mode),
-        int(book.compute.has_negative_zero),
-        book.compute.emin,
-        book.compute.mbits,
-        float(book.compute.maxfloat),
-    )
+    nan_block = 2 if not mark_nan_tiles else int(nan_policy is NanPolicy.BLOCK)
+    fmt = _format_args(book, dt, round_mode, nan_block, scale_mode, scale_step)
     consts = dict(
         IN_KIND=_IN_KIND[x.dtype],
         WANT_Y=want_values,

@@ -110,8 +110,9 @@ def _cb_quant_kernel(
         )
         xb, _raw = _load_bits(x_ptr, off, ok, IN_KIND)
         amax_b, any_nf, any_nan = _cb_tile_flags(xb)
-    # codebooks have no NaN code: a NaN (block policy: any NaN/Inf) makes its tile NaN
-    tnan = tl.where(nan_block != 0, any_nf, any_nan) > 0
+    # codebooks have no NaN code: a NaN (nan_block 1: any NaN/Inf) makes its tile NaN;
+    # nan_block 2 marks none (scale search's trial casts: the caller marks them)
+    tnan = (tl.where(nan_block == 1, any_nf, any_nan) > 0) & (nan_block < 2)
     sexp, _maxexp = _scale_exp_t(amax_b, bump_t, e_emax, s_low, s_high)
     sexp3 = sexp[:, None, None]
     bound = _cb_bound(sexp3, c_emin, c_mbits, c_maxf, IN_KIND)

@@ -16,8 +16,14 @@ A tile marked NaN (NaN policy) decodes to NaN under every candidate and its outp
 values, code 0, the NaN scale code) do not depend on the choice; shift bits (MX9/6/4), the
 tensor scale and the N:M mask do not depend on the scale either, so they come from the first
 candidate. A virtual cast's values are the chosen codes decoded by the kernel in the input's
-type (its rounding and canonical NaN). Codebooks are not searched here (`backends.triton_gap`
-sends them to the CPU).
+type (its rounding and canonical NaN).
+
+Codebooks run the codebook kernel once per candidate (`triton_codebook.quantize`'s
+``scale_step``) and each unit (subtile, else tile) keeps the mapping its tile's winner chose.
+Their NaN tiles do depend on the choice: the reference scores a tile before marking it, so the
+winner's mapping is the meta the NaN tile keeps. The trials leave NaN tiles unmarked
+(``mark_nan_tiles=False``), the choice scores their finite values, and `_mark_nan_tiles`
+marks them afterwards (code 0, the NaN scale code).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 import torch
 
 from onnxq.cast import triton as tk
+from onnxq.cast import triton_codebook as tcb
 from onnxq.cast.layout import Tiling
 from onnxq.cast.scale_search import STEPS, tile_sq_error
 from onnxq.cast.triton_bits import _signed
@@ -75,6 +82,77 @@ def _choose(ys: list[torch.Tensor], x: torch.Tensor, g: Tiling) -> torch.Tensor:
     return choice
 
 
+def _per_subtile(per_elem: torch.Tensor, g: Tiling) -> torch.Tensor:
+    """An element map's value at each subtile's first element, in layout.py's `sub_grid`."""
+    rows, cols = g.sub_counts
+    m = per_elem.movedim(g.axis, -1).reshape(g.B, g.R, g.C)[:, :: g.Sr, :: g.Sc]
+    lead = g.moved_shape[:-1] if g.kind == "1d" else (*g.moved_shape[:-2], rows)
+    return m.reshape(*lead, cols).movedim(-1, g.axis).contiguous()
+
+
+def _decode(
+    dt: DataType,
+    shape: tuple[int, ...],
+    axis: int,
+    fields: dict[str, Any],
+    out_dtype: torch.dtype,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Values of a trial's (or the pick's) codes, decoded by the engine's kernel."""
+    codes, scale, meta = fields["codes"], fields.get("scale"), fields.get("meta")
+    if not dt.nspec.is_codebook:
+        tenscale = fields.get("tenscale")
+        return tk.dequantize(dt, shape, axis, codes, scale, tenscale, meta, out_dtype, mask=mask)
+    y = tcb.dequantize(dt, shape, axis, codes, scale, None, meta, out_dtype)
+    return y if mask is None else y.masked_fill_(~mask, 0)
+
+
+def _pick(trials: list[dict[str, Any]], choice: torch.Tensor, g: Tiling, book: bool) -> dict:
+    """Codes, scales and (codebooks) each unit's mapping from its tile's winning candidate.
+
+    Other meta (MX shift bits), the tensor scale and the N:M mask do not depend on the scale:
+    the first candidate's.
+    """
+    first = trials[0]
+    per_elem = _from_tile_rows(choice[:, None].expand(-1, g.tile_elems), g, subtiles=False)
+    per_tile = _rows_grid(choice, g)
+    per_unit = _per_subtile(per_elem, g) if g.Sc else per_tile
+    # signed views: torch's uint16 / uint32 lack CUDA ops
+    codes, scale, meta = _signed(first["codes"]), _signed(first["scale"]), first.get("meta")
+    for k in range(1, len(trials)):
+        codes = torch.where(per_elem == k, _signed(trials[k]["codes"]), codes)
+        scale = torch.where(per_tile == k, _signed(trials[k]["scale"]), scale)
+        if book:
+            meta = torch.where(per_unit == k, trials[k]["meta"], meta)
+    out: dict[str, Any] = {k: v for k, v in first.items() if k in ("tenscale", "mask")}
+    if meta is not None:
+        out["meta"] = meta
+    out["codes"] = codes.view(first["codes"].dtype)
+    out["scale"] = scale.view(first["scale"].dtype)
+    return out
+
+
+def _mark_nan_tiles(
+    out: dict[str, Any], xf: torch.Tensor, g: Tiling, dt: DataType, nan_policy: NanPolicy
+) -> None:
+    """A codebook's NaN tiles after the choice: code 0, the NaN scale code (the reference).
+
+    Codebooks have no NaN code: a NaN (block policy: any NaN or Inf) marks its tile. The
+    trials left them unmarked, so that the choice (and its mapping) scored their values.
+    """
+    xt = _to_tile_rows(xf, g, subtiles=False)
+    bad = ~torch.isfinite(xt) if nan_policy is NanPolicy.BLOCK else torch.isnan(xt)
+    nan_tile = bad.any(dim=1)
+    if not bool(nan_tile.any()):
+        return
+    per_elem = _from_tile_rows(nan_tile[:, None].expand(-1, g.tile_elems), g, subtiles=False)
+    out["codes"] = out["codes"].masked_fill(per_elem, 0)
+    assert dt.sspec is not None
+    nan_code = (1 << dt.sspec.scale.ebits) - 1
+    scale = _signed(out["scale"]).masked_fill(_rows_grid(nan_tile, g), nan_code)
+    out["scale"] = scale.view(out["scale"].dtype)
+
+
 def quantize(
     x: torch.Tensor,
     dt: DataType,
@@ -88,7 +166,7 @@ def quantize(
     want_values: bool,
     want_codes: bool,
 ) -> dict[str, Any]:
-    """`triton.quantize` with scale mode ``search`` (not for codebooks).
+    """`triton.quantize` (`triton_codebook.quantize` for codebooks) with scale mode ``search``.
 
     ``scale_mode`` is accepted for the engines' common signature: it is ``search``.
 
@@ -96,7 +174,7 @@ def quantize(
     reference: they are cast once with the floor rule.
 
     Returns:
-        The dict `triton.quantize` returns (values of the input dtype when asked).
+        The dict the engine's quantize returns (values of the input dtype when asked).
     """
     kw = dict(
         axis=axis,
@@ -109,65 +187,35 @@ def quantize(
         return tk.quantize(
             x, dt, scale_mode=ScaleMode.FLOOR, want_values=want_values, want_codes=want_codes, **kw
         )
+    book = dt.nspec.is_codebook
+    engine, unmarked = (tcb, {"mark_nan_tiles": False}) if book else (tk, {})
     shape = tuple(x.shape)
     g = Tiling.build(shape, axis, dt.sspec)
-    trials = []
-    for step in STEPS:
-        trials.append(
-            tk.quantize(
-                x,
-                dt,
-                scale_mode=ScaleMode.FLOOR,
-                want_values=False,
-                want_codes=True,
-                scale_step=step,
-                **kw,
-            )
+    trials = [
+        engine.quantize(
+            x,
+            dt,
+            scale_mode=ScaleMode.FLOOR,
+            want_values=False,
+            want_codes=True,
+            scale_step=step,
+            **unmarked,
+            **kw,
         )
-    first = trials[0]
-    mask = first.get("mask")
+        for step in STEPS
+    ]
+    mask = trials[0].get("mask")
     xf = x.float()
     if mask is not None:  # the reference scores the pruned input
         xf = xf.masked_fill(~mask, 0)
-    ys = [
-        tk.dequantize(
-            dt,
-            shape,
-            axis,
-            t["codes"],
-            t.get("scale"),
-            t.get("tenscale"),
-            t.get("meta"),
-            torch.float32,
-            mask=mask,
-        )
-        for t in trials
-    ]
-    choice = _choose(ys, xf, g)
-    per_elem = _from_tile_rows(choice[:, None].expand(-1, g.tile_elems), g, subtiles=False)
-    per_tile = _rows_grid(choice, g)
-    # signed views: torch's uint16 / uint32 lack CUDA ops
-    codes, scale = _signed(first["codes"]), _signed(first["scale"])
-    for k in range(1, len(trials)):
-        codes = torch.where(per_elem == k, _signed(trials[k]["codes"]), codes)
-        scale = torch.where(per_tile == k, _signed(trials[k]["scale"]), scale)
-    out: dict[str, Any] = {k: v for k, v in first.items() if k in ("meta", "tenscale", "mask")}
-    out["codes"] = codes.view(first["codes"].dtype)
-    out["scale"] = scale.view(first["scale"].dtype)
+    ys = [_decode(dt, shape, axis, t, torch.float32, mask) for t in trials]
+    out = _pick(trials, _choose(ys, xf, g), g, book)
+    if book:
+        _mark_nan_tiles(out, xf, g, dt, nan_policy)
     if want_values:
         # decoded by the kernel in the input's type: its rounding and canonical NaN, as a
         # virtual cast's values are the decoded codes (upcast of actual == virtual)
-        out["values"] = tk.dequantize(
-            dt,
-            shape,
-            axis,
-            out["codes"],
-            out["scale"],
-            out.get("tenscale"),
-            out.get("meta"),
-            x.dtype,
-            mask=mask,
-        )
+        out["values"] = _decode(dt, shape, axis, out, x.dtype, mask)
     if not want_codes:
         return {k: v for k, v in out.items() if k in ("values", "mask")}
     return out

@@ -1,8 +1,8 @@
 """Scale mode ``search`` on the Triton engine against the numpy reference, bit for bit (issue 16).
 
-`onnxq.cast.triton_search` runs the general kernel once per candidate scale and picks per tile;
-these cast through `onnxq.cast(..., backend="triton")` (what users run) in every mode and
-compare values, codes, scales, meta and masks with the reference, and the upcasts too.
+`onnxq.cast.triton_search` runs the general (or codebook) kernel once per candidate scale and
+picks per tile; these cast through `onnxq.cast(..., backend="triton")` (what users run) in every
+mode and compare values, codes, scales, meta and masks with the reference, and the upcasts too.
 Without a GPU the kernels run in Triton's interpreter.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cast.test_scale_search import FAMILIES as CPU_FAMILIES
+from tests.cast.test_scale_search import FAMILIES
 from tests.cast.triton.support import compare, to_torch, torch
+from tests.cast.triton.test_codebook import generic_book, sample, with_specials
 
 # isort: split
 from onnxq.cast import triton_search as tsearch
@@ -20,10 +21,6 @@ from onnxq.cast.api import cast
 from onnxq.cast.torch_bridge import upcast_triton
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-
-# the CPU engines' families (every scale kind, MX shift bits, 2-D, N:M, a zero point) but the
-# codebook, which Triton leaves to them
-FAMILIES = [name for name in CPU_FAMILIES if not name.startswith("cb")]
 
 
 def weights(seed: int) -> np.ndarray:
@@ -38,7 +35,7 @@ def weights(seed: int) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def check(x: np.ndarray, name: str, dtype: str = "float32", **kw: object) -> None:
+def check(x: np.ndarray, name: object, dtype: str = "float32", **kw: object) -> None:
     compare(
         x,
         dtype,
@@ -51,6 +48,8 @@ def check(x: np.ndarray, name: str, dtype: str = "float32", **kw: object) -> Non
     )
 
 
+# the CPU search tests' families: every scale kind, MX shift bits, 2-D, N:M, a codebook, a
+# zero point
 @pytest.mark.parametrize("name", FAMILIES)
 def test_families(name: str) -> None:
     check(weights(1), name)
@@ -150,3 +149,113 @@ def test_candidate_scales(name: str) -> None:
             want = encode_values(float_step(sc, s.scale, step).astype(np.float64), s.scale)
             want = np.where(np.isnan(sc), floor, want)  # NaN tiles keep the NaN code
         np.testing.assert_array_equal(got, want, err_msg=f"{name} step {step}")
+
+
+# -- codebooks: the codebook kernel once per candidate, each unit's mapping from its tile's winner
+def nan_tile_weights() -> np.ndarray:
+    """Tiles of 32 whose search winner is not the floor scale, some holding NaN or Inf.
+
+    Row 0: 1.0 and 31 x 0.0625 (the mxfp4 worked tile: floor - 1 wins there). Rows 1-3: the
+    same with a NaN, an Inf, both: the trials score their finite values (the reference scores
+    them before marking the tile), so the winner's mapping is the meta the tile keeps.
+    """
+    x = np.full((8, 32), 0.0625, np.float32)
+    x[:, 0] = 1.0
+    x[1, 5], x[2, 6], x[3, 7], x[3, 9] = np.nan, np.inf, np.nan, -np.inf
+    x[4:] = sample((4, 32), seed=21, spread=2)
+    x[5, 2] = np.nan
+    return x
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "axis"),
+    [
+        ("cb41fi_e2m2fnuz_e8m0_t32", (8, 64), -1),  # a mapping per tile
+        ("cb42fi012_e2m2fnuz_e8m0_t16s4", (6, 48), 0),  # per subtile of 4, along the rows
+        ("cb51ie_e2m3_mx6_e8m0_t16s2", (3, 4, 40), 1),  # per pair, the axis in the middle
+        ("cb41fi_e2m2fnuz_e5m0_t32", (5, 70), -1),  # a 5-bit scale: steps clamp at its ends
+        ("cb41fi_e2m2fnuz_e10m0_t32", (5, 70), -1),  # 16-bit scale codes
+        ("cb41fi_e2m2fnuz_e8m0", (5, 7), 0),  # one scale for the tensor
+        ("cb41fi_e2m2fnuz_e8m0_t4s2_t8s4", (9, 30), -1),  # 2-D tiles, a mapping per 2x4
+        ("cb41fi_e2m2fnuz_e8m0_t4_t8n2m4", (6, 20), -1),  # N:M sparsity in 2-D tiles
+        ("cb41fi_e2m2fnuz_e8m0_t16s4n1m4", (6, 40), 0),
+    ],
+)
+def test_codebooks(name: str, shape: tuple[int, ...], axis: int) -> None:
+    x = with_specials(sample(shape, seed=sum(shape), spread=3), seed=len(name))
+    check(x, name, axis=axis)
+    check(x, name, "bfloat16", axis=axis, nan_policy="block", round_mode="away")
+
+
+def test_codebook_nan_tiles_keep_the_winners_mapping() -> None:
+    x = nan_tile_weights()
+    for policy in ("element", "block"):
+        check(x, "cb42fi012_e2m2fnuz_e8m0_t32", nan_policy=policy)
+        check(x, "cb42fi012_e2m2fnuz_e8m0_t32s8", "float16", nan_policy=policy)
+
+
+def test_codebook_generic_and_long_tiles() -> None:
+    check(with_specials(sample((4, 64), seed=22)), generic_book())
+    # tiles over 1024 elements: the chunked kernel
+    check(with_specials(sample((2, 1100), seed=23, spread=3)), "cb41fi_e2m2fnuz_e8m0_t0")
+
+
+def test_codebook_candidates_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the codebook data is worth its name too: each candidate wins tiles
+    seen = []
+    choose = tsearch._choose
+
+    def spy(*args: object) -> torch.Tensor:
+        c = choose(*args)
+        seen.append(torch.bincount(c, minlength=3).tolist())
+        return c
+
+    monkeypatch.setattr(tsearch, "_choose", spy)
+    for name in ("cb41fi_e2m2fnuz_e8m0_t32", "cb42fi012_e2m2fnuz_e8m0_t16s4"):
+        cast(to_torch(weights(1), "float32"), name, scale_mode="search", backend="triton")
+    assert all(min(counts) > 0 for counts in seen), seen
+
+
+def test_codebook_exact_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tsearch, "_FORCE_EXACT", True)
+    check(nan_tile_weights(), "cb42fi012_e2m2fnuz_e8m0_t32s8")
+
+
+@pytest.mark.parametrize("name", ["cb41fi_e2m2fnuz_e8m0_t32", "cb41fi_e2m2fnuz_e5m0_t32"])
+def test_codebook_candidate_scales(name: str) -> None:
+    # each trial stores the floor exponent (of the compute type) + step, clamped to the scale's
+    # range, zero tiles the lowest code; NaN tiles are left unmarked (mark_nan_tiles=False)
+    from onnxq.cast import triton_codebook as tcb
+    from onnxq.cast.layout import Tiling
+    from onnxq.cast.reference import _scale_exponent
+    from onnxq.formats.datatype import datatype
+    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+
+    dt = datatype(name)
+    s = dt.sspec
+    x = weights(6)
+    x[12] = np.float32(3e38)  # the top of the scale's range
+    x[13] = np.float32(1e-45)  # the bottom
+    t = Tiling.build(x.shape, -1, s)
+    xt = t.to_tiles(x)
+    amax = np.where(np.isfinite(xt), np.abs(xt), 0).max(axis=-1)
+    assert np.isnan(xt).any(axis=-1).any()  # a NaN tile among them
+    low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
+    for step in (1, -1):
+        got = tcb.quantize(
+            to_torch(x, "float32"),
+            dt,
+            axis=-1,
+            round_mode=RoundMode.EVEN,
+            scale_mode=ScaleMode.FLOOR,
+            nan_policy=NanPolicy.ELEMENT,
+            want_values=False,
+            want_codes=True,
+            scale_step=step,
+            mark_nan_tiles=False,
+        )["scale"]
+        stored = _scale_exponent(amax, dt.nspec.compute, ScaleMode.FLOOR) + step
+        want = np.where(amax > 0, np.clip(stored, low, high), low) + s.scale.bias
+        np.testing.assert_array_equal(
+            got.cpu().numpy().astype(np.int64), t.tile_grid(want), err_msg=f"{name} {step}"
+        )
