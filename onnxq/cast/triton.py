@@ -31,8 +31,9 @@ alongside for stochastic rounding.
 Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py),
 element formats over 16 bits other than float32 and ints up to 24 bits (the integer rounding
 holds 25-bit magnitudes; the reference decodes no other wide floats), float scales wider than
-float32, zero points over 16 bits, exponent scales over 10 bits (the reference's float64
-powers overflow beyond; native stops there too).
+float32, float zero points over 16 bits other than float32 (wider zero points decode without
+a table: float32 as its bits, ints by sign extension), exponent scales over 10 bits (the
+reference's float64 powers overflow beyond; native stops there too).
 """
 
 # Tile geometry keeps layout.py's names (C, TC, nC).
@@ -417,6 +418,17 @@ def _decode_table(spec: NumberSpec, device: str) -> torch.Tensor:
     return torch.from_numpy(values.copy()).to(device)
 
 
+def _zero_decode(z: NumberSpec, nums: dict[str, int], dummy: torch.Tensor) -> torch.Tensor:
+    """The zero point's decode numbers for `_zero_value` (into ``nums``) and its table."""
+    nums["z_mask"] = (1 << z.bits) - 1 if z.bits < 32 else -1
+    if z.bits <= 16:
+        nums["z_shift"] = -2
+        return _decode_table(z, str(dummy.device))
+    # float32 bits or ints (`plan` refuses the rest)
+    nums["z_shift"] = -1 if z.is_float else (32 - z.bits if z.is_int else -3)
+    return dummy
+
+
 def dequantize(
     dt: DataType,
     shape: tuple[int, ...],
@@ -472,7 +484,9 @@ def dequantize(
     wide = n.bits > 16
     c_shift = -1 if n.is_float else (32 - n.bits if n.is_int else 0)
     code_mask = (1 << n.bits) - 1 if n.bits < 32 else -1
-    nums = dict(code_mask=code_mask, c_shift=c_shift, s_bias=0, s_nan=0, s_mask=0, z_mask=0)
+    nums = dict(
+        code_mask=code_mask, c_shift=c_shift, s_bias=0, s_nan=0, s_mask=0, z_mask=0, z_shift=-2
+    )
     nums.update(bf16=_bf16(out_dtype))
     if s is not None:
         if s.scale.is_exponent:
@@ -487,8 +501,7 @@ def dequantize(
                 stab = _decode_table(s.scale, str(dev))
             nums.update(s_mask=(1 << s.scale.bits) - 1)
             if s.zero is not None:
-                ztab = _decode_table(s.zero, str(dev))
-                nums.update(z_mask=(1 << s.zero.bits) - 1)
+                ztab = _zero_decode(s.zero, nums, dummy)
             if s.tenscale is not None:
                 assert tenscale is not None
                 tcode = tenscale.reshape(-1)[:1].cpu().numpy()

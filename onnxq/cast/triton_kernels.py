@@ -87,6 +87,7 @@ def _stats_kernel(
         "s_nan",
         "s_mask",
         "z_mask",
+        "z_shift",
         "bf16",
     ]
 )
@@ -113,6 +114,7 @@ def _dequant_kernel(
     s_nan,
     s_mask,
     z_mask,
+    z_shift,
     bf16,
     HALF: tl.constexpr,
     LAST: tl.constexpr,
@@ -169,13 +171,26 @@ def _dequant_kernel(
             yb = tl.where((qb & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, yb)
         else:
             zc = tl.load(zero_ptr + inst, mask=u_ok, other=0).to(tl.int32) & z_mask
-            zf = tl.load(ztab_ptr + zc, mask=u_ok, other=0).to(tl.float32, bitcast=True)
+            zf = _zero_value(zc, ztab_ptr, u_ok, z_shift)
             if SKIND == 3:
                 yb = ((qf - zf[:, None, None]) * eff3).to(tl.int32, bitcast=True)
             else:
                 yb = (qf * eff3 + zf[:, None, None]).to(tl.int32, bitcast=True)
         tile_nan = tile_nan | ((scb & 0x7FFFFFFF) > 0x7F800000)[:, None, None]
     _store_values(y_ptr, off, ok, yb, ok & False, tile_nan, HALF, bf16)
+
+
+@triton.jit
+def _zero_value(zc, ztab_ptr, u_ok, z_shift):
+    # A zero-point code's float32 value: through the decode table (z_shift -2, codes up to 16
+    # bits), as float32 bits (-1), an unsigned int (-3) or a signed int sign-extended from
+    # 32 - z_shift bits (>= 0); ints are rounded to float32 as numpy's decode then astype
+    tab = tl.load(ztab_ptr + zc, mask=u_ok & (z_shift == -2), other=0)
+    sh = tl.maximum(z_shift, 0)
+    signed = ((zc << sh) >> sh).to(tl.float32).to(tl.int32, bitcast=True)
+    unsigned = zc.to(tl.uint32, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
+    zb = tl.where(z_shift >= 0, signed, tl.where(z_shift == -3, unsigned, zc))
+    return tl.where(z_shift == -2, tab, zb).to(tl.float32, bitcast=True)
 
 
 @triton.jit(do_not_specialize=["n_groups", "L", "inner", "ng_l", "n_keep", "bf16"])

@@ -213,8 +213,11 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
                 raise NotImplementedError(missing.format("float scales wider than float32"))
         if s.scale.is_exponent and s.scale.ebits > 10:
             raise NotImplementedError(missing.format("exponent scales over 10 bits (as native)"))
-        if s.zero is not None and s.zero.bits > 16:
-            raise NotImplementedError(missing.format("zero points over 16 bits"))
+        if s.zero is not None and s.zero.bits > 16 and s.zero.is_float:
+            if not _float32_like(s.zero):
+                raise NotImplementedError(
+                    missing.format("float zero points over 16 bits other than float32")
+                )
     tiling = Tiling.build(tuple(shape), axis, s)
     size = math.prod(shape)
     sfmt = tfmt = zfmt = None

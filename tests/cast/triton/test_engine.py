@@ -28,7 +28,6 @@ from onnxq.cast.api import QTensor, cast, upcast
 from onnxq.cast.packing import pack_bits
 from onnxq.cast.torch_bridge import upcast_triton
 from onnxq.formats.datatype import DataType, datatype, datatypes
-from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
 
 skip_overflow_checks()  # a quarter of this file's time in the interpreter
 
@@ -36,7 +35,7 @@ skip_overflow_checks()  # a quarter of this file's time in the interpreter
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SUPPORTED = list(datatypes())
 # (64-bit scales and exponent scales over 10 bits are refused by the parser: docs/formats.md)
-UNSUPPORTED = ["int32_e8m0_t32", "e8m15_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_uint32_t32"]
+UNSUPPORTED = ["int32_e8m0_t32", "e8m15_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_e5m20_t32"]
 SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
 ROUND_MODES = ["even", "away", "zero", "stochastic"]
 
@@ -63,35 +62,14 @@ def sample(shape: tuple[int, ...], seed: int = 0, specials: bool = True) -> np.n
     return x
 
 
-def _new_fields(dt: DataType | str) -> bool:
-    s = (dt if isinstance(dt, DataType) else datatype(dt)).sspec
-    return s is not None and (s.zero is not None or s.sparsity[1] > 0)
-
-
 def triton_cast(xt: torch.Tensor, dt: DataType | str, mode: str, **kw):
-    """`cast(..., backend="triton")`; QTensors with zero points or masks from the engine's
-    own `to_qtensor` (torch_bridge.py does not pass those fields on yet)."""
-    if mode == "virtual" or not _new_fields(dt):
-        return cast(xt, dt, mode=mode, backend="triton", **kw)
-    d = dt if isinstance(dt, DataType) else datatype(dt)
-    axis = kw.get("axis", -1) % xt.dim()
-    res = tk.quantize(
-        xt,
-        d,
-        axis=axis,
-        round_mode=RoundMode.parse(kw.get("round_mode", "even")),
-        scale_mode=ScaleMode.parse(kw.get("scale_mode", "floor")),
-        nan_policy=NanPolicy.parse(kw.get("nan_policy", "element")),
-        seed=kw.get("seed", 0),
-        full_int_range=kw.get("int_range") == "full",
-        want_values=False,
-        want_codes=True,
-    )
-    return tk.to_qtensor(res, xt, d, axis, CastMode.parse(mode))
+    """`cast(..., backend="triton")`, as users run it."""
+    return cast(xt, dt, mode=mode, backend="triton", **kw)
 
 
 def triton_upcast(q: QTensor, out: torch.dtype) -> torch.Tensor:
-    return tk.upcast(q, out) if _new_fields(q.dtype) else upcast_triton(q, out)
+    """`onnxq.upcast` of CUDA data (the Triton dequantize kernels)."""
+    return upcast_triton(q, out)
 
 
 def check(x: np.ndarray, dt: str, dtype: str = "float32", *, modes=("virtual", "actual"), **kw):
@@ -310,6 +288,60 @@ def test_float_zero_points_of_zero_minima() -> None:
     long[1, [5, 4100, 4200]] = [-0.0, 0.0, -0.0]
     long[2, [5, 4100, 4999]] = [-0.0, -0.0, 0.0]
     check(long, "uint4_float16_e4m3fn_t0", modes=("actual",), axis=1)
+
+
+# zero points over 16 bits, decoded without a table: float32 (its bits), unsigned and signed
+# ints of any width to 32
+WIDE_ZERO_CODES = [
+    "uint4_float32_float32_t32",
+    "uint8_float32_float32_t0",
+    "uint4_float32_uint32_t32",
+    "uint8_float32_int32_t16",
+    "uint4_float16_uint20_t8",
+    "uint8_bfloat16_int17_t0",
+]
+
+
+@pytest.mark.parametrize("code", WIDE_ZERO_CODES)
+def test_wide_zero_points(code: str) -> None:
+    check(sample((4, 70), seed=47), code, modes=("virtual", "actual", "compress"))
+    check(sample((5, 64, 3), seed=48), code, "bfloat16", axis=1, round_mode="stochastic", seed=3)
+
+
+@pytest.mark.parametrize(
+    ("code", "zeros"),
+    [
+        # codes no cast writes: past the element range, over 2^24 (rounded to float32) and
+        # 2^31 (unsigned), negative (signed: sign-extended from the format's width)
+        ("uint4_float32_uint32_t32", [0, 15, 2**24 + 1, 2**31 + 3, 2**32 - 1]),
+        ("uint8_float32_int32_t16", [0, 255, 2**31, 2**31 - 1, 2**32 - 5]),
+        ("uint8_bfloat16_int17_t0", [0, 2**16 - 1, 2**16, 2**17 - 1, 2**16 + 7]),
+        # float32 bits: -0, 1.5, the largest finite value, -Inf, a NaN with a payload
+        ("uint4_float32_float32_t32", [0x80000000, 0x3FC00000, 0x7F7FFFFF, 0xFF800000, 0x7FA00001]),
+    ],
+)
+def test_wide_zero_codes_decode_as_the_reference(code: str, zeros: list[int]) -> None:
+    from onnxq.cast import reference
+
+    dt = datatype(code)
+    x = sample((5, 64), seed=49)
+    q = cast(x, dt, mode="actual", backend="reference")
+    zero = np.resize(np.asarray(zeros, np.uint64), q.zero.shape).astype(np.uint32)
+    want = reference.dequantize(dt, x.shape, -1, q.data, q.scale, zero)
+    got = tk.dequantize(
+        dt,
+        x.shape,
+        -1,
+        torch.from_numpy(q.data.astype(np.int32)).to(DEV),
+        torch.from_numpy(q.scale.astype(np.int32)).to(DEV),
+        zero=torch.from_numpy(zero.view(np.int32)).to(DEV),
+    )
+    assert_same(got, want, code)
+
+
+def test_float_zero_points_over_16_bits_other_than_float32_are_refused() -> None:
+    with pytest.raises(NotImplementedError, match="float zero points over 16 bits"):
+        cast(to_torch(sample((2, 32)), "float32"), "uint4_float32_e5m20_t32", backend="triton")
 
 
 def test_tiny_and_huge_tiles() -> None:
