@@ -236,7 +236,7 @@ def _table(spec: NumberSpec) -> np.ndarray:
 
 
 def decode_codes(codes: np.ndarray, spec: NumberSpec) -> np.ndarray:
-    """Values (float64) of codes of ``spec`` (a table for <= 16 bits, bit views for float32)."""
+    """Values (float64) of codes of ``spec`` (a table up to 16 bits, else arithmetic)."""
     if spec.bits <= 16:
         return _table(spec)[codes.astype(np.intp)]
     if spec.bits == 32 and spec.ebits == 8 and spec.infnan is InfNaN.IEEE:
@@ -246,4 +246,34 @@ def decode_codes(codes: np.ndarray, spec: NumberSpec) -> np.ndarray:
         return np.where(c >> (spec.bits - 1), c - (1 << spec.bits), c).astype(np.float64)
     if spec.is_uint:
         return codes.astype(np.float64)
+    if spec.is_float:
+        return _decode_float_codes(codes, spec)
     raise NotImplementedError(f"decoding {spec} codes (over 16 bits) is not supported")
+
+
+def _decode_float_codes(codes: np.ndarray, spec: NumberSpec) -> np.ndarray:
+    """`NumberSpec.decode` on an array of float codes (formats too wide for a table)."""
+    c = codes.astype(np.int64)
+    sign_bit = 1 << (spec.bits - 1)
+    negative = (c & sign_bit) != 0
+    magnitude = c & (sign_bit - 1)
+    field = magnitude >> spec.mbits
+    mant = magnitude & ((1 << spec.mbits) - 1)
+    subnormal = field == 0
+    sig = np.where(subnormal, mant, mant + (1 << spec.mbits)).astype(np.float64)
+    exp = (np.where(subnormal, 1, field) - spec.bias - spec.mbits).astype(np.int32)
+    value = np.ldexp(sig, exp)
+    value = np.where(negative, -value, value)
+    top_field, top_mant = (1 << spec.ebits) - 1, (1 << spec.mbits) - 1
+    match spec.infnan:
+        case InfNaN.IEEE:
+            inf = np.where(negative, -np.inf, np.inf)
+            value = np.where(field == top_field, np.where(mant != 0, np.nan, inf), value)
+        case InfNaN.FN:
+            value = np.where((field == top_field) & (mant == top_mant), np.nan, value)
+        case InfNaN.FNUZ | InfNaN.INUZ:
+            if spec.infnan is InfNaN.INUZ:
+                inf = np.where(negative, -np.inf, np.inf)
+                value = np.where(magnitude == sign_bit - 1, inf, value)
+            value = np.where(c == sign_bit, np.nan, value)
+    return value

@@ -40,8 +40,10 @@ def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
     if bits == 0:  # zero-width codes (a codebook with one mapping: no meta bits) take no bytes
         return np.zeros(0, dtype=np.uint8)
     if bits % 8 == 0:
-        # Whole bytes: little-endian byte order of each code.
-        return flat.astype(f"<u{bits // 8}").view(np.uint8).copy()
+        # Whole bytes: the low bits // 8 bytes of each code, little-endian (24-bit codes too,
+        # which no numpy dtype holds)
+        wide = flat.astype("<u8").view(np.uint8).reshape(-1, 8)
+        return np.ascontiguousarray(wide[:, : bits // 8]).reshape(-1)
     if 8 % bits == 0:
         per_byte = 8 // bits
         padded = np.zeros(-(-flat.size // per_byte) * per_byte, dtype=np.uint8)
@@ -71,7 +73,9 @@ def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
         return np.zeros(count, dtype=np.uint8)
     out_dtype = code_dtype(bits)
     if bits % 8 == 0:
-        return stream[:need].view(f"<u{bits // 8}").astype(out_dtype)
+        wide = np.zeros((count, 8), dtype=np.uint8)
+        wide[:, : bits // 8] = stream[:need].reshape(count, bits // 8)
+        return wide.view("<u8").reshape(-1).astype(out_dtype)
     if 8 % bits == 0:
         per_byte = 8 // bits
         shifts = (np.arange(per_byte, dtype=np.uint8) * bits).astype(np.uint8)

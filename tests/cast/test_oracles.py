@@ -117,6 +117,38 @@ def test_every_e8m0_code_decodes_and_encodes_back_to_itself() -> None:
     assert encode_values(values, spec).tolist() == codes.tolist()
 
 
+def test_e8m15_codes_are_the_top_24_bits_of_float32() -> None:
+    # IEEE e8m15 is float32 with the low 8 mantissa bits cut (as bfloat16 is with 16): code c
+    # decodes to the float32 whose bits are c << 8 (Inf and NaN included). Formats over 16
+    # bits decode arithmetically, not through a table.
+    rng = np.random.default_rng(3)
+    codes = np.concatenate(
+        [rng.integers(0, 1 << 24, 4000), [0, 1, 0x7F8000, 0xFF8000, 0x7F8001, 0x800000, 0x7FFFFF]]
+    ).astype(np.uint64)
+    want = (codes.astype(np.uint32) << 8).view(np.float32).astype(np.float64)
+    got = decode_codes(codes, number("e8m15"))
+    assert np.array_equal(got, want, equal_nan=True)
+    number_ = ~np.isnan(want)  # (a NaN code carries no sign: NumberSpec.decode's NaN is +)
+    assert np.array_equal(np.signbit(got[number_]), np.signbit(want[number_]))
+
+
+@pytest.mark.parametrize("code", ["e5m20", "e4m19fn", "e5m18fnuz", "e6m17inuz", "e6m13b3"])
+def test_wide_float_codes_decode_as_the_scalar_decoder(code: str) -> None:
+    # the array decoder against NumberSpec.decode (code by code) on random codes and the
+    # special ones: zeros, the NaN / Inf codes of each convention, the largest magnitudes
+    spec = number(code)
+    top = 1 << (spec.bits - 1)
+    rng = np.random.default_rng(len(code))
+    special = [0, 1, top, top + 1, top - 1, 2 * top - 1, top - 2, 2 * top - 2]
+    inf = ((1 << spec.ebits) - 1) << spec.mbits  # the top field, mantissa 0
+    special += [inf, inf | top]
+    codes = np.concatenate([rng.integers(0, 2 * top, 3000), special]).astype(np.uint64)
+    got = decode_codes(codes, spec)
+    want = np.array([spec.decode(int(c)) for c in codes])
+    assert np.array_equal(got, want, equal_nan=True), code
+    assert np.array_equal(np.signbit(got), np.signbit(want)), code
+
+
 # ml_dtypes type name -> onnxq code (architecture decision 9: torch/ml_dtypes fnuz names
 # carry bias 8/16).
 ML_DTYPES = {

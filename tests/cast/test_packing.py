@@ -18,11 +18,11 @@ from onnxq.cast.packing import code_dtype, pack_bits, packed_nbytes, unpack_bits
 pytestmark = pytest.mark.filterwarnings("ignore:.*native library.*:RuntimeWarning")
 
 
-@pytest.mark.parametrize("bits", range(1, 17))
+@pytest.mark.parametrize("bits", [*range(1, 17), 24, 32, 40, 48, 56, 64])
 @pytest.mark.parametrize("count", [1, 3, 7, 8, 13, 33, 101])
 def test_pack_unpack_round_trip(bits: int, count: int) -> None:
     rng = np.random.default_rng(bits * 1000 + count)
-    codes = rng.integers(0, 1 << bits, count, dtype=np.uint64)
+    codes = rng.integers(0, 1 << bits, count, dtype=np.uint64, endpoint=False)
     codes[0] = (1 << bits) - 1  # the largest code: all ones
     packed = pack_bits(codes.astype(code_dtype(bits)), bits)
     assert packed.dtype == np.uint8
@@ -73,6 +73,10 @@ def test_pack_unpack_round_trip_hypothesis(bits: int, codes: list[int]) -> None:
         (12, [0xABC, 0x123], [0xBC, 0x3A, 0x12]),
         # 16-bit: little-endian bytes of each code.
         (16, [0x1234, 0xBEEF], [0x34, 0x12, 0xEF, 0xBE]),
+        # 24-bit (int24, e8m15: no numpy dtype): the low three bytes of each, little-endian.
+        (24, [0x123456, 0xABCDEF], [0x56, 0x34, 0x12, 0xEF, 0xCD, 0xAB]),
+        # 40-bit: five bytes each: 0x0102030405 -> 05 04 03 02 01.
+        (40, [0x0102030405], [0x05, 0x04, 0x03, 0x02, 0x01]),
     ],
 )
 def test_hand_worked_byte_layouts(bits: int, codes: list[int], expected: list[int]) -> None:
@@ -180,3 +184,13 @@ def test_compress_of_a_codebook_without_meta_bits_round_trips() -> None:
     q = onnxq.cast(x, "cb40f_e2m3fnuz_e8m0_t64", mode="compress")
     assert q.meta is not None and q.meta.size == 0
     assert np.array_equal(onnxq.upcast(q).view(np.uint32), onnxq.cast(x, q.dtype).view(np.uint32))
+
+
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+@pytest.mark.parametrize("name", ["int24_e8m0_t32", "e8m15_e8m0_t32"])
+def test_compress_of_24_bit_codes_round_trips(name: str, backend: str) -> None:
+    # 24-bit codes are three bytes each (numpy has no 3-byte dtype to view them through)
+    q = cast(X, name, mode="compress", backend=backend)
+    assert isinstance(q, QTensor)
+    assert q.data.size == 3 * X.size
+    assert np.array_equal(upcast(q), cast(X, name, backend=backend))

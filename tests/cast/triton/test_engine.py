@@ -223,7 +223,7 @@ def test_other_codes(code: str) -> None:
 
 # zero points (int and float), N:M sparsity (1-D, 2-D along either dim, with zero points and
 # MX shifts), 2-D tiles (subtiles, a channel dim, float and tensor scales), exponent scales
-# over 8 bits, float32 and int elements over 16 bits (int24's codes the reference cannot pack);
+# over 8 bits, float32 and int elements over 16 bits (int24: three bytes per code);
 # subtiles in tiles over 1024 elements: the test after
 NEW_CODES = [
     "uint4_bfloat16_bfloat16_t32",
@@ -245,6 +245,7 @@ NEW_CODES = [
     "float32_e8m0_t32",
     "float32_float32_t16",
     "int23_e8m0_t32",
+    "int24_e8m0_t32",
     "int20_float32_t0",
 ]
 # one geometry per dtype and round mode: odd sizes, every axis, 2-D tiles on both layouts
