@@ -28,12 +28,15 @@ element's flat C-order index, which needs that order anyway). 2-D tiles are cast
 of a padded copy holding one tile per row (subtiles contiguous), with the flat input index
 alongside for stochastic rounding.
 
-Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py),
-element formats over 16 bits other than float32 and ints up to 24 bits (the integer rounding
-holds 25-bit magnitudes; the reference decodes no other wide floats), float scales wider than
-float32, float zero points over 16 bits other than float32 (wider zero points decode without
-a table: float32 as its bits, ints by sign extension), exponent scales over 10 bits (the
-reference's float64 powers overflow beyond; native stops there too).
+Codes over 16 bits decode without the 2^bits tables of the narrower ones: ints by sign
+extension, floats as float32 bits (other float formats whose values are float32 numbers, such
+as e5m20, are turned into float32 bits first: `triton_bits.float32_bits`).
+
+Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py), int
+elements over 24 bits (the integer rounding holds 25-bit magnitudes), float elements or zero
+points over 16 bits with values outside float32's (e9m14, e8m23fn), float scales wider than
+float32, exponent scales over 10 bits (the reference's float64 powers overflow beyond; native
+stops there too).
 """
 
 # Tile geometry keeps layout.py's names (C, TC, nC).
@@ -56,6 +59,7 @@ from onnxq.cast.triton_bits import (
     _int_view,
     _signed,
     _to_code,
+    float32_bits,
     pack_bits,
     unpack_bits,
 )
@@ -67,6 +71,7 @@ from onnxq.cast.triton_plan import (
     _ROUND,
     _bump_threshold,
     _code_torch_dtype,
+    _float32_like,
     _hash_key,
     _Plan,
     _store_dtype,
@@ -418,13 +423,20 @@ def _decode_table(spec: NumberSpec, device: str) -> torch.Tensor:
     return torch.from_numpy(values.copy()).to(device)
 
 
+def _wide_codes(codes: torch.Tensor, spec: NumberSpec) -> torch.Tensor:
+    """Float codes over 16 bits as float32 bits (what the kernels decode without a table)."""
+    if spec.bits <= 16 or not spec.is_float or _float32_like(spec):
+        return codes
+    return float32_bits(codes, spec)
+
+
 def _zero_decode(z: NumberSpec, nums: dict[str, int], dummy: torch.Tensor) -> torch.Tensor:
     """The zero point's decode numbers for `_zero_value` (into ``nums``) and its table."""
-    nums["z_mask"] = (1 << z.bits) - 1 if z.bits < 32 else -1
     if z.bits <= 16:
-        nums["z_shift"] = -2
+        nums.update(z_mask=(1 << z.bits) - 1, z_shift=-2)
         return _decode_table(z, str(dummy.device))
-    # float32 bits or ints (`plan` refuses the rest)
+    # float32 bits (`_wide_codes`) or ints (`plan` refuses the rest)
+    nums["z_mask"] = (1 << z.bits) - 1 if z.bits < 32 and not z.is_float else -1
     nums["z_shift"] = -1 if z.is_float else (32 - z.bits if z.is_int else -3)
     return dummy
 
@@ -471,10 +483,10 @@ def dequantize(
     c = _signed(codes.contiguous()).reshape(shape)
     if p.rows:
         c = _to_tile_rows(c, p.tiling)
-    c = _flat_codes(c)
+    c = _wide_codes(_flat_codes(c), n)
     y = torch.empty(c.shape, dtype=out_dtype, device=dev)
     sc = dummy if scale is None else _tile_ungrid(_signed(scale.contiguous()), p)
-    zc = dummy if zero is None else _tile_ungrid(_signed(zero.contiguous()), p)
+    zc = dummy if zero is None else _wide_codes(_tile_ungrid(_signed(zero.contiguous()), p), s.zero)
     mt = dummy
     if meta is not None:
         mt = _sub_ungrid(meta, p.tiling) if p.rows else meta.contiguous().reshape(-1)
@@ -483,7 +495,7 @@ def dequantize(
     s_f32 = False
     wide = n.bits > 16
     c_shift = -1 if n.is_float else (32 - n.bits if n.is_int else 0)
-    code_mask = (1 << n.bits) - 1 if n.bits < 32 else -1
+    code_mask = (1 << n.bits) - 1 if n.bits < 32 and not (wide and n.is_float) else -1
     nums = dict(
         code_mask=code_mask, c_shift=c_shift, s_bias=0, s_nan=0, s_mask=0, z_mask=0, z_shift=-2
     )

@@ -7,6 +7,7 @@ import math
 import torch
 
 from onnxq.cast.triton_plan import _code_torch_dtype, _store_dtype
+from onnxq.formats.number import InfNaN, NumberSpec
 
 
 # -- host side ---------------------------------------------------------------------------------
@@ -30,6 +31,36 @@ def _signed(t: torch.Tensor) -> torch.Tensor:
 
 def _flat_codes(t: torch.Tensor) -> torch.Tensor:
     return _signed(t.contiguous().reshape(-1))
+
+
+def float32_bits(codes: torch.Tensor, n: NumberSpec) -> torch.Tensor:
+    """Float32 bits (int32) of the codes of a float format whose values are float32 numbers.
+
+    `NumberSpec.decode` with torch ops, for the formats over 16 bits that the kernels' decode
+    tables cannot hold (e5m20, e8m15...): sign, exponent field rebiased to float32's, the
+    mantissa left-aligned; subnormals as ``mant * 2^(emin - mbits)`` (exact in float64, a
+    float32 number); the convention's NaN and Inf codes.
+    """
+    c = codes.to(torch.int64) & ((1 << n.bits) - 1)
+    sign_bit = 1 << (n.bits - 1)
+    negative = (c & sign_bit) != 0
+    magnitude = c & (sign_bit - 1)
+    field = magnitude >> n.mbits
+    mant = magnitude & ((1 << n.mbits) - 1)
+    normal = ((field - n.bias + 127) << 23) | (mant << (23 - n.mbits))
+    small = (mant.double() * 2.0 ** (n.emin - n.mbits)).float().view(torch.int32).to(torch.int64)
+    bits = torch.where(field == 0, small, normal) | (negative.to(torch.int64) << 31)
+    inf = 0x7F800000 | (negative.to(torch.int64) << 31)
+    top_field, top_mant = (1 << n.ebits) - 1, (1 << n.mbits) - 1
+    if n.infnan is InfNaN.IEEE:
+        bits = torch.where(field == top_field, torch.where(mant != 0, 0x7FC00000, inf), bits)
+    elif n.infnan is InfNaN.FN:
+        bits = torch.where((field == top_field) & (mant == top_mant), 0x7FC00000, bits)
+    else:  # fnuz, inuz: NaN is the negative-zero code; inuz's Inf the largest magnitudes
+        if n.infnan is InfNaN.INUZ:
+            bits = torch.where(magnitude == sign_bit - 1, inf, bits)
+        bits = torch.where(c == sign_bit, 0x7FC00000, bits)
+    return (bits & 0xFFFFFFFF).to(torch.int32)  # two's complement wrap of the top bit
 
 
 # -- packing on the device (packing.py's stream, with torch ops) -------------------------------

@@ -192,6 +192,11 @@ def _float32_like(n: NumberSpec) -> bool:
     return n.is_float and n.bits == 32 and n.ebits == 8 and n.infnan is InfNaN.IEEE
 
 
+def _float32_subset(n: NumberSpec) -> bool:
+    """A float format whose every value is a float32 number (its codes decode on the device)."""
+    return n.is_float and n.bits <= 32 and n.mbits <= 23 and n.emax <= 127 and n.emin >= -126
+
+
 def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
     """Check that the Triton engine can do this cast and work out its geometry.
 
@@ -203,9 +208,14 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
     missing = f"the Triton engine does not implement {{}} ({dt.name}); use backend='reference'"
     if isinstance(n, Codebook):
         raise NotImplementedError(missing.format("codebook formats"))
-    if n.bits > 16 and not (_float32_like(n) or (not n.is_float and n.bits <= 24)):
+    if n.bits > 16 and not (
+        _float32_like(n) or _float32_subset(n) or (not n.is_float and n.bits <= 24)
+    ):
         raise NotImplementedError(
-            missing.format("element formats over 16 bits other than float32 and ints up to 24")
+            missing.format(
+                "element formats over 16 bits other than ints up to 24 and floats whose "
+                "values are float32 numbers"
+            )
         )
     if s is not None:
         for extra in (s.scale, s.tenscale):
@@ -214,9 +224,9 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
         if s.scale.is_exponent and s.scale.ebits > 10:
             raise NotImplementedError(missing.format("exponent scales over 10 bits (as native)"))
         if s.zero is not None and s.zero.bits > 16 and s.zero.is_float:
-            if not _float32_like(s.zero):
+            if not _float32_subset(s.zero):
                 raise NotImplementedError(
-                    missing.format("float zero points over 16 bits other than float32")
+                    missing.format("float zero points over 16 bits outside float32's values")
                 )
     tiling = Tiling.build(tuple(shape), axis, s)
     size = math.prod(shape)

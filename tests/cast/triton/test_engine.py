@@ -35,7 +35,7 @@ skip_overflow_checks()  # a quarter of this file's time in the interpreter
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SUPPORTED = list(datatypes())
 # (64-bit scales and exponent scales over 10 bits are refused by the parser: docs/formats.md)
-UNSUPPORTED = ["int32_e8m0_t32", "e8m15_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_e5m20_t32"]
+UNSUPPORTED = ["int32_e8m0_t32", "e9m14_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_e9m14_t32"]
 SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
 ROUND_MODES = ["even", "away", "zero", "stochastic"]
 
@@ -340,9 +340,51 @@ def test_wide_zero_codes_decode_as_the_reference(code: str, zeros: list[int]) ->
     assert_same(got, want, code)
 
 
-def test_float_zero_points_over_16_bits_other_than_float32_are_refused() -> None:
+def test_float_zero_points_outside_float32_are_refused() -> None:
     with pytest.raises(NotImplementedError, match="float zero points over 16 bits"):
-        cast(to_torch(sample((2, 32)), "float32"), "uint4_float32_e5m20_t32", backend="triton")
+        cast(to_torch(sample((2, 32)), "float32"), "uint4_float32_e9m14_t32", backend="triton")
+
+
+# float formats over 16 bits whose values are float32 numbers, as elements and zero points:
+# their codes become float32 bits on the device (triton_bits.float32_bits) before the
+# dequantize kernel; every Inf / NaN convention
+WIDE_FLOAT_CODES = [
+    "e8m15_e8m0_t32",  # IEEE: float32's top 24 bits
+    "e5m20_e8m0_t32",
+    "e4m19fn_float32_t16",
+    "e5m18fnuz_e8m0_t32",
+    "e6m17inuz_bfloat16_t0",
+    "uint4_float32_e5m20_t32",
+    "uint8_bfloat16_e8m15_t0",
+]
+
+
+@pytest.mark.parametrize("code", WIDE_FLOAT_CODES)
+def test_wide_float_elements_and_zero_points(code: str) -> None:
+    check(sample((4, 70), seed=50), code, modes=("virtual", "actual", "compress"))
+    check(sample((5, 64, 3), seed=51), code, "bfloat16", axis=1, round_mode="away")
+
+
+@pytest.mark.parametrize("name", ["e8m15", "e5m20", "e4m19fn", "e5m18fnuz", "e6m17inuz"])
+def test_wide_float_codes_become_their_float32_bits(name: str) -> None:
+    # every special code of each convention, subnormals and random codes, against the
+    # reference's decode (tests/cast/test_oracles.py checks that one independently)
+    from onnxq.cast.elements import decode_codes
+    from onnxq.cast.triton_bits import float32_bits
+    from onnxq.formats import number
+
+    n = number(name)
+    top = 1 << (n.bits - 1)
+    inf = ((1 << n.ebits) - 1) << n.mbits
+    rng = np.random.default_rng(n.bits)
+    special = [0, 1, (1 << n.mbits) - 1, 1 << n.mbits, top, top + 1, top - 1, 2 * top - 1, inf]
+    codes = np.concatenate([rng.integers(0, 2 * top, 2000), special, np.add(special, top)])
+    codes = codes.astype(np.int64) % (2 * top)
+    got = float32_bits(torch.from_numpy(codes).to(DEV), n).cpu().numpy().view(np.float32)
+    want = decode_codes(codes.astype(np.uint64), n).astype(np.float32)
+    number_ = ~np.isnan(want)
+    assert np.array_equal(np.isnan(got), ~number_), name
+    assert np.array_equal(got[number_].view(np.int32), want[number_].view(np.int32)), name
 
 
 def test_tiny_and_huge_tiles() -> None:
