@@ -43,7 +43,13 @@ _FMT_ARGS = (
 )
 
 
-@triton.jit(do_not_specialize=(*_FMT_ARGS, "n_chunks", "delta"))
+# Not specialised either (Triton would compile again for values equal to 1 or divisible by
+# 16): instance counts and the strides off the tile's contiguous run. C, TC, nsub and sub are,
+# as they decide whether a tile's loads can be vectorized.
+_GEOMETRY_RUNTIME = ("n_inst", "inner", "nC", "sub_cols", "n_chunks")
+
+
+@triton.jit(do_not_specialize=(*_FMT_ARGS, *_GEOMETRY_RUNTIME, "delta"))
 def _cb_quant_kernel(
     x_ptr,
     y_ptr,
@@ -160,7 +166,7 @@ def _cb_quant_kernel(
     # fmt: on
 
 
-@triton.jit(do_not_specialize=("n_chunks", "s_bias", "s_nan", "s_mask", "ib", "nmap"))
+@triton.jit(do_not_specialize=(*_GEOMETRY_RUNTIME, "s_bias", "s_nan", "s_mask", "ib", "nmap"))
 def _cb_dequant_kernel(
     code_ptr,
     y_ptr,
