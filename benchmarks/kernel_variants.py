@@ -131,6 +131,7 @@ def main() -> int:
         env = {
             **os.environ,
             "TRITON_INTERPRET": "1",
+            "CUDA_VISIBLE_DEVICES": "",  # the tests' CPU cases, on a GPU machine too
             _OUT_ENV: out,
             "PYTHONPATH": os.pathsep.join(
                 [str(Path(__file__).parent), os.environ.get("PYTHONPATH", ".")]
