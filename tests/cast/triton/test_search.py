@@ -76,7 +76,7 @@ def test_golden_floor_minus_one_mxfp4() -> None:
 
 
 def test_every_candidate_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the data is worth its name: floor, floor + 1 and floor - 1 each win tiles
+    # the data is worth its name: floor, floor + 1 and floor - 1 each win tiles, codebooks too
     seen = []
     choose = tsearch._choose
 
@@ -86,7 +86,8 @@ def test_every_candidate_wins(monkeypatch: pytest.MonkeyPatch) -> None:
         return c
 
     monkeypatch.setattr(tsearch, "_choose", spy)
-    for name in ("mxfp4", "nvfp4", "int8_float32_t0"):
+    books = ("cb41fi_e2m2fnuz_e8m0_t32", "cb42fi012_e2m2fnuz_e8m0_t16s4")
+    for name in ("mxfp4", "nvfp4", "int8_float32_t0", *books):
         cast(to_torch(weights(1), "float32"), name, scale_mode="search", backend="triton")
     assert all(min(counts) > 0 for counts in seen), seen
 
@@ -98,6 +99,60 @@ def test_exact_scoring_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     check(weights(5), "e2m1_e4m3_t16", "bfloat16")
 
 
+def edge_weights() -> np.ndarray:
+    """`weights` with tiles at the top (3e38) and the bottom (1e-45) of the scales' range."""
+    x = weights(6)
+    x[12] = np.float32(3e38)
+    x[13] = np.float32(1e-45)
+    return x
+
+
+def trial_scales(engine: object, x: np.ndarray, name: str, step: int, **extra: object):
+    """The scale codes (int64, grid layout) of one candidate pass of ``engine.quantize``."""
+    from onnxq.formats.datatype import datatype
+    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+
+    got = engine.quantize(
+        to_torch(x, "float32"),
+        datatype(name),
+        axis=-1,
+        round_mode=RoundMode.EVEN,
+        scale_mode=ScaleMode.FLOOR,
+        nan_policy=NanPolicy.ELEMENT,
+        seed=0,
+        full_int_range=False,
+        want_values=False,
+        want_codes=True,
+        scale_step=step,
+        **extra,
+    )["scale"]
+    return got.cpu().numpy().astype(np.int64)
+
+
+def exponent_trial_codes(x: np.ndarray, name: str, step: int, nan_marked: bool) -> np.ndarray:
+    """The reference's arithmetic for an exponent scale's candidate: the floor exponent of the
+    element (a codebook: its compute type) + step, clamped to the scale's range, zero tiles the
+    lowest code; with ``nan_marked``, tiles holding NaN the NaN code (elements without one)."""
+    from onnxq.cast.layout import Tiling
+    from onnxq.cast.reference import _scale_exponent
+    from onnxq.formats.datatype import datatype
+    from onnxq.formats.modes import ScaleMode
+
+    dt = datatype(name)
+    s = dt.sspec
+    elem = dt.nspec.compute if dt.nspec.is_codebook else dt.nspec
+    t = Tiling.build(x.shape, -1, s)
+    xt = t.to_tiles(x)
+    amax = np.where(np.isfinite(xt), np.abs(xt), 0).max(axis=-1)
+    frac = elem.int_fraction_bits
+    stored = _scale_exponent(amax, elem, ScaleMode.FLOOR) + frac + step
+    low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
+    want = np.where(amax > 0, np.clip(stored, low, high), low) + s.scale.bias
+    if nan_marked:
+        want = np.where(np.isnan(xt).any(axis=-1), (1 << s.scale.ebits) - 1, want)
+    return t.tile_grid(want)
+
+
 @pytest.mark.parametrize("name", ["mxfp4", "int8_e8m0_t8", "e2m1_e4m3_t16", "int8_float32_t0"])
 def test_candidate_scales(name: str) -> None:
     # each candidate pass stores the floor scale moved by its step: exponent codes +-1 within
@@ -105,45 +160,17 @@ def test_candidate_scales(name: str) -> None:
     # down (scale_search.float_step: 0 stays 0 going down, the largest value going up)
     from onnxq.cast import triton as tk
     from onnxq.cast.elements import decode_codes, encode_values
-    from onnxq.cast.layout import Tiling
-    from onnxq.cast.reference import _scale_exponent
     from onnxq.cast.scale_search import float_step
     from onnxq.formats.datatype import datatype
-    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 
     dt = datatype(name)
     s = dt.sspec
-    x = weights(6)
-    x[12] = np.float32(3e38)  # the top of the scale's range
-    x[13] = np.float32(1e-45)  # the bottom
+    x = edge_weights()
     floor = cast(x, name, mode="actual", backend="reference").scale.astype(np.int64)
     for step in (1, -1):
-        got = tk.quantize(
-            to_torch(x, "float32"),
-            dt,
-            axis=-1,
-            round_mode=RoundMode.EVEN,
-            scale_mode=ScaleMode.FLOOR,
-            nan_policy=NanPolicy.ELEMENT,
-            seed=0,
-            full_int_range=False,
-            want_values=False,
-            want_codes=True,
-            scale_step=step,
-        )["scale"]
-        got = got.cpu().numpy().astype(np.int64)
-        if s.scale.is_exponent:
-            # reference arithmetic: floor exponent + step, clamped; zero tiles the lowest
-            t = Tiling.build(x.shape, -1, s)
-            xt = t.to_tiles(x)
-            amax = np.where(np.isfinite(xt), np.abs(xt), 0).max(axis=-1)
-            frac = dt.nspec.int_fraction_bits
-            stored = _scale_exponent(amax, dt.nspec, ScaleMode.FLOOR) + frac + step
-            low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
-            want = np.where(amax > 0, np.clip(stored, low, high), low) + s.scale.bias
-            if not dt.nspec.is_float:  # no NaN code: a NaN poisons its tile's scale
-                want = np.where(np.isnan(xt).any(axis=-1), (1 << s.scale.ebits) - 1, want)
-            want = t.tile_grid(want)
+        got = trial_scales(tk, x, name, step)
+        if s.scale.is_exponent:  # no NaN code in ints: a NaN poisons its tile's scale
+            want = exponent_trial_codes(x, name, step, nan_marked=not dt.nspec.is_float)
         else:
             sc = decode_codes(floor, s.scale).astype(np.float32)
             want = encode_values(float_step(sc, s.scale, step).astype(np.float64), s.scale)
@@ -200,22 +227,6 @@ def test_codebook_generic_and_long_tiles() -> None:
     check(with_specials(sample((2, 1100), seed=23, spread=3)), "cb41fi_e2m2fnuz_e8m0_t0")
 
 
-def test_codebook_candidates_win(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the codebook data is worth its name too: each candidate wins tiles
-    seen = []
-    choose = tsearch._choose
-
-    def spy(*args: object) -> torch.Tensor:
-        c = choose(*args)
-        seen.append(torch.bincount(c, minlength=3).tolist())
-        return c
-
-    monkeypatch.setattr(tsearch, "_choose", spy)
-    for name in ("cb41fi_e2m2fnuz_e8m0_t32", "cb42fi012_e2m2fnuz_e8m0_t16s4"):
-        cast(to_torch(weights(1), "float32"), name, scale_mode="search", backend="triton")
-    assert all(min(counts) > 0 for counts in seen), seen
-
-
 def test_codebook_exact_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tsearch, "_FORCE_EXACT", True)
     check(nan_tile_weights(), "cb42fi012_e2m2fnuz_e8m0_t32s8")
@@ -223,39 +234,13 @@ def test_codebook_exact_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("name", ["cb41fi_e2m2fnuz_e8m0_t32", "cb41fi_e2m2fnuz_e5m0_t32"])
 def test_codebook_candidate_scales(name: str) -> None:
-    # each trial stores the floor exponent (of the compute type) + step, clamped to the scale's
-    # range, zero tiles the lowest code; NaN tiles are left unmarked (mark_nan_tiles=False)
+    # each trial stores the floor exponent of the compute type + step, clamped; its NaN tiles
+    # are left unmarked (mark_nan_tiles=False: the search scores them, then marks them)
     from onnxq.cast import triton_codebook as tcb
-    from onnxq.cast.layout import Tiling
-    from onnxq.cast.reference import _scale_exponent
-    from onnxq.formats.datatype import datatype
-    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 
-    dt = datatype(name)
-    s = dt.sspec
-    x = weights(6)
-    x[12] = np.float32(3e38)  # the top of the scale's range
-    x[13] = np.float32(1e-45)  # the bottom
-    t = Tiling.build(x.shape, -1, s)
-    xt = t.to_tiles(x)
-    amax = np.where(np.isfinite(xt), np.abs(xt), 0).max(axis=-1)
-    assert np.isnan(xt).any(axis=-1).any()  # a NaN tile among them
-    low, high = -s.scale.bias, (1 << s.scale.ebits) - 2 - s.scale.bias
+    x = edge_weights()
+    assert np.isnan(x).any(axis=-1).any()  # a NaN tile among them
     for step in (1, -1):
-        got = tcb.quantize(
-            to_torch(x, "float32"),
-            dt,
-            axis=-1,
-            round_mode=RoundMode.EVEN,
-            scale_mode=ScaleMode.FLOOR,
-            nan_policy=NanPolicy.ELEMENT,
-            want_values=False,
-            want_codes=True,
-            scale_step=step,
-            mark_nan_tiles=False,
-        )["scale"]
-        stored = _scale_exponent(amax, dt.nspec.compute, ScaleMode.FLOOR) + step
-        want = np.where(amax > 0, np.clip(stored, low, high), low) + s.scale.bias
-        np.testing.assert_array_equal(
-            got.cpu().numpy().astype(np.int64), t.tile_grid(want), err_msg=f"{name} {step}"
-        )
+        got = trial_scales(tcb, x, name, step, mark_nan_tiles=False)
+        want = exponent_trial_codes(x, name, step, nan_marked=False)
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} step {step}")
