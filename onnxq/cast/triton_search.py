@@ -107,7 +107,9 @@ def _decode(
     return y if mask is None else y.masked_fill_(~mask, 0)
 
 
-def _pick(trials: list[dict[str, Any]], choice: torch.Tensor, g: Tiling, book: bool) -> dict:
+def _pick(
+    trials: list[dict[str, Any]], choice: torch.Tensor, g: Tiling, book: bool
+) -> dict[str, Any]:
     """Codes, scales and (codebooks) each unit's mapping from its tile's winning candidate.
 
     Other meta (MX shift bits), the tensor scale and the N:M mask do not depend on the scale:
@@ -116,7 +118,7 @@ def _pick(trials: list[dict[str, Any]], choice: torch.Tensor, g: Tiling, book: b
     first = trials[0]
     per_elem = _from_tile_rows(choice[:, None].expand(-1, g.tile_elems), g, subtiles=False)
     per_tile = _rows_grid(choice, g)
-    per_unit = _per_subtile(per_elem, g) if g.Sc else per_tile
+    per_unit = (_per_subtile(per_elem, g) if g.Sc else per_tile) if book else None
     # signed views: torch's uint16 / uint32 lack CUDA ops
     codes, scale, meta = _signed(first["codes"]), _signed(first["scale"]), first.get("meta")
     for k in range(1, len(trials)):
