@@ -33,10 +33,10 @@ extension, floats as float32 bits (other float formats whose values are float32 
 as e5m20, are turned into float32 bits first: `triton_bits.float32_bits`).
 
 Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py), int
-elements over 24 bits (the integer rounding holds 25-bit magnitudes), float elements or zero
-points over 16 bits with values outside float32's (e9m14, e8m23fn), float scales wider than
-float32, exponent scales over 10 bits (the reference's float64 powers overflow beyond; native
-stops there too).
+elements over 24 bits (the integer rounding holds 25-bit magnitudes), float elements, zero
+points and tile scales over 16 bits with values outside float32's (e9m14, e8m23fn), tensor
+scales wider than float32, exponent scales over 10 bits (the reference's float64 powers
+overflow beyond; native stops there too).
 """
 
 # Tile geometry keeps layout.py's names (C, TC, nC).
@@ -430,6 +430,11 @@ def _wide_codes(codes: torch.Tensor, spec: NumberSpec) -> torch.Tensor:
     return float32_bits(codes, spec)
 
 
+def _tile_codes(grid: torch.Tensor, p: _Plan, spec: NumberSpec) -> torch.Tensor:
+    """Scale or zero-point codes in the kernels' instance order (`_wide_codes` applied)."""
+    return _wide_codes(_tile_ungrid(_signed(grid.contiguous()), p), spec)
+
+
 def _zero_decode(z: NumberSpec, nums: dict[str, int], dummy: torch.Tensor) -> torch.Tensor:
     """The zero point's decode numbers for `_zero_value` (into ``nums``) and its table."""
     if z.bits <= 16:
@@ -485,8 +490,8 @@ def dequantize(
         c = _to_tile_rows(c, p.tiling)
     c = _wide_codes(_flat_codes(c), n)
     y = torch.empty(c.shape, dtype=out_dtype, device=dev)
-    sc = dummy if scale is None else _tile_ungrid(_signed(scale.contiguous()), p)
-    zc = dummy if zero is None else _wide_codes(_tile_ungrid(_signed(zero.contiguous()), p), s.zero)
+    sc = dummy if scale is None else _tile_codes(scale, p, s.scale)
+    zc = dummy if zero is None else _tile_codes(zero, p, s.zero)
     mt = dummy
     if meta is not None:
         mt = _sub_ungrid(meta, p.tiling) if p.rows else meta.contiguous().reshape(-1)
@@ -508,7 +513,8 @@ def dequantize(
                 s_mask=(1 << s.scale.bits) - 1,
             )
         else:
-            s_f32 = s.scale.bits == 32
+            # over 16 bits: float32 bits (`_wide_codes` made them), never a 2^bits table
+            s_f32 = s.scale.bits > 16
             if not s_f32:
                 stab = _decode_table(s.scale, str(dev))
             nums.update(s_mask=(1 << s.scale.bits) - 1)

@@ -218,9 +218,14 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
             )
         )
     if s is not None:
-        for extra in (s.scale, s.tenscale):
-            if extra is not None and extra.is_float and (extra.bits > 32 or extra.mbits > 23):
-                raise NotImplementedError(missing.format("float scales wider than float32"))
+        ts = s.tenscale  # decoded on the host (numpy): any float32-wide format
+        if ts is not None and ts.is_float and (ts.bits > 32 or ts.mbits > 23):
+            raise NotImplementedError(missing.format("float tensor scales wider than float32"))
+        sc = s.scale  # decoded by the kernel: over 16 bits, as float32 bits
+        if sc.is_float and sc.bits > 16 and not (_float32_like(sc) or _float32_subset(sc)):
+            raise NotImplementedError(
+                missing.format("float scales over 16 bits with values outside float32's")
+            )
         if s.scale.is_exponent and s.scale.ebits > 10:
             raise NotImplementedError(missing.format("exponent scales over 10 bits (as native)"))
         if s.zero is not None and s.zero.bits > 16 and s.zero.is_float:
