@@ -160,7 +160,7 @@ def upcast_triton(q: Any, out: torch.dtype = torch.float32) -> torch.Tensor:
     if q.mode is CastMode.COMPRESS and meta is not None:
         grid = tcb.meta_shape(q.dtype, q.shape, q.axis)
         meta = tk.unpack_bits(meta, q.dtype.meta_bits, math.prod(grid))
-    y = tcb.dequantize(q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out)
-    if mask is not None:  # pruned positions read as zero (numpy_path.upcast_array)
-        y = y.masked_fill_(~mask.reshape(q.shape).to(torch.bool), 0)
-    return y
+    # pruned positions read as zero (numpy_path.upcast_array)
+    return tcb.dequantize(
+        q.dtype, q.shape, q.axis, codes, q.scale, q.tenscale, meta, out_dtype=out, mask=mask
+    )

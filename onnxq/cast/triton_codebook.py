@@ -468,10 +468,13 @@ def dequantize(
     tenscale: torch.Tensor | None = None,
     meta: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
+    *,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Values of unpacked codebook codes (reference `dequantize`, bit for bit), as ``out_dtype``.
 
     ``tenscale`` is accepted for the engines' common signature (codebooks have none).
+    ``mask`` (N:M sparsity, bool of ``shape``) makes pruned positions read as zero.
 
     Raises:
         NotImplementedError: a cast `supports` refuses.
@@ -531,4 +534,5 @@ def dequantize(
         num_warps=_config()[1],
         **_common(g, nsub_p, sub_p, bt),
     )
-    return _from_tile_rows(y, tiling) if rows else y
+    y = _from_tile_rows(y, tiling) if rows else y
+    return y if mask is None else y.masked_fill_(~mask.reshape(shape).to(torch.bool), 0)

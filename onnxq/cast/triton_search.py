@@ -99,12 +99,10 @@ def _decode(
     mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """Values of a trial's (or the pick's) codes, decoded by the engine's kernel."""
+    engine = tcb if dt.nspec.is_codebook else tk
     codes, scale, meta = fields["codes"], fields.get("scale"), fields.get("meta")
-    if not dt.nspec.is_codebook:
-        tenscale = fields.get("tenscale")
-        return tk.dequantize(dt, shape, axis, codes, scale, tenscale, meta, out_dtype, mask=mask)
-    y = tcb.dequantize(dt, shape, axis, codes, scale, None, meta, out_dtype)
-    return y if mask is None else y.masked_fill_(~mask, 0)
+    tenscale = fields.get("tenscale")
+    return engine.dequantize(dt, shape, axis, codes, scale, tenscale, meta, out_dtype, mask=mask)
 
 
 def _pick(
