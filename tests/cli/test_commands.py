@@ -732,3 +732,31 @@ def test_real_minilm_quantizes_to_mxfp4_and_stays_close(
     assert code == 0, err
     row = next(line.split() for line in report.splitlines() if line.startswith("461 "))
     assert float(row[2]) > 0.9  # cosine of the sentence embeddings
+
+
+@pytest.mark.parametrize(
+    ("fmt", "min_sqnr"),
+    [
+        # 24-bit codes are three bytes each in the file (no numpy dtype holds them: packing
+        # them crashed); int24 under E8M0 keeps about 23 bits, e8m15 16: 6.02 dB per bit
+        ("int24_e8m0_t32", 110.0),
+        ("e8m15_e8m0_t32", 85.0),
+    ],
+)
+def test_real_minilm_with_24_bit_weights(fmt: str, min_sqnr: float, tmp_path: Path) -> None:
+    # the CLI as a subprocess on a real model with dynamic batch and sequence dims
+    from tests.onnxq_cli import run_onnxq
+
+    path = _real("minilm")
+    from tests.models.real import example_inputs
+
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **example_inputs("minilm", batch=2))
+    out = tmp_path / f"minilm.{fmt}.onnx"
+    done = run_onnxq("quantize", str(path), "-o", str(out), "--weights", fmt, "--custom-ops-only")
+    assert done.returncode == 0, done.stderr
+    assert out.stat().st_size < 0.8 * path.stat().st_size  # 24 of 32 bits per weight
+    done = run_onnxq("compare", str(path), str(out), "--inputs", str(inputs))
+    assert done.returncode == 0, done.stderr
+    row = next(line.split() for line in done.stdout.splitlines() if line.startswith("461 "))
+    assert float(row[3]) > min_sqnr  # SQNR (dB) of the sentence embeddings
