@@ -489,7 +489,9 @@ def _float_scaled(
 def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype):
     s = dt.sspec
     finite = np.isfinite(xt)
-    qmax = np.float32(n.maxfloat)
+    # The scale divides by qmax in float32 (2^N for N > 24 bits); codes clip at the exact
+    # 2^N - 1, which float32 cannot hold from 25 bits on.
+    qmax, top = np.float32(n.maxfloat), float(n.maxfloat)
     lo = np.where(finite, xt, np.float32(np.inf)).min(axis=-1)
     hi = np.where(finite, xt, np.float32(-np.inf)).max(axis=-1)
     lo = np.where(np.isfinite(lo), lo, np.float32(0))
@@ -504,8 +506,8 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
             v = np.where(sc[..., None] > 0, shifted / sc[..., None], np.float32(0)).astype(
                 np.float32
             )
-            q_hi = _zero_float_top(sc, zero, float(qmax), finite_dtype)[..., None]
-            q = np.clip(_round_signed(v, round_mode, rt), 0, qmax)
+            q_hi = _zero_float_top(sc, zero, top, finite_dtype)[..., None]
+            q = np.clip(_round_signed(v, round_mode, rt), 0, top)
             q = np.where(q > q_hi, q_hi, q)  # (-0 and NaN stay as they are)
             y = (q.astype(np.float32) * sc[..., None]).astype(np.float32) + zero[..., None]
             zero_codes = encode_values(zero.astype(np.float64), s.zero)
@@ -514,13 +516,13 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
             raw = ((hi - lo) / qmax).astype(np.float32)
             sc = _cast_scale(raw, s.scale)
             zp = np.where(sc > 0, -lo / sc, np.float32(0)).astype(np.float32)
-            zp = np.clip(np.rint(zp), 0, qmax)
+            zp = np.clip(np.rint(zp).astype(np.float64), 0, top)
             v = np.where(sc[..., None] > 0, xt / sc[..., None], np.float32(0)).astype(np.float32)
             # q - zp decodes to (q - zp) * sc: keep |q - zp| where that stays finite.
-            reach = _product_bound(sc, n, float(qmax), finite_dtype)
+            reach = _product_bound(sc, n, top, finite_dtype)
             q_lo = np.maximum(zp - reach, 0)[..., None]
-            q_hi = np.minimum(zp + reach, qmax)[..., None]
-            q = np.clip(_round_signed(v, round_mode, rt) + zp[..., None], 0, qmax)
+            q_hi = np.minimum(zp + reach, top)[..., None]
+            q = np.clip(_round_signed(v, round_mode, rt) + zp[..., None], 0, top)
             q = np.where(q < q_lo, q_lo, np.where(q > q_hi, q_hi, q))
             y = ((q - zp[..., None]).astype(np.float32) * sc[..., None]).astype(np.float32)
             zero_codes = encode_values(zp.astype(np.float64), s.zero)
@@ -607,13 +609,16 @@ def dequantize(
         if s.zero is not None:
             if zero is None:
                 raise ValueError(f"{dt.name}: dequantizing needs the zero point tensor")
-            zp = decode_codes(tiling.tile_ungrid(np.asarray(zero)), s.zero).astype(np.float32)
-            q = decode_codes(ct, n).astype(np.float32)
+            zp = decode_codes(tiling.tile_ungrid(np.asarray(zero)), s.zero)
+            q = decode_codes(ct, n)
             with np.errstate(invalid="ignore"):
                 if s.zero.is_float:
+                    q, zp = q.astype(np.float32), zp.astype(np.float32)
                     y = (q * sc[..., None]).astype(np.float32) + zp[..., None]
                 else:
-                    y = ((q - zp[..., None]) * sc[..., None]).astype(np.float32)
+                    # the exact difference (float64), rounded once, as the cast computes it
+                    diff = (q - zp[..., None]).astype(np.float32)
+                    y = (diff * sc[..., None]).astype(np.float32)
         else:
             eff = sc
             if s.tenscale is not None:

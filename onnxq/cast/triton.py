@@ -499,7 +499,7 @@ def dequantize(
     ts = torch.ones(1, dtype=torch.float32, device=dev)
     s_f32 = False
     wide = n.bits > 16
-    c_shift = -1 if n.is_float else (32 - n.bits if n.is_int else 0)
+    c_shift = -1 if n.is_float else (32 - n.bits if n.is_int else -2)
     code_mask = (1 << n.bits) - 1 if n.bits < 32 and not (wide and n.is_float) else -1
     nums = dict(
         code_mask=code_mask, c_shift=c_shift, s_bias=0, s_nan=0, s_mask=0, z_mask=0, z_shift=-2

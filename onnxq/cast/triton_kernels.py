@@ -134,8 +134,12 @@ def _dequant_kernel(
     )
     c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & code_mask
     if WIDE:
-        si = (c << tl.maximum(c_shift, 0)) >> tl.maximum(c_shift, 0)  # sign-extended ints
-        qb = tl.where(c_shift < 0, c, si.to(tl.float32).to(tl.int32, bitcast=True))
+        # float32 bits (c_shift -1), unsigned ints (-2) or ints sign-extended from
+        # 32 - c_shift bits, rounded to float32 as numpy's decode then astype
+        si = ((c << tl.maximum(c_shift, 0)) >> tl.maximum(c_shift, 0)).to(tl.float32)
+        su = c.to(tl.uint32, bitcast=True).to(tl.float32)
+        qi = tl.where(c_shift == -2, su, si).to(tl.int32, bitcast=True)
+        qb = tl.where(c_shift == -1, c, qi)
     else:
         qb = tl.load(tab_ptr + c, mask=ok, other=0)
     tile_nan = ok & False
@@ -171,10 +175,18 @@ def _dequant_kernel(
             yb = tl.where((qb & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, yb)
         else:
             zc = tl.load(zero_ptr + inst, mask=u_ok, other=0).to(tl.int32) & z_mask
-            zf = _zero_value(zc, ztab_ptr, u_ok, z_shift)
             if SKIND == 3:
-                yb = ((qf - zf[:, None, None]) * eff3).to(tl.int32, bitcast=True)
+                # the exact difference of the (uint) code and the int zero point, rounded once
+                # (the reference's float64 q - zp): either may be over 2^24
+                if WIDE:
+                    qi = c.to(tl.uint32, bitcast=True).to(tl.int64)
+                else:
+                    qi = qf.to(tl.int64)
+                zi = _zero_int(zc, ztab_ptr, u_ok, z_shift)
+                d = (qi - zi[:, None, None]).to(tl.float32)
+                yb = (d * eff3).to(tl.int32, bitcast=True)
             else:
+                zf = _zero_value(zc, ztab_ptr, u_ok, z_shift)
                 yb = (qf * eff3 + zf[:, None, None]).to(tl.int32, bitcast=True)
         tile_nan = tile_nan | ((scb & 0x7FFFFFFF) > 0x7F800000)[:, None, None]
     _store_values(y_ptr, off, ok, yb, ok & False, tile_nan, HALF, bf16)
@@ -191,6 +203,17 @@ def _zero_value(zc, ztab_ptr, u_ok, z_shift):
     unsigned = zc.to(tl.uint32, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
     zb = tl.where(z_shift >= 0, signed, tl.where(z_shift == -3, unsigned, zc))
     return tl.where(z_shift == -2, tab, zb).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _zero_int(zc, ztab_ptr, u_ok, z_shift):
+    # An int zero-point code's exact value (int64): `_zero_value`'s decodes without rounding
+    tab = tl.load(ztab_ptr + zc, mask=u_ok & (z_shift == -2), other=0)
+    tab = tab.to(tl.float32, bitcast=True).to(tl.int64)  # up to 16 bits: exact
+    sh = tl.maximum(z_shift, 0)
+    signed = ((zc << sh) >> sh).to(tl.int64)
+    unsigned = zc.to(tl.uint32, bitcast=True).to(tl.int64)
+    return tl.where(z_shift == -2, tab, tl.where(z_shift >= 0, signed, unsigned))
 
 
 @triton.jit(do_not_specialize=["n_groups", "L", "inner", "ng_l", "n_keep", "bf16"])

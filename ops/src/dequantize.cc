@@ -73,7 +73,8 @@ void dequantize_unscaled(const DqCtx& d, const ParallelFor& pf) {
 struct DqTileScale {
   bool exp_scale = false, nan_tile = false;
   int sexp = 0;
-  float sc = 0.0f, eff = 0.0f, zp = 0.0f;
+  float sc = 0.0f, eff = 0.0f;
+  double zp = 0.0;  // int zero points: exact (the difference q - zp is rounded once)
 };
 
 DqTileScale dq_tile_scale(const DqCtx& d, int64_t gi) {
@@ -89,7 +90,7 @@ DqTileScale dq_tile_scale(const DqCtx& d, int64_t gi) {
     s.sc = static_cast<float>(f.scale.decode(sc_code));
     s.nan_tile = std::isnan(s.sc);
     s.eff = f.has_ts ? s.sc * d.ts : s.sc;
-    if (f.has_zero) s.zp = static_cast<float>(f.zero.decode(load_code(d.io.zero, d.zero_w, gi)));
+    if (f.has_zero) s.zp = f.zero.decode(load_code(d.io.zero, d.zero_w, gi));
   }
   return s;
 }
@@ -140,9 +141,11 @@ void dequantize_tile(const DqCtx& d, int64_t t) {
         if (g.Sc && !f.codebook()) yy = yy * pow2(-meta);
         y = s.nan_tile ? d.nan_f : static_cast<float>(yy);
       } else {
-        float q = static_cast<float>(d.decode(code));
+        double q64 = d.decode(code);
+        float q = static_cast<float>(q64);
         if (f.has_zero) {
-          y = f.zero.kind == kFloat ? q * s.sc + s.zp : (q - s.zp) * s.sc;
+          y = f.zero.kind == kFloat ? q * s.sc + static_cast<float>(s.zp)
+                                    : static_cast<float>(q64 - s.zp) * s.sc;
         } else {
           y = q * s.eff;
         }
@@ -179,10 +182,12 @@ void dequantize_one_scale(const DqCtx& d, const ParallelFor& pf) {
         y = nan_tile ? d.nan_f : static_cast<float>(q * pow2(sexp));
       } else {
         float sc = static_cast<float>(f.scale.decode(sc_code));
-        float q = static_cast<float>(d.decode(code));
+        double q64 = d.decode(code);
+        float q = static_cast<float>(q64);
         if (f.has_zero) {
-          float zp = static_cast<float>(f.zero.decode(load_code(io.zero, d.zero_w, 0)));
-          y = f.zero.kind == kFloat ? q * sc + zp : (q - zp) * sc;
+          double zp = f.zero.decode(load_code(io.zero, d.zero_w, 0));
+          y = f.zero.kind == kFloat ? q * sc + static_cast<float>(zp)
+                                    : static_cast<float>(q64 - zp) * sc;
         } else {
           y = q * sc;
         }

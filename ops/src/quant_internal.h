@@ -81,7 +81,8 @@ struct TileParams {
   bool nan_tile = false;
   int sexp = 0;
   double inv = 1.0, pw = 1.0;  // 2^-sexp, 2^sexp
-  float sc = 0.0f, eff = 0.0f, zero = 0.0f, zp = 0.0f;
+  float sc = 0.0f, eff = 0.0f, zero = 0.0f;
+  double zp = 0.0;  // an int zero point: exact up to 2^32 - 1, which float cannot hold
   uint64_t scale_code = 0, zero_code = 0;
   // The element clamp's bound where the scale would overflow the data type (reference
   // finite_bound / _product_bound): unshifted, in a shifted subtile, and the zero-point range.

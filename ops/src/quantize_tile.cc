@@ -71,7 +71,7 @@ TileParams tile_params(const Ctx& c, const Stats& st, int step) {
       p.zero_code = encode_value(static_cast<double>(p.zero), f.zero);
       // reference._zero_float_top: the largest q whose decoded value stays finite.
       const float over = overflow_f32(finite_type(c.io));
-      const double s64 = p.sc, z64 = p.zero, qm = qmax;
+      const double s64 = p.sc, z64 = p.zero, qm = f.elem.maxfloat;  // exact 2^N - 1
       double q = qm;
       if (s64 > 0) {
         double t = std::floor((static_cast<double>(over) - z64) / s64) + 1.0;
@@ -93,14 +93,15 @@ TileParams tile_params(const Ctx& c, const Stats& st, int step) {
       float raw = (hi - lo) / qmax;
       p.sc = cast_scale(raw, f.scale);
       float zp = p.sc > 0 ? -lo / p.sc : 0.0f;
-      zp = std::nearbyint(zp);
-      zp = zp < 0.0f ? 0.0f : zp > qmax ? qmax : zp;
-      p.zp = zp;
+      // clipped at the exact 2^N - 1 (float qmax is 2^N from 25 bits on)
+      const double top = f.elem.maxfloat;
+      double zpd = std::nearbyint(static_cast<double>(zp));
+      zpd = zpd < 0.0 ? 0.0 : zpd > top ? top : zpd;
+      p.zp = zpd;
       // q - zp decodes to (q - zp) * sc: keep |q - zp| where that stays finite.
-      double reach = product_bound(p.sc, f.elem, qmax, product_limit(finite_type(c.io)));
-      double zpd = zp;
+      double reach = product_bound(p.sc, f.elem, top, product_limit(finite_type(c.io)));
       p.q_lo = zpd - reach > 0.0 ? zpd - reach : 0.0;
-      p.q_hi = zpd + reach < qmax ? zpd + reach : static_cast<double>(qmax);
+      p.q_hi = zpd + reach < top ? zpd + reach : top;
       p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
       p.zero_code = encode_value(static_cast<double>(p.zp), f.zero);
       break;
@@ -158,10 +159,10 @@ inline void quant_elem(const Ctx& c, const TileParams& p, float x, uint32_t r, b
       float v = p.sc > 0 ? x / p.sc : 0.0f;
       double v64 = v;
       double q = std::copysign(round_magnitude(std::fabs(v64), rm, r), v64) +
-                 static_cast<double>(p.zp);
+                 p.zp;
       q = q < 0.0 ? 0.0 : q > qmax ? qmax : q;
       q = q < p.q_lo ? p.q_lo : q > p.q_hi ? p.q_hi : q;
-      *y = static_cast<float>(q - static_cast<double>(p.zp)) * p.sc;
+      *y = static_cast<float>(q - p.zp) * p.sc;
       *code = static_cast<uint64_t>(static_cast<int64_t>(nan_to_num(q)));
       break;
     }

@@ -36,6 +36,7 @@ import pytest
 from onnxq.cast import native
 from onnxq.cast.api import QTensor, cast, upcast
 from onnxq.deploy import bfp
+from onnxq.formats.datatype import datatype
 
 NAN = float("nan")
 INF = float("inf")
@@ -846,6 +847,57 @@ ZERO_POINTS: list[Case] = [
 @pytest.mark.parametrize("case", params(ZERO_POINTS))
 def test_zero_points(case: Case) -> None:
     run(case)
+
+
+# uint elements over 24 bits: qmax = 2^26 - 1 is not a float32 number. The scale divides by
+# float32(qmax) = 2^26 (spacing 4 in [2^25, 2^26)); codes clip at the exact 2^26 - 1.
+# uint26_float32_uint26 (one tensor tile), x = [-4, 67108860 = 2^26 - 4, 33554430 = 2^25 - 2, 0]:
+#   lo = -4, hi = 2^26 - 4: (hi - lo) / 2^26 = 1.0 (0x3F800000); zero = rint(4 / 1) = 4.
+#   -4 -> -4 + 4 = 0 -> y = (0 - 4) * 1 = -4.
+#   2^26 - 4 -> 2^26 -> clips to 2^26 - 1 = 67108863; y = float32(67108863 - 4 = 67108859),
+#     which lies 1 from 67108860 (a multiple of 4) -> 67108860.
+#   2^25 - 2 -> 2^25 + 2 = 33554434; y = float32(q - zp = 33554430) = 33554430, exact (spacing 2
+#     below 2^25). Decoding float32(q) - zp instead gives 2^25 (the tie 33554434 rounds to even)
+#     - 4 = 33554428: the difference is taken exactly, then rounded once.
+#   0 -> 4 -> y = 0. Four 26-bit codes pack into 13 bytes.
+# uint26_float32_float32 (a float zero point), x = [0, 2^26]: zero = cast(0) = 0;
+#   (2^26 - 0) / 2^26 = 1.0; 2^26 -> clips to 67108863 -> y = float32(67108863) * 1 + 0 = 2^26.
+WIDE_ZERO_POINTS: list[Case] = [
+    Case(
+        "uint26 int zero point",
+        "uint26_float32_uint26",
+        [-4, 67108860, 33554430, 0],
+        [-4, 67108860, 33554430, 0],
+        scale=[0x3F800000],
+        zero=[4],
+        data=[0, 67108863, 33554434, 4],
+        packed_nbytes=13,
+    ),
+    Case(
+        "uint26 float zero point",
+        "uint26_float32_float32",
+        [0, 67108864],
+        [0, 67108864],
+        scale=[0x3F800000],
+        zero=[0],
+        data=[0, 67108863],
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+@pytest.mark.parametrize("case", params(WIDE_ZERO_POINTS))
+def test_wide_uint_zero_points(case: Case, backend: str) -> None:
+    if backend == "native" and not native.available():
+        pytest.skip("native library not built")
+    run(dataclasses.replace(case, kwargs={**case.kwargs, "backend": backend}))
+    if backend == "native":  # the C++ decoder (DequantizeMX's) of the golden codes, as a
+        # tensor scale and as one tile of the same values (its tiled path)
+        codes = np.asarray(case.data, np.uint32)
+        scale, zero = np.asarray(case.scale, np.uint32), np.asarray(case.zero, np.uint32)
+        for name in (case.dtype, f"{case.dtype}_t{codes.size}"):
+            got = native.dequantize(datatype(name), codes.shape, -1, codes, scale, zero)
+            assert not _bits_mismatch(name, got, case.expected)
 
 
 # A float zero point is cast(min): when a tile's minimum is zero, its sign is the sign of the

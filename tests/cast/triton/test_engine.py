@@ -301,6 +301,7 @@ WIDE_ZERO_CODES = [
     "uint8_float32_int32_t16",
     "uint4_float16_uint20_t8",
     "uint8_bfloat16_int17_t0",
+    "uint20_float16_uint20_t16",  # uint elements over 16 bits: decoded without a table
 ]
 
 
