@@ -29,11 +29,13 @@ of a padded copy holding one tile per row (subtiles contiguous), with the flat i
 alongside for stochastic rounding.
 
 Codes over 16 bits decode without the 2^bits tables of the narrower ones: ints by sign
-extension, floats as float32 bits (other float formats whose values are float32 numbers, such
-as e5m20, are turned into float32 bits first: `triton_bits.float32_bits`).
+extension (over 24 bits, q * 2^k rounds once from the integer: `_make_f32_int`; int32's
+full-range -2^31 is carried as a wrapped 2^31), floats as float32 bits (other float formats
+whose values are float32 numbers, such as e5m20, are turned into float32 bits first:
+`triton_bits.float32_bits`).
 
-Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py), int
-elements over 24 bits (the integer rounding holds 25-bit magnitudes), float elements, zero
+Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py), uint
+elements over 24 bits (zero-point formats), float elements, zero
 points and tile scales over 16 bits with values outside float32's (e9m14, e8m23fn), tensor
 scales wider than float32, exponent scales over 10 bits (the reference's float64 powers
 overflow beyond; native stops there too).

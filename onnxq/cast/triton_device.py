@@ -95,9 +95,12 @@ def _quant_elem(
         n = tl.where(over, maxm, n)
         s = tl.where(over, top, s)
     else:
-        lim = maxm + ((xb < 0) & (full_int != 0)).to(tl.int32)
-        # |v| >= 2^24 would overflow the shift: it saturates anyway (ints are <= 16 bits)
-        n = tl.where((n > lim) | (E == 255) | ((flx - sexp >= 24) & (ab != 0)), lim, n)
+        negfull = ((xb < 0) & (full_int != 0)).to(tl.int32)
+        # int32's full range: 2^31 wraps to -2^31, which `_make_f32_int` reads unsigned
+        lim = maxm + negfull
+        # |v| >= 2^31 would overflow the shift: it saturates anyway (ints are <= 32 bits)
+        big = (flx - sexp >= 31) & (ab != 0)
+        n = tl.where((n - negfull > maxm) | (E == 255) | big, lim, n)
     return n, s
 
 
@@ -117,11 +120,12 @@ def _finite_clamp(n, s, k, IS_FLOAT: tl.constexpr, mbits, emax, maxm, f_emax, f_
         return tl.where(over, nb, n), tl.where(over, sb, s)
     else:
         sh = f_emax - f_mbits - k
-        big = sh + f_mbits + 1 > 24  # the bound exceeds every int element (<= 24 bits)
-        up = ((2 << f_mbits) - 1) << tl.minimum(tl.maximum(sh, 0), 24)
+        big = sh + f_mbits + 1 > 31  # the bound exceeds every int element (<= 32 bits)
+        up = ((2 << f_mbits) - 1) << tl.minimum(tl.maximum(sh, 0), 31)
         down = ((2 << f_mbits) - 1) >> tl.minimum(tl.maximum(-sh, 0), 31)
         nb = tl.where(sh >= 0, up, down)
-        return tl.where(big, n, tl.minimum(n, nb)), s
+        # n < 0: int32's saturated 2^31 (`_quant_elem`), above every bound under 2^31
+        return tl.where(big, n, tl.where((n > nb) | (n < 0), nb, n)), s
 
 
 @triton.jit
@@ -146,6 +150,44 @@ def _make_f32(n, pe):
     bits = tl.where(field >= 1, normal, sub)
     bits = tl.where(field >= 255, 0x7F800000, bits)
     return tl.where(n == 0, 0, bits)
+
+
+@triton.jit
+def _make_f32_int(n, pe):
+    # `_make_f32` for int elements: 0 <= n <= 2^31, read unsigned (int32's saturated 2^31 is
+    # -2^31 here). Over 2^24 n rounds half to even in the (correctly rounded) conversion, and
+    # a normal result scales exactly; a subnormal one rounds n itself, once.
+    nf = n.to(tl.uint32, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
+    field = (nf >> 23) + pe
+    normal = nf + (pe << 23)
+    wrapped = n < 0
+    nn = tl.where(wrapped, 1 << 30, n)  # 2^31 as 2^30, one shift less
+    k = -149 - pe - wrapped.to(tl.int32)
+    half_up = (nn > (1 << 30)).to(tl.int32)  # k == 31: nn / 2^31 rounds to 1 above one half
+    sub = tl.where(k > 31, 0, tl.where(k == 31, half_up, _round_bits(nn, k, 0, 0, False)))
+    bits = tl.where(field >= 1, normal, sub)
+    bits = tl.where(field >= 255, 0x7F800000, bits)
+    return tl.where(n == 0, 0, bits)
+
+
+@triton.jit
+def _int_product_bound(n, eff3, maxm, full_int, f_emax, f_mbits):
+    # Int elements under a float scale (reference `_product_bound`, in float64 as it computes
+    # it): n, clamped to the largest integer b <= top (maxm, +1 with the full range) whose
+    # exact product with the scale is below the type's product limit. That limit is
+    # 2^f_emax * (2 - 2^-(f_mbits+1)), less half a float32 ulp where the type is narrower
+    # than float32 (the product rounds to float32 first): K * 2^(f_emax - 24).
+    K = (1 << 25) - (1 << (23 - f_mbits)) - (f_mbits < 23).to(tl.int32)
+    p2 = ((f_emax - 24 + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    limit = K.to(tl.float64) * p2
+    sc = eff3.to(tl.float64)
+    top = maxm.to(tl.float64) + (full_int != 0).to(tl.float64)  # (2^31 as int32 would wrap)
+    # (float64 `/` is IEEE division; div_rn is float32 only)
+    t = tl.where(sc > 0, limit / tl.where(sc > 0, sc, 1.0), top)
+    b = tl.where(t >= top, top, tl.floor(tl.minimum(t, 2.0 * top + 2.0)))
+    b = tl.where((sc > 0) & (b * sc >= limit), tl.maximum(b - 1.0, 0.0), b).to(tl.int64)
+    nu = n.to(tl.uint32, bitcast=True).to(tl.int64)
+    return tl.where(nu > b, b, nu).to(tl.int32)  # 2^31 wraps back to -2^31
 
 
 @triton.jit

@@ -19,6 +19,7 @@ from onnxq.cast.triton_device import (
     _ldexp_bits,
     _lo_key,
     _load_any,
+    _make_f32_int,
     _meta_offsets,
     _okey,
     _store_values,
@@ -136,9 +137,9 @@ def _dequant_kernel(
     if WIDE:
         # float32 bits (c_shift -1), unsigned ints (-2) or ints sign-extended from
         # 32 - c_shift bits, rounded to float32 as numpy's decode then astype
-        si = ((c << tl.maximum(c_shift, 0)) >> tl.maximum(c_shift, 0)).to(tl.float32)
+        si = (c << tl.maximum(c_shift, 0)) >> tl.maximum(c_shift, 0)
         su = c.to(tl.uint32, bitcast=True).to(tl.float32)
-        qi = tl.where(c_shift == -2, su, si).to(tl.int32, bitcast=True)
+        qi = tl.where(c_shift == -2, su, si.to(tl.float32)).to(tl.int32, bitcast=True)
         qb = tl.where(c_shift == -1, c, qi)
     else:
         qb = tl.load(tab_ptr + c, mask=ok, other=0)
@@ -154,6 +155,11 @@ def _dequant_kernel(
             sh = tl.load(meta_ptr + moff, mask=mok, other=0)
             k3 = k3 - sh.to(tl.int32)[:, :, None]
         yb = _ldexp_bits(qb, k3)
+        if WIDE:
+            # ints over 24 bits: q * 2^k rounded once (float32(q) would round twice below
+            # 2^-126); int32's -2^31 is read unsigned
+            neg = (si < 0).to(tl.int32) << 31
+            yb = tl.where(c_shift >= 0, _make_f32_int(tl.abs(si), k3) | neg, yb)
         tile_nan = tile_nan | nan_t[:, None, None]
     else:
         sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32)

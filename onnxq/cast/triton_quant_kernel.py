@@ -18,10 +18,12 @@ from onnxq.cast.triton_device import (
     _finite_clamp,
     _float_code,
     _float_pred,
+    _int_product_bound,
     _lo_bits,
     _lo_key,
     _load_any,
     _make_f32,
+    _make_f32_int,
     _meta_offsets,
     _okey,
     _quant_elem,
@@ -218,18 +220,19 @@ def _elem_code(xb, n, s, sgn, vneg, elem_nan, efmt, keep_inf, E_FLOAT: tl.conste
         code = tl.where(((xb & 0x7FFFFFFF) == 0x7F800000) & (keep_inf != 0), infc, code)
         code = tl.where(elem_nan, e_nancode, code)
     else:
-        code = tl.where(vneg, -n, n) & ((1 << e_bits) - 1)
+        code = tl.where(vneg, -n, n) & ((2 << (e_bits - 1)) - 1)  # (no shift by 32)
     return code
 
 
 @triton.jit
 def _float_elems(
-    xb, eff3, rand, elem_nan, efmt, mode, f_over, E_FLOAT: tl.constexpr, STOCH: tl.constexpr
+    xb, eff3, rand, elem_nan, efmt, mode, fin, E_FLOAT: tl.constexpr, STOCH: tl.constexpr
 ):
     # Float scale, no zero point: v = x / scale rounded onto the element grid (a zero scale
     # zeroes v, but NaN stays NaN: reference._float_scaled); returns the values' bits and codes
     e_mbits, e_emin, e_emax, e_maxm, _e_bits, e_negzero, _e_nancode, _e_infcode = efmt
     rmode, full_int, keep_inf = mode
+    f_over, _f_max, f_emax, f_mbits = fin
     xf = xb.to(tl.float32, bitcast=True)
     v = tl.where(eff3 > 0, tl.div_rn(xf, tl.broadcast_to(eff3, xf.shape)), 0.0)
     vb = v.to(tl.int32, bitcast=True)
@@ -237,16 +240,23 @@ def _float_elems(
         vb, 0, rand, E_FLOAT, e_mbits, e_emin, e_emax, e_maxm, rmode, full_int, STOCH
     )
     vneg = vb < 0
-    # products that round past the data type's range step down the grid (reference
-    # `_product_bound`; two steps cover every rounding of the scale)
-    for _step in tl.static_range(2):
-        yt = _make_f32(n, s).to(tl.float32, bitcast=True) * eff3
-        bad = (yt >= f_over) & (n != 0)
-        pn, ps = _float_pred(n, s, E_FLOAT, e_mbits, e_emin)
-        n = tl.where(bad, pn, n)
-        s = tl.where(bad, ps, s)
     sgn = vneg & ((n != 0) | (e_negzero != 0))
-    qb = _make_f32(n, s) | (sgn.to(tl.int32) << 31)
+    if E_FLOAT:
+        # products that round past the data type's range step down the grid (reference
+        # `_product_bound`; two steps cover every rounding of the scale)
+        for _step in tl.static_range(2):
+            yt = _make_f32(n, s).to(tl.float32, bitcast=True) * eff3
+            bad = (yt >= f_over) & (n != 0)
+            pn, ps = _float_pred(n, s, E_FLOAT, e_mbits, e_emin)
+            n = tl.where(bad, pn, n)
+            s = tl.where(bad, ps, s)
+        sgn = vneg & ((n != 0) | (e_negzero != 0))
+        qb = _make_f32(n, s) | (sgn.to(tl.int32) << 31)
+    else:
+        # ints (up to 32 bits: float32(n) may round, so no step down would do)
+        n = _int_product_bound(n, eff3, e_maxm, full_int, f_emax, f_mbits)
+        sgn = vneg & ((n != 0) | (e_negzero != 0))
+        qb = _make_f32_int(n, s) | (sgn.to(tl.int32) << 31)
     yb = (qb.to(tl.float32, bitcast=True) * eff3).to(tl.int32, bitcast=True)
     return yb, _elem_code(xb, n, s, sgn, vneg, elem_nan, efmt, keep_inf, E_FLOAT)
 
@@ -287,7 +297,7 @@ def _zero_elems(
     z_mbits, z_emin, _z_emax, _z_maxm, z_bits, _z_negzero = zfmt
     e_maxm = efmt[3]
     rmode, _full_int, _keep_inf = mode
-    f_over, f_max = fin
+    f_over, f_max, _f_emax, _f_mbits = fin
     xf = xb.to(tl.float32, bitcast=True)
     if SKIND == 3:
         (lo,) = zpt
@@ -386,7 +396,10 @@ def _exp_elems(
     n, s = _finite_clamp(n, s, sexp3, E_FLOAT, e_mbits, e_emax, e_maxm, f_emax, f_mbits)
     neg = xb < 0
     sgn = neg & ((n != 0) | (e_negzero != 0))
-    yb = _make_f32(n, s + sexp3) | (sgn.to(tl.int32) << 31)
+    if E_FLOAT:
+        yb = _make_f32(n, s + sexp3) | (sgn.to(tl.int32) << 31)
+    else:
+        yb = _make_f32_int(n, s + sexp3) | (sgn.to(tl.int32) << 31)
     yb = tl.where(((xb & 0x7FFFFFFF) == 0x7F800000) & (keep_inf != 0), xb, yb)
     return yb, _elem_code(xb, n, s, sgn, neg, elem_nan, efmt, keep_inf, E_FLOAT)
 
@@ -546,10 +559,10 @@ def _quant_kernel(
         sc, eff3 = _scale_code(
             raw_s, tnan, inst, first, scale_ptr, top_ptr, ts_code_ptr, ts_denom, sfmt, tfmt, TS
         )
+        fin = (f_over, f_max, f_emax, f_mbits)
         if SKIND == 2:
-            yb, code = _float_elems(xb, eff3, rand, elem_nan, efmt, mode, f_over, E_FLOAT, STOCH)
+            yb, code = _float_elems(xb, eff3, rand, elem_nan, efmt, mode, fin, E_FLOAT, STOCH)
         else:
-            fin = (f_over, f_max)
             yb, code = _zero_elems(
                 xb, sc, eff3, rand, zpt, zfmt, efmt, mode, fin, zero_ptr, inst, first, STOCH, SKIND
             )

@@ -35,7 +35,8 @@ skip_overflow_checks()  # a quarter of this file's time in the interpreter
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SUPPORTED = list(datatypes())
 # (64-bit scales and exponent scales over 10 bits are refused by the parser: docs/formats.md)
-UNSUPPORTED = ["int32_e8m0_t32", "e9m14_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_e9m14_t32"]
+UNSUPPORTED = ["e9m14_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_e9m14_t32"]
+UNSUPPORTED += ["uint26_float32_uint26_t32"]  # uint elements over 24 bits
 UNSUPPORTED += ["e4m3fn_e9m14_t32", "int8_e8m23fn_t0_t16"]  # scales beyond float32's values
 SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
 ROUND_MODES = ["even", "away", "zero", "stochastic"]
@@ -381,6 +382,78 @@ def test_wide_codes_decode_without_a_table(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(tk, "_decode_table", no_table)
     for code in WIDE_FLOAT_CODES + WIDE_ZERO_CODES:
         check(sample((2, 32), seed=52), code, modes=("actual",))
+
+
+# int elements over 24 bits: float32(q) rounds, so the kernels round q * 2^k once from the
+# integer (`_make_f32_int`), clamp float-scaled ones in float64 as the reference does
+# (`_int_product_bound`), and hold int32's -2^31 (full range) as a wrapped 2^31
+WIDE_INT_CODES = [
+    "int25_e8m0_t32",
+    "int32_e8m0_t32",
+    "int28_e8m0_t16",
+    "int26_float32_t32",
+    "int32_float16_t0",
+    "int30_bfloat16_t16",
+    "int27_e10m0_t32",  # scales down to 2^-536: shifts past 31 bits
+    "int31_e4m3fn_float32_t16",  # a tensor scale
+]
+
+
+@pytest.mark.parametrize("code", WIDE_INT_CODES)
+def test_wide_int_elements(code: str) -> None:
+    check(sample((4, 70), seed=53), code, modes=("virtual", "actual", "compress"))
+    x = sample((5, 64, 3), seed=54) * np.float32(2.0**100)  # tiles near float32's top
+    check(x, code, "float16", axis=1, round_mode="stochastic", seed=5)
+    check(x, code, "bfloat16", modes=("virtual", "actual"), round_mode="away")
+
+
+@pytest.mark.parametrize(
+    "code", ["int32_e8m0_t32", "int25_e8m0_t32", "int32_float32_t16", "int32_float16_t16"]
+)
+def test_wide_int_edges(code: str) -> None:
+    # subnormal tiles (the scale clamps at 2^-157 for int32: q over 2^24 times 2^-150 and
+    # below is subnormal, rounded once), the full range's -2^31 and -2^(N-1), ties, and Inf
+    # saturating in tiles at the top of float32 (the wrapped 2^31 must still be bounded) and
+    # of float16 (a float16 scale rounds up: the float64 product bound binds)
+    x = np.zeros((7, 32), np.float32)
+    x[0] = np.float32(1e-40) * np.arange(1, 33, dtype=np.float32)
+    x[1] = np.float32(-(2.0**-149)) * np.arange(0, 32, dtype=np.float32)
+    x[2, :4] = [-(2.0**30), 2.0**30 - 64, -(2.0**30) + 0.5, 3.0]
+    x[3] = np.float32(65504.0) * np.linspace(-1, 1, 32, dtype=np.float32)
+    x[3, [1, 30]] = [-np.inf, np.inf]
+    x[4] = np.float32(1.0) + np.float32(2.0**-23) * np.arange(32, dtype=np.float32)
+    x[5, ::3] = -np.inf
+    x[6] = np.float32(3.3e38) * np.linspace(-1, 1, 32, dtype=np.float32)
+    x[6, [1, 30]] = [-np.inf, np.inf]
+    for int_range in ("symmetric", "full"):
+        check(x, code, int_range=int_range, modes=("virtual", "actual", "compress"))
+        check(x, code, "float16", int_range=int_range, modes=("virtual", "actual"))
+
+
+@pytest.mark.parametrize(
+    ("code", "scales"),
+    [("int32_e8m0_t4", [0, 10, 224, 254]), ("int32_e10m0_t4", [361, 360, 362, 0])],
+)
+def test_wide_int_codes_decode_as_the_reference(code: str, scales: list[int]) -> None:
+    # codes no cast writes: -2^31, 2^31 - 1, 2^30 + 1 and +-(2^25 + 129), whose float32
+    # rounding (2^25 + 128) would make a tie of the subnormal grid: q * 2^k rounds once. The
+    # scales make them subnormal (e8m0 code 0: 2^-157; e10m0 codes 360-362: shifts of 30-32
+    # bits past 2^-149), normal and overflowing
+    from onnxq.cast import reference
+
+    dt = datatype(code)
+    tile = [2**31, 2**31 - 1, 2**30 + 1, 2**25 + 129, 2**32 - 2**25 - 129]
+    codes = np.array(tile[:4] * 2 + tile[1:] * 2, np.uint32)
+    scale = np.array(scales, np.uint32)
+    want = reference.dequantize(dt, (16,), -1, codes, scale)
+    got = tk.dequantize(
+        dt,
+        (16,),
+        -1,
+        torch.from_numpy(codes.view(np.int32)).to(DEV),
+        torch.from_numpy(scale.astype(np.int32)).to(DEV),
+    )
+    assert_same(got, want, code)
 
 
 @pytest.mark.parametrize("name", ["e8m15", "e5m20", "e4m19fn", "e5m18fnuz", "e6m17inuz"])
