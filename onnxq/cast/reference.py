@@ -546,7 +546,8 @@ def _later_zeros(
         return lo, hi
     zero = finite & (xt == 0)
     last = xt.shape[-1] - 1 - np.argmax(zero[..., ::-1], axis=-1)
-    neg = np.signbit(np.take_along_axis(xt, last[..., None], axis=-1)[..., 0])
+    # (a tile without a finite value has no zero: argmax's 0 would name its last element)
+    neg = np.signbit(np.take_along_axis(xt, last[..., None], axis=-1)[..., 0]) & zero.any(-1)
     signed = np.where(neg, np.float32(-0.0), np.float32(0.0))
     return np.where(lo == 0, signed, lo), np.where(hi == 0, signed, hi)
 

@@ -921,6 +921,19 @@ def test_float_zero_point_of_a_zero_minimum(backend: str) -> None:
     assert np.asarray(q.scale).ravel().tolist() == [0x3044] * 3
 
 
+# A tile without a finite value has min = max = 0 (decision 20's saturation has nothing to
+# scale): +0, E4M3 code 0x00, whatever the sign of its last element (-Inf in row 0), since
+# only a zero in the tile can lend its sign. Scale (0 - 0) / 15 = 0 (float16 code 0).
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_float_zero_point_of_a_tile_without_finite_values(backend: str) -> None:
+    if backend == "native" and not native.available():
+        pytest.skip("native library not built")
+    x = np.array([[np.inf, -np.inf, np.inf, -np.inf], [-np.inf, -np.inf, -np.inf, np.inf]])
+    q = cast(x.astype(np.float32), "uint4_float16_e4m3fn_t4", mode="actual", backend=backend)
+    assert np.asarray(q.zero).ravel().tolist() == [0, 0]
+    assert np.asarray(q.scale).ravel().tolist() == [0, 0]
+
+
 # -- family 5: geometry and edge tiles ------------------------------------------------------
 # e2m1fnuz_e8m0_t4 on a (4, 8) tensor whose only large value is x[0, 0] = 12, else 1.5.
 # A tile holding 12: floor(log2 12) = 3 -> sexp 1 (code 128): 12/2 = 6 (code 7) -> 12;
