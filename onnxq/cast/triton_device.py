@@ -171,21 +171,27 @@ def _make_f32_int(n, pe):
 
 
 @triton.jit
-def _int_product_bound(n, eff3, maxm, full_int, f_emax, f_mbits):
-    # Int elements under a float scale (reference `_product_bound`, in float64 as it computes
-    # it): n, clamped to the largest integer b <= top (maxm, +1 with the full range) whose
-    # exact product with the scale is below the type's product limit. That limit is
-    # 2^f_emax * (2 - 2^-(f_mbits+1)), less half a float32 ulp where the type is narrower
-    # than float32 (the product rounds to float32 first): K * 2^(f_emax - 24).
+def _int_reach(sc, top, f_emax, f_mbits):
+    # reference `_product_bound` for int grids, in float64 as it computes it: the largest
+    # integer b <= top (float64) whose exact product with the scale sc (float64; none when
+    # not > 0) is below the type's product limit. That limit is 2^f_emax * (2 -
+    # 2^-(f_mbits+1)), less half a float32 ulp where the type is narrower than float32 (the
+    # product rounds to float32 first): K * 2^(f_emax - 24).
     K = (1 << 25) - (1 << (23 - f_mbits)) - (f_mbits < 23).to(tl.int32)
     p2 = ((f_emax - 24 + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
     limit = K.to(tl.float64) * p2
-    sc = eff3.to(tl.float64)
-    top = maxm.to(tl.float64) + (full_int != 0).to(tl.float64)  # (2^31 as int32 would wrap)
     # (float64 `/` is IEEE division; div_rn is float32 only)
     t = tl.where(sc > 0, limit / tl.where(sc > 0, sc, 1.0), top)
     b = tl.where(t >= top, top, tl.floor(tl.minimum(t, 2.0 * top + 2.0)))
-    b = tl.where((sc > 0) & (b * sc >= limit), tl.maximum(b - 1.0, 0.0), b).to(tl.int64)
+    return tl.where((sc > 0) & (b * sc >= limit), tl.maximum(b - 1.0, 0.0), b)
+
+
+@triton.jit
+def _int_product_bound(n, eff3, maxm, full_int, f_emax, f_mbits):
+    # Int elements under a float scale: n clamped to `_int_reach` of the largest magnitude
+    # (maxm, +1 with the full range; 2^31 as int32 would wrap, hence float64)
+    top = maxm.to(tl.float64) + (full_int != 0).to(tl.float64)
+    b = _int_reach(eff3.to(tl.float64), top, f_emax, f_mbits).to(tl.int64)
     nu = n.to(tl.uint32, bitcast=True).to(tl.int64)
     return tl.where(nu > b, b, nu).to(tl.int32)  # 2^31 wraps back to -2^31
 

@@ -209,11 +209,11 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
     if isinstance(n, Codebook):
         raise NotImplementedError(missing.format("codebook formats"))
     if n.bits > 16 and not (
-        _float32_like(n) or _float32_subset(n) or n.is_int or (n.is_uint and n.bits <= 24)
+        _float32_like(n) or _float32_subset(n) or n.is_int or (n.is_uint and n.bits <= 31)
     ):
         raise NotImplementedError(
             missing.format(
-                "element formats over 16 bits other than ints, uints up to 24 bits and "
+                "element formats over 16 bits other than ints, uints up to 31 bits and "
                 "floats whose values are float32 numbers"
             )
         )

@@ -19,6 +19,7 @@ from onnxq.cast.triton_device import (
     _float_code,
     _float_pred,
     _int_product_bound,
+    _int_reach,
     _lo_bits,
     _lo_key,
     _load_any,
@@ -262,17 +263,30 @@ def _float_elems(
 
 
 @triton.jit
-def _int_zero_bound(n, zp3, sc, e_maxm, f_max, f_over):
+def _int_zero_bound(n, zp, sc, e_maxm, f_emax, f_mbits):
     # Int zero point: decoded values past the data type's range move toward the zero point
-    # (reference `_product_bound`): |q - zp| <= B, the largest B with float32(B * scale) finite
-    # in the type: floor(max / scale) within one of it, then checked both ways
-    bq = tl.floor(tl.div_rn(tl.zeros_like(sc) + f_max, tl.where(sc > 0, sc, 1.0)))
-    bq = tl.where((sc > 0) & (bq < e_maxm), bq, e_maxm * 1.0).to(tl.int32)
-    for _step in tl.static_range(2):
-        bq = tl.where((bq > 0) & (bq.to(tl.float32) * sc >= f_over), bq - 1, bq)
-    up = (bq < e_maxm) & ((bq + 1).to(tl.float32) * sc < f_over)
-    bq = tl.where(up, bq + 1, bq)[:, None, None]
-    return tl.minimum(tl.maximum(n, zp3 - bq), zp3 + bq)
+    # (reference `_product_bound`): |q - zp| <= `_int_reach` of the tile's scale
+    top = e_maxm.to(tl.float64)
+    reach = _int_reach(sc.to(tl.float64), top, f_emax, f_mbits)
+    zpf = zp.to(tl.float64)
+    q_lo = tl.maximum(zpf - reach, 0.0).to(tl.int32)[:, None, None]
+    q_hi = tl.minimum(zpf + reach, top).to(tl.int32)[:, None, None]
+    return tl.minimum(tl.maximum(n, q_lo), q_hi)
+
+
+@triton.jit
+def _float_zero_top(n, sc, zf, e_maxm, f_over):
+    # Float zero point (reference `_zero_float_top`): q <= floor((over - z) / sc) + 1, in
+    # float64, then up to three steps down, each checked with the decoder's float32 arithmetic
+    top = e_maxm.to(tl.float64)
+    s64 = sc.to(tl.float64)
+    room = (tl.zeros_like(sc) + f_over).to(tl.float64) - zf.to(tl.float64)
+    t = tl.floor(room / tl.where(s64 > 0, s64, 1.0)) + 1.0
+    q = tl.where(s64 > 0, tl.minimum(tl.maximum(t, 0.0), top), top)
+    for _step in tl.static_range(3):
+        y = q.to(tl.float32) * sc + zf
+        q = tl.where((tl.abs(y) >= f_over) & (q > 0), q - 1.0, q)
+    return tl.minimum(n, q.to(tl.int32)[:, None, None])
 
 
 @triton.jit
@@ -297,7 +311,7 @@ def _zero_elems(
     z_mbits, z_emin, _z_emax, _z_maxm, z_bits, _z_negzero = zfmt
     e_maxm = efmt[3]
     rmode, _full_int, _keep_inf = mode
-    f_over, f_max, _f_emax, _f_mbits = fin
+    f_over, _f_max, f_emax, f_mbits = fin
     xf = xb.to(tl.float32, bitcast=True)
     if SKIND == 3:
         (lo,) = zpt
@@ -312,18 +326,17 @@ def _zero_elems(
         num = xf - zf[:, None, None]
     v = tl.where(eff3 > 0, tl.div_rn(num, tl.broadcast_to(eff3, xf.shape)), 0.0)
     vb = v.to(tl.int32, bitcast=True)
-    rn, _rs = _quant_elem(vb, 0, rand, False, 0, 0, 0, 1 << 24, rmode, 0, STOCH)
+    # |round(v)|, capped at qmax (beyond, the clip gives the same either way)
+    rn, _rs = _quant_elem(vb, 0, rand, False, 0, 0, 0, e_maxm, rmode, 0, STOCH)
     zp3 = zp[:, None, None]
-    n = tl.minimum(tl.maximum(tl.where(vb < 0, -rn, rn) + zp3, 0), e_maxm)
-    # decoded values past the data type's range move toward the zero point (reference
-    # `_product_bound` / `_zero_float_top`)
+    # clip(+-rn + zp, 0, qmax) without the int32 sum, which overflows from 31-bit uints
+    up = tl.where(rn > e_maxm - zp3, e_maxm, rn + zp3)
+    n = tl.where(vb < 0, tl.where(rn > zp3, 0, zp3 - rn), up)
+    # decoded values past the data type's range move toward the zero point
     if SKIND == 3:
-        n = _int_zero_bound(n, zp3, sc, e_maxm, f_max, f_over)
+        n = _int_zero_bound(n, zp, sc, e_maxm, f_emax, f_mbits)
     else:
-        for _step in tl.static_range(2):
-            yt = tl.abs(n.to(tl.float32) * eff3 + zf[:, None, None])
-            bad = (yt >= f_over) & (n > 0)
-            n = tl.where(bad, n - 1, n)
+        n = _float_zero_top(n, sc, zf, e_maxm, f_over)
     qf = (n - zp3).to(tl.float32)
     if SKIND == 3:
         yb = (qf * eff3).to(tl.int32, bitcast=True)

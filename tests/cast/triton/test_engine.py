@@ -36,7 +36,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SUPPORTED = list(datatypes())
 # (64-bit scales and exponent scales over 10 bits are refused by the parser: docs/formats.md)
 UNSUPPORTED = ["e9m14_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_e9m14_t32"]
-UNSUPPORTED += ["uint26_float32_uint26_t32"]  # uint elements over 24 bits
+UNSUPPORTED += ["uint32_float32_uint32_t32"]  # uint elements over 31 bits
 UNSUPPORTED += ["e4m3fn_e9m14_t32", "int8_e8m23fn_t0_t16"]  # scales beyond float32's values
 SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
 ROUND_MODES = ["even", "away", "zero", "stochastic"]
@@ -384,8 +384,8 @@ def test_wide_codes_decode_without_a_table(monkeypatch: pytest.MonkeyPatch) -> N
         check(sample((2, 32), seed=52), code, modes=("actual",))
 
 
-# int elements over 24 bits: float32(q) rounds, so the kernels round q * 2^k once from the
-# integer (`_make_f32_int`), clamp float-scaled ones in float64 as the reference does
+# int elements over 24 bits (uints to 31): float32(q) rounds, so the kernels round q * 2^k
+# once from the integer (`_make_f32_int`), clamp float-scaled ones in float64 as the reference does
 # (`_int_product_bound`), and hold int32's -2^31 (full range) as a wrapped 2^31
 WIDE_INT_CODES = [
     "int25_e8m0_t32",
@@ -396,6 +396,13 @@ WIDE_INT_CODES = [
     "int30_bfloat16_t16",
     "int27_e10m0_t32",  # scales down to 2^-536: shifts past 31 bits
     "int31_e4m3fn_float32_t16",  # a tensor scale
+    # uint elements to 31 bits with zero points: the clip avoids the int32 sum, and the
+    # bounds are the reference's float64 ones
+    "uint25_float32_uint25_t32",
+    "uint31_float32_uint31_t16",
+    "uint26_float16_uint26_t0",
+    "uint28_bfloat16_float32_t32",
+    "uint31_float32_e5m20_t16",
 ]
 
 
@@ -408,7 +415,15 @@ def test_wide_int_elements(code: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "code", ["int32_e8m0_t32", "int25_e8m0_t32", "int32_float32_t16", "int32_float16_t16"]
+    "code",
+    [
+        "int32_e8m0_t32",
+        "int25_e8m0_t32",
+        "int32_float32_t16",
+        "int32_float16_t16",
+        "uint31_float16_uint31_t16",
+        "uint26_float16_float32_t16",
+    ],
 )
 def test_wide_int_edges(code: str) -> None:
     # subnormal tiles (the scale clamps at 2^-157 for int32: q over 2^24 times 2^-150 and
@@ -428,6 +443,25 @@ def test_wide_int_edges(code: str) -> None:
     for int_range in ("symmetric", "full"):
         check(x, code, int_range=int_range, modes=("virtual", "actual", "compress"))
         check(x, code, "float16", int_range=int_range, modes=("virtual", "actual"))
+
+
+def test_zero_point_bounds_bind() -> None:
+    # float16 outputs of tiles whose scale rounds up, so the top codes would decode past
+    # 65504: the bounds move them toward the zero point (reference `_product_bound`,
+    # `_zero_float_top`). Worked: uint4_float16_uint8: scale 65504 / 15 -> 4368 (float16),
+    # zero 15, reach floor(65520 / 4368) = 14, so -65504 takes code 1, not 0.
+    # uint4_float16_float32: scale 131008 / 15 -> 8736, 15 * 8736 - 65504 = 65536: 65504 and
+    # Inf take 14, not 15. uint26_bfloat16_float32: scale 65504 / 2^26 -> 2^-10 (bfloat16);
+    # the bound steps q from floor(65520 * 2^10) + 1 = 67092481 three times to 67092478
+    # (float32(q) has a spacing of 4 there, so that still decodes to 65520: Inf, as in the
+    # reference)
+    x = np.zeros((3, 16), np.float32)
+    x[0, :2] = [-65504.0, 0.0]
+    x[1, :3] = [-65504.0, 65504.0, np.inf]
+    x[2, :3] = [0.0, 65504.0, np.inf]
+    for code in ("uint4_float16_uint8_t16", "uint4_float16_float32_t16"):
+        check(x[:2], code, "float16")
+    check(x[2:], "uint26_bfloat16_float32_t16", "float16")
 
 
 @pytest.mark.parametrize(
