@@ -424,11 +424,13 @@ def _tensor_scale(
 
 
 def _product_bound(scale: np.ndarray, spec: NumberSpec, top: float, finite_dtype) -> np.ndarray:
-    """Largest grid magnitude b of ``spec`` (<= top) with float32(b * scale) finite in the type.
+    """Largest grid magnitude b of ``spec`` (<= top) with float32(b) * scale finite in the type.
 
-    The decoder multiplies in float32 and then rounds to ``finite_dtype``: that is finite
-    exactly when the exact product is below `PRODUCT_LIMIT` (float64 products of these small
-    grids and a float32 scale are exact). A zero scale has no bound (``top``).
+    The decoder rounds b to float32, multiplies in float32 and then rounds to
+    ``finite_dtype``: that is finite exactly when float32(b) * scale (exact in float64) is below
+    `PRODUCT_LIMIT`. Grid values are float32 numbers but for ints over 24 bits, whose
+    float32(b) may round up past the limit: those step down to the float32 number below.
+    A zero scale has no bound (``top``).
     """
     limit = PRODUCT_LIMIT[np.dtype(finite_dtype).name]
     sc = scale.astype(np.float64)
@@ -437,14 +439,32 @@ def _product_bound(scale: np.ndarray, spec: NumberSpec, top: float, finite_dtype
         b = finite_bound(np.minimum(t, 2.0 * top + 2.0), spec, top)
         # t is rounded: the grid value it lands on may still reach the limit.
         lower = finite_bound(np.nextafter(b, 0.0), spec, top)
-        return np.where((sc > 0) & (b * sc >= limit), lower, b)
+        b = np.where((sc > 0) & (b * sc >= limit), lower, b)
+        if not spec.is_float:
+            f = b.astype(np.float32).astype(np.float64)
+            b = np.where((sc > 0) & (f * sc >= limit), _int_below(f), b)
+        return b
+
+
+def _int_below(f: np.ndarray) -> np.ndarray:
+    """The largest integer whose float32 value is below ``f`` (float32 integers >= 1, float64).
+
+    Up to 2^24 that is f - 1. Above, the float32 number p below f is an integer, and the
+    integers that round to p or lower are those below the midpoint m = (p + f) / 2, and m
+    itself when p's mantissa is even (ties round to even).
+    """
+    p = np.nextafter(f.astype(np.float32), np.float32(0))
+    m = (p.astype(np.float64) + f) / 2.0
+    even = (p.view(np.uint32) & 1) == 0
+    return np.where(f <= 2.0**24, f - 1.0, np.where(even, m, m - 1.0))
 
 
 def _zero_float_top(sc: np.ndarray, zero: np.ndarray, qmax: float, finite_dtype) -> np.ndarray:
     """Largest q in [0, qmax] whose decoded float32(float32(q * sc) + zero) is finite in the type.
 
     q = floor((overflow - zero) / sc) + 1 (float64) is at most one step above the answer; up
-    to three steps down, each checked with the decoder's float32 arithmetic.
+    to three steps down, each checked with the decoder's float32 arithmetic. A step goes to
+    the next float32 number below float32(q) (q - 1 up to 2^24; wider uints round q first).
     """
     over = np.float32(OVERFLOW[np.dtype(finite_dtype).name])
     s64, z64 = sc.astype(np.float64), zero.astype(np.float64)
@@ -452,8 +472,10 @@ def _zero_float_top(sc: np.ndarray, zero: np.ndarray, qmax: float, finite_dtype)
         t = np.floor((np.float64(over) - z64) / np.where(s64 > 0, s64, 1.0)) + 1.0
         q = np.where(s64 > 0, np.clip(t, 0.0, qmax), qmax)
         for _ in range(3):
-            y = (q.astype(np.float32) * sc).astype(np.float32) + zero
-            q = np.where((np.abs(y) >= over) & (q > 0), q - 1.0, q)
+            qf = q.astype(np.float32)
+            y = (qf * sc).astype(np.float32) + zero
+            below = _int_below(np.maximum(qf, np.float32(1)).astype(np.float64))
+            q = np.where((np.abs(y) >= over) & (q > 0), below, q)
     return q
 
 

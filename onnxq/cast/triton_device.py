@@ -173,7 +173,7 @@ def _make_f32_int(n, pe):
 @triton.jit
 def _int_reach(sc, top, f_emax, f_mbits):
     # reference `_product_bound` for int grids, in float64 as it computes it: the largest
-    # integer b <= top (float64) whose exact product with the scale sc (float64; none when
+    # integer b <= top (float64) whose float32 value times the scale sc (float64; none when
     # not > 0) is below the type's product limit. That limit is 2^f_emax * (2 -
     # 2^-(f_mbits+1)), less half a float32 ulp where the type is narrower than float32 (the
     # product rounds to float32 first): K * 2^(f_emax - 24).
@@ -183,7 +183,19 @@ def _int_reach(sc, top, f_emax, f_mbits):
     # (float64 `/` is IEEE division; div_rn is float32 only)
     t = tl.where(sc > 0, limit / tl.where(sc > 0, sc, 1.0), top)
     b = tl.where(t >= top, top, tl.floor(tl.minimum(t, 2.0 * top + 2.0)))
-    return tl.where((sc > 0) & (b * sc >= limit), tl.maximum(b - 1.0, 0.0), b)
+    b = tl.where((sc > 0) & (b * sc >= limit), tl.maximum(b - 1.0, 0.0), b)
+    f = b.to(tl.float32).to(tl.float64)  # over 2^24, b's float32 value may round up
+    return tl.where((sc > 0) & (f * sc >= limit), _int_below(f), b)
+
+
+@triton.jit
+def _int_below(f):
+    # reference `_int_below`: the largest integer whose float32 value is below f (a float32
+    # integer >= 1, as float64): f - 1 up to 2^24, else the midpoint of f and the float32 p
+    # below it, less one when p's mantissa is odd
+    pb = f.to(tl.float32).to(tl.int32, bitcast=True) - 1
+    m = (pb.to(tl.float32, bitcast=True).to(tl.float64) + f) * 0.5
+    return tl.where(f <= 16777216.0, f - 1.0, tl.where((pb & 1) == 0, m, m - 1.0))
 
 
 @triton.jit

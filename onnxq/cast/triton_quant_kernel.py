@@ -18,6 +18,7 @@ from onnxq.cast.triton_device import (
     _finite_clamp,
     _float_code,
     _float_pred,
+    _int_below,
     _int_product_bound,
     _int_reach,
     _lo_bits,
@@ -277,15 +278,17 @@ def _int_zero_bound(n, zp, sc, e_maxm, f_emax, f_mbits):
 @triton.jit
 def _float_zero_top(n, sc, zf, e_maxm, f_over):
     # Float zero point (reference `_zero_float_top`): q <= floor((over - z) / sc) + 1, in
-    # float64, then up to three steps down, each checked with the decoder's float32 arithmetic
+    # float64, then up to three steps down to the float32 number below float32(q), each
+    # checked with the decoder's float32 arithmetic
     top = e_maxm.to(tl.float64)
     s64 = sc.to(tl.float64)
     room = (tl.zeros_like(sc) + f_over).to(tl.float64) - zf.to(tl.float64)
     t = tl.floor(room / tl.where(s64 > 0, s64, 1.0)) + 1.0
     q = tl.where(s64 > 0, tl.minimum(tl.maximum(t, 0.0), top), top)
     for _step in tl.static_range(3):
-        y = q.to(tl.float32) * sc + zf
-        q = tl.where((tl.abs(y) >= f_over) & (q > 0), q - 1.0, q)
+        qf = q.to(tl.float32)
+        below = _int_below(tl.maximum(qf, 1.0).to(tl.float64))
+        q = tl.where((tl.abs(qf * sc + zf) >= f_over) & (q > 0), below, q)
     return tl.minimum(n, q.to(tl.int32)[:, None, None])
 
 

@@ -89,14 +89,31 @@ struct TileParams {
   double lim = INFINITY, lim_shift = INFINITY, q_lo = 0.0, q_hi = 0.0;
 };
 
-// reference._product_bound: the largest grid magnitude b (<= top) with float32(b * scale)
-// finite in the data type (`limit`: elements.PRODUCT_LIMIT).
+// reference._int_below: the largest integer whose float32 value is below f (a float32
+// integer >= 1): f - 1 up to 2^24, else the midpoint of f and the float32 p below it, less
+// one when p's mantissa is odd (the tie rounds to p only when p is even).
+inline double int_below(double f) {
+  if (f <= 16777216.0) return f - 1.0;
+  float p = std::nextafter(static_cast<float>(f), 0.0f);
+  uint32_t pbits;
+  std::memcpy(&pbits, &p, sizeof pbits);
+  double m = (static_cast<double>(p) + f) / 2.0;
+  return (pbits & 1u) == 0 ? m : m - 1.0;
+}
+
+// reference._product_bound: the largest grid magnitude b (<= top) with float32(b) * scale
+// finite in the data type (`limit`: elements.PRODUCT_LIMIT); ints over 24 bits whose
+// float32(b) rounds up past the limit step to the float32 number below.
 inline double product_bound(float scale, const Num& n, double top, double limit) {
   double sc = scale;
   if (!(sc > 0)) return top;
   double t = limit / sc;
   double b = finite_bound(t < 2.0 * top + 2.0 ? t : 2.0 * top + 2.0, n, top);
   if (b * sc >= limit) b = finite_bound(std::nextafter(b, 0.0), n, top);
+  if (n.kind != kFloat) {
+    double f = static_cast<float>(b);
+    if (f * sc >= limit) b = int_below(f);
+  }
   return b;
 }
 

@@ -78,8 +78,9 @@ TileParams tile_params(const Ctx& c, const Stats& st, int step) {
         q = t < 0.0 ? 0.0 : t > qm ? qm : t;  // np.clip (NaN stays NaN)
       }
       for (int k = 0; k < 3; ++k) {
-        float y = static_cast<float>(q) * p.sc + p.zero;
-        if (std::fabs(y) >= over && q > 0) q -= 1.0;
+        float qf = static_cast<float>(q);
+        float y = qf * p.sc + p.zero;
+        if (std::fabs(y) >= over && q > 0) q = int_below(qf > 1.0f ? qf : 1.0f);
       }
       p.q_hi = q;
       break;

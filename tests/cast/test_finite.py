@@ -262,3 +262,45 @@ def test_function_fallback_reference_evaluator(name, attrs, dtype, first, code):
     got = ReferenceEvaluator(fallback.inline_for_reference(model)).run(None, {"X": x})
     assert int(np.asarray(got[0]).reshape(-1)[0]) == code
     assert int(cast(x, name, mode="actual", backend="reference", **attrs).data[0]) == code
+
+
+@pytest.mark.parametrize("bits", [25, 26, 31, 32])
+@pytest.mark.parametrize("out", ["float16", "bfloat16", "float32"])
+def test_wide_int_bound_holds_after_float32_rounding(bits: int, out: str) -> None:
+    # The decoder computes float32(float32(b) * scale), then the output type; from 25 bits
+    # float32(b) rounds, possibly up. For scales around amax_max / 2^(bits - 1) (every float16
+    # or bfloat16 number there) the bound is worked out here with exact rationals: e, the
+    # largest integer <= top whose exact product stays below the limit, kept when float32(e)
+    # decodes finite, else the largest integer whose float32 value lies below float32(e)'s.
+    # Every bound must decode finite under numpy's float32 arithmetic.
+    import math
+    from fractions import Fraction
+
+    from onnxq.cast.elements import PRODUCT_LIMIT
+    from onnxq.cast.reference import _product_bound
+    from onnxq.formats import number
+
+    n = number(f"int{bits}")
+    top = int(n.maxfloat)
+    typ = np.dtype(ml_dtypes.bfloat16) if out == "bfloat16" else np.dtype(out)
+    center = float(ml_dtypes.finfo(typ).max) / float(np.float32(top))
+    grid = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)
+    if out != "float16":  # bfloat16 numbers, where float16's range cannot reach
+        grid = (np.arange(0, 0x7F80, dtype=np.uint32) << 16).view(np.float32)
+    sc = grid[(grid > center * 0.98) & (grid < center * 1.02)]
+    assert sc.size > 3
+    got = _product_bound(sc, n, float(top), typ)
+    limit = Fraction(PRODUCT_LIMIT[typ.name])
+
+    def decodes_finite(q: int, s: np.float32) -> bool:
+        with np.errstate(over="ignore"):
+            return bool(np.isfinite(np.float32(np.float32(q) * s).astype(typ).astype(np.float32)))
+
+    for s, b in zip(sc, got, strict=True):
+        e = min(top, math.ceil(limit / Fraction(float(s))) - 1)
+        want = e
+        if Fraction(float(np.float32(e))) * Fraction(float(s)) >= limit:
+            f = int(np.float32(e))  # rounded up: the largest integer rounding below it
+            want = max(q for q in range(f - 300, f) if int(np.float32(q)) < f)
+        assert b == want, (bits, out, float(s))
+        assert decodes_finite(int(b), s), (bits, out, float(s))

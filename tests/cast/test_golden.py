@@ -921,6 +921,28 @@ def test_float_zero_point_of_a_zero_minimum(backend: str) -> None:
     assert np.asarray(q.scale).ravel().tolist() == [0x3044] * 3
 
 
+# Inf saturates to a finite value in uint elements over 24 bits too, where float32(q) rounds.
+# uint26_bfloat16_float32_t16 on float16 [0, 65504, Inf, 0...]: zero = cast(0) = 0 (code 0);
+# scale 65504 / float32(2^26 - 1) = 65504 / 2^26 = 2^-10 - 2^-21 -> bfloat16 2^-10 (0x3A80);
+# 65504 / 2^-10 = 67076096. Inf -> qmax, bounded (decision 30): floor((65520 - 0) / 2^-10) + 1
+# = 67092481, whose float32 67092480 decodes to 65520, float16's overflow; the step goes to
+# the largest integer below float32 67092480's rounding: the float32 below is 67092476
+# (spacing 4, mantissa 16773119: odd), so the midpoint 67092478 rounds up and the answer is
+# 67092477, float32 67092476 -> 65519.996 -> float16 65504. (A step of one code, 67092478,
+# decoded to Inf.)
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_wide_uint_inf_saturates_finite(backend: str) -> None:
+    if backend == "native" and not native.available():
+        pytest.skip("native library not built")
+    x = np.zeros(16, np.float16)
+    x[:3] = [0.0, 65504.0, np.inf]
+    q = cast(x, "uint26_bfloat16_float32_t16", mode="actual", backend=backend)
+    assert np.asarray(q.data)[:3].tolist() == [0, 67076096, 67092477]
+    assert np.asarray(q.scale).ravel().tolist() == [0x3A80]
+    y = cast(x, "uint26_bfloat16_float32_t16", backend=backend)
+    assert y[:3].tolist() == [0.0, 65504.0, 65504.0]
+
+
 # A tile without a finite value has min = max = 0 (decision 20's saturation has nothing to
 # scale): +0, E4M3 code 0x00, whatever the sign of its last element (-Inf in row 0), since
 # only a zero in the tile can lend its sign. Scale (0 - 0) / 15 = 0 (float16 code 0).

@@ -452,9 +452,8 @@ def test_zero_point_bounds_bind() -> None:
     # zero 15, reach floor(65520 / 4368) = 14, so -65504 takes code 1, not 0.
     # uint4_float16_float32: scale 131008 / 15 -> 8736, 15 * 8736 - 65504 = 65536: 65504 and
     # Inf take 14, not 15. uint26_bfloat16_float32: scale 65504 / 2^26 -> 2^-10 (bfloat16);
-    # the bound steps q from floor(65520 * 2^10) + 1 = 67092481 three times to 67092478
-    # (float32(q) has a spacing of 4 there, so that still decodes to 65520: Inf, as in the
-    # reference)
+    # the bound steps q from floor(65520 * 2^10) + 1 = 67092481 (float32 67092480) to the
+    # largest integer below that float32's rounding, 67092477 (tests/cast/test_golden.py)
     x = np.zeros((3, 16), np.float32)
     x[0, :2] = [-65504.0, 0.0]
     x[1, :3] = [-65504.0, 65504.0, np.inf]
