@@ -175,6 +175,7 @@ bool fast_applies(const Ctx& c, bool channels) {
   if (c.m.scale_mode == kSSearch) return false;  // the search runs tile by tile
   if (c.path != kExp && c.path != kExpShift && c.path != kFloatScale) return false;
   if (n.kind != kFloat && n.kind != kInt) return false;
+  if (n.kind == kInt && n.bits > 24) return false;  // q * 2^k must round once, not via float(q)
   if (g.Tc > 1024 || g.Tc < 1) return false;
   if (c.path == kExpShift && (g.Sc < 1 || g.Tc % g.Sc)) return false;
   return true;

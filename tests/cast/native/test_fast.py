@@ -25,6 +25,9 @@ FAST = [
     "e3m2_e8m0_t32", "e5m2_e8m0_t32", "int8_e8m0_t8s2", "int16_e8m0_t16", "int24_e8m0_t8",
     "e4m3fn_e8m0_t64", "int8_e8m0_t64s4", "e2m1fnuz_e4m3fn_t16", "int4_e4m3fn_t16",
     "e4m3fn_e5m2_t8", "int8_e8m0", "e4m3fn_e8m0_t2", "e5m2_e8m0_t2048",
+    # ints over 24 bits: float32(q) rounds, so these take the general path (q * 2^k rounded
+    # once); the fast path's float arithmetic rounded twice
+    "int25_e8m0_t32", "int32_e8m0_t8", "int28_float16_t16",
 ]  # fmt: skip
 SIMD = ["base", "avx2", "avx512"]
 # (2, 1100): rows of many tiles, which the vector kernels take 8 or 16 tiles at a time.
