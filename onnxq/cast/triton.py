@@ -34,11 +34,10 @@ full-range -2^31 is carried as a wrapped 2^31), floats as float32 bits (other fl
 whose values are float32 numbers, such as e5m20, are turned into float32 bits first:
 `triton_bits.float32_bits`).
 
-Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py), uint32
-elements (zero-point formats), float elements, zero
-points and tile scales over 16 bits with values outside float32's (e9m14, e8m23fn), tensor
-scales wider than float32, exponent scales over 10 bits (the reference's float64 powers
-overflow beyond; native stops there too).
+Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py), float
+elements, zero points and tile scales over 16 bits with values outside float32's (e9m14,
+e8m23fn), tensor scales wider than float32, exponent scales over 10 bits (the reference's
+float64 powers overflow beyond; native stops there too).
 """
 
 # Tile geometry keeps layout.py's names (C, TC, nC).

@@ -208,13 +208,10 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
     missing = f"the Triton engine does not implement {{}} ({dt.name}); use backend='reference'"
     if isinstance(n, Codebook):
         raise NotImplementedError(missing.format("codebook formats"))
-    if n.bits > 16 and not (
-        _float32_like(n) or _float32_subset(n) or n.is_int or (n.is_uint and n.bits <= 31)
-    ):
+    if n.bits > 16 and not (_float32_like(n) or _float32_subset(n) or not n.is_float):
         raise NotImplementedError(
             missing.format(
-                "element formats over 16 bits other than ints, uints up to 31 bits and "
-                "floats whose values are float32 numbers"
+                "float element formats over 16 bits whose values are not all float32 numbers"
             )
         )
     if s is not None:

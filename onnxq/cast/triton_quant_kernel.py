@@ -270,8 +270,8 @@ def _int_zero_bound(n, zp, sc, e_maxm, f_emax, f_mbits):
     top = e_maxm.to(tl.float64)
     reach = _int_reach(sc.to(tl.float64), top, f_emax, f_mbits)
     zpf = zp.to(tl.float64)
-    q_lo = tl.maximum(zpf - reach, 0.0).to(tl.int32)[:, None, None]
-    q_hi = tl.minimum(zpf + reach, top).to(tl.int32)[:, None, None]
+    q_lo = tl.maximum(zpf - reach, 0.0).to(tl.int64)[:, None, None]
+    q_hi = tl.minimum(zpf + reach, top).to(tl.int64)[:, None, None]
     return tl.minimum(tl.maximum(n, q_lo), q_hi)
 
 
@@ -289,7 +289,17 @@ def _float_zero_top(n, sc, zf, e_maxm, f_over):
         qf = q.to(tl.float32)
         below = _int_below(tl.maximum(qf, 1.0).to(tl.float64))
         q = tl.where((tl.abs(qf * sc + zf) >= f_over) & (q > 0), below, q)
-    return tl.minimum(n, q.to(tl.int32)[:, None, None])
+    return tl.minimum(n, q.to(tl.int64)[:, None, None])
+
+
+@triton.jit
+def _round_cap(vb, rand, rmode, maxm, STOCH: tl.constexpr):
+    # |round(v)| of the float32 bits vb as int64, capped at maxm (up to uint32's 2^32 - 1):
+    # the int rounding below 2^24; above, v is an integer already (NaN lanes: overwritten)
+    small, _s = _quant_elem(vb, 0, rand, False, 0, 0, 0, 1 << 24, rmode, 0, STOCH)
+    av = (vb & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    big = tl.minimum(av, 4294967296.0).to(tl.int64)
+    return tl.minimum(tl.where(av >= 16777216.0, big, small.to(tl.int64)), maxm)
 
 
 @triton.jit
@@ -312,29 +322,28 @@ def _zero_elems(
     # Zero point (uint elements): q = clip(round(v) [+ zp], 0, qmax) (reference
     # `_zero_point_scaled`); stores the zero-point code, returns the values' bits and the codes
     z_mbits, z_emin, _z_emax, _z_maxm, z_bits, _z_negzero = zfmt
-    e_maxm = efmt[3]
+    e_maxm = efmt[3].to(tl.int64)  # (uint32's 2^32 - 1 arrives as a uint32)
     rmode, _full_int, _keep_inf = mode
     f_over, _f_max, f_emax, f_mbits = fin
     xf = xb.to(tl.float32, bitcast=True)
     if SKIND == 3:
         (lo,) = zpt
         z = tl.where(sc > 0, tl.div_rn(-lo, sc), 0.0).to(tl.int32, bitcast=True)
-        zp, _zs = _quant_elem(z, 0, 0, False, 0, 0, 0, e_maxm, 0, 0, False)
+        zp = _round_cap(z, 0, 0, e_maxm, False)
         zcode = zp
         num = xf
     else:
         zn, zs, zsgn, zf = zpt
         zcode = _float_code(zn, zs, z_mbits, z_emin) | (zsgn.to(tl.int32) << (z_bits - 1))
-        zp = zn * 0
+        zp = zn.to(tl.int64) * 0
         num = xf - zf[:, None, None]
     v = tl.where(eff3 > 0, tl.div_rn(num, tl.broadcast_to(eff3, xf.shape)), 0.0)
     vb = v.to(tl.int32, bitcast=True)
-    # |round(v)|, capped at qmax (beyond, the clip gives the same either way)
-    rn, _rs = _quant_elem(vb, 0, rand, False, 0, 0, 0, e_maxm, rmode, 0, STOCH)
+    # |round(v)|, capped at qmax (beyond, the clip gives the same either way); int64 from
+    # here, as uint32's codes reach 2^32 - 1
+    rn = _round_cap(vb, rand, rmode, e_maxm, STOCH)
     zp3 = zp[:, None, None]
-    # clip(+-rn + zp, 0, qmax) without the int32 sum, which overflows from 31-bit uints
-    up = tl.where(rn > e_maxm - zp3, e_maxm, rn + zp3)
-    n = tl.where(vb < 0, tl.where(rn > zp3, 0, zp3 - rn), up)
+    n = tl.minimum(tl.maximum(tl.where(vb < 0, -rn, rn) + zp3, 0), e_maxm)
     # decoded values past the data type's range move toward the zero point
     if SKIND == 3:
         n = _int_zero_bound(n, zp, sc, e_maxm, f_emax, f_mbits)

@@ -36,7 +36,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SUPPORTED = list(datatypes())
 # (64-bit scales and exponent scales over 10 bits are refused by the parser: docs/formats.md)
 UNSUPPORTED = ["e9m14_e8m0_t32", "e4m3fn_e5m24_t32", "uint4_float16_e9m14_t32"]
-UNSUPPORTED += ["uint32_float32_uint32_t32"]  # uint elements over 31 bits
 UNSUPPORTED += ["e4m3fn_e9m14_t32", "int8_e8m23fn_t0_t16"]  # scales beyond float32's values
 SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
 ROUND_MODES = ["even", "away", "zero", "stochastic"]
@@ -384,7 +383,7 @@ def test_wide_codes_decode_without_a_table(monkeypatch: pytest.MonkeyPatch) -> N
         check(sample((2, 32), seed=52), code, modes=("actual",))
 
 
-# int elements over 24 bits (uints to 31): float32(q) rounds, so the kernels round q * 2^k
+# int and uint elements over 24 bits: float32(q) rounds, so the kernels round q * 2^k
 # once from the integer (`_make_f32_int`), clamp float-scaled ones in float64 as the reference does
 # (`_int_product_bound`), and hold int32's -2^31 (full range) as a wrapped 2^31
 WIDE_INT_CODES = [
@@ -396,9 +395,11 @@ WIDE_INT_CODES = [
     "int30_bfloat16_t16",
     "int27_e10m0_t32",  # scales down to 2^-536: shifts past 31 bits
     "int31_e4m3fn_float32_t16",  # a tensor scale
-    # uint elements to 31 bits with zero points: the clip avoids the int32 sum, and the
-    # bounds are the reference's float64 ones
+    # uint elements with zero points: int64 codes from the rounding on (uint32's reach
+    # 2^32 - 1), and the bounds are the reference's float64 ones
     "uint25_float32_uint25_t32",
+    "uint32_float32_uint32_t32",
+    "uint32_bfloat16_float32_t0",
     "uint31_float32_uint31_t16",
     "uint26_float16_uint26_t0",
     "uint28_bfloat16_float32_t32",
@@ -422,6 +423,7 @@ def test_wide_int_elements(code: str) -> None:
         "int32_float32_t16",
         "int32_float16_t16",
         "uint31_float16_uint31_t16",
+        "uint32_float16_uint32_t16",
         "uint26_float16_float32_t16",
     ],
 )
