@@ -23,10 +23,14 @@ from tests.cast.triton.support import (
 )
 
 # isort: split
+import triton
+import triton.language as tl
+
 from onnxq.cast import triton as tk
 from onnxq.cast.api import QTensor, cast, upcast
 from onnxq.cast.packing import pack_bits
 from onnxq.cast.torch_bridge import upcast_triton
+from onnxq.cast.triton_device import _int_reach
 from onnxq.formats.datatype import DataType, datatype, datatypes
 
 skip_overflow_checks()  # a quarter of this file's time in the interpreter
@@ -617,3 +621,39 @@ def test_auto_falls_back_with_one_warning_on_the_gpu() -> None:
 def test_datatype_objects_are_accepted() -> None:
     x = sample((2, 64), seed=35)
     check(x, datatype("e4m3fn", "e8m0_t32"))
+
+
+@triton.jit
+def _reach_kernel(sc_ptr, out_ptr, n, top, f_emax, f_mbits, block: tl.constexpr):
+    i = tl.arange(0, block)
+    sc = tl.load(sc_ptr + i, mask=i < n, other=0.0).to(tl.float64)
+    tl.store(out_ptr + i, _int_reach(sc, top.to(tl.float64), f_emax, f_mbits), mask=i < n)
+
+
+@pytest.mark.parametrize("bits", [25, 31, 32])
+@pytest.mark.parametrize("out", ["float16", "bfloat16", "float32"])
+def test_int_reach_is_the_reference_product_bound(bits: int, out: str) -> None:
+    # `_int_reach` (float-scaled ints, int zero points) against the reference's
+    # `_product_bound` for every float16 / bfloat16 scale near the limit, where float32(b)
+    # can round past it (tests/cast/test_finite.py checks the reference with exact rationals)
+    from onnxq.cast.reference import _product_bound
+    from onnxq.cast.triton_plan import _FINITE
+    from onnxq.formats import number
+
+    n = number(f"uint{bits}")
+    top = float(n.maxfloat)
+    typ = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[out]
+    f_emax, f_mbits = _FINITE[getattr(torch, out)][:2]
+    center = float(ml_dtypes.finfo(typ).max) / float(np.float32(top))
+    grid = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)
+    if out != "float16":
+        grid = (np.arange(0, 0x7F80, dtype=np.uint32) << 16).view(np.float32)
+    sc = np.concatenate([grid[(grid > center * 0.98) & (grid < center * 1.02)], [0.0]])
+    sc = sc.astype(np.float32)
+    want = _product_bound(sc, n, top, typ)
+    got = torch.zeros(sc.size, dtype=torch.float64, device=DEV)
+    block = triton.next_power_of_2(sc.size)
+    _reach_kernel[(1,)](
+        torch.from_numpy(sc).to(DEV), got, sc.size, int(top), f_emax, f_mbits, block
+    )
+    assert np.array_equal(got.cpu().numpy(), want), (bits, out)
