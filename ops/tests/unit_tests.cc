@@ -1,7 +1,7 @@
-// Unit tests of the library's parser (parse.h) and bit packing (kernels.h), without Python or
-// onnxruntime. Built as the CMake target onnxq_unit_tests (not part of `all`); run by
-// tests/ops/test_cxx_units.py and, under ASan/UBSan, by .ci/sanitize. Prints the number of checks
-// and exits 1 when one fails.
+// Unit tests of the library's parser (parse.h), bit packing (kernels.h) and saturation bound
+// (quant_internal.h), without Python or onnxruntime. Built as the CMake target
+// onnxq_unit_tests (not part of `all`); run by tests/ops/test_cxx_units.py and, under
+// ASan/UBSan, by .ci/sanitize. Prints the number of checks and exits 1 when one fails.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include "kernels.h"
 #include "number.h"
 #include "parse.h"
+#include "quant_internal.h"
 
 namespace {
 
@@ -315,6 +316,33 @@ void test_pack_masked() {
   CHECK(onnxq::pack_bits(codes, 1, 2, 4, none, &out) == 0 && out == 0xCD);
 }
 
+// -- product_bound: ints over 24 bits decode through float32(q) ------------------------------
+// uint26 (top 2^26 - 1) under the float16 scale 9/8192 into float16, whose product limit is
+// 65520 - 2^-9 = 33546239/512. t = limit / scale = 33546239 * 16 / 9 = 59637758.2, so the
+// exact product allows 59637758 (times 9/8192: 65519.99780 < 65519.99805). Its float32 value
+// is 59637760 (spacing 4: the tie 14909439.5 rounds to even), which decodes to 65520 exactly:
+// Inf in float16. The float32 below, 59637756, has the odd mantissa 6520831, so the midpoint
+// 59637758 rounds up and the bound is 59637757 (float32 59637756: 65519.99561).
+void test_product_bound() {
+  onnxq::Num u26;
+  u26.kind = onnxq::kUint;
+  u26.mbits = 26;  // a uint's width
+  CHECK(u26.derive().empty() && u26.maxfloat == 67108863.0);
+  const double limit = 65520.0 - 1.0 / 512.0;
+  CHECK(onnxq::kern::product_bound(9.0f / 8192.0f, u26, u26.maxfloat, limit) == 59637757.0);
+  CHECK(onnxq::kern::int_below(59637760.0) == 59637757.0);
+  // below 2^24 a step is one code; 2^24 + 2 -> 2^24 + 1 (the tie 2^24 + 1 rounds to even 2^24)
+  CHECK(onnxq::kern::int_below(16777216.0) == 16777215.0);
+  CHECK(onnxq::kern::int_below(16777218.0) == 16777217.0);
+  // a zero scale has no bound; narrower ints are unchanged: uint20, 65519.998 / 2^-3 -> 524159
+  CHECK(onnxq::kern::product_bound(0.0f, u26, u26.maxfloat, limit) == u26.maxfloat);
+  onnxq::Num u20;
+  u20.kind = onnxq::kUint;
+  u20.mbits = 20;
+  CHECK(u20.derive().empty());
+  CHECK(onnxq::kern::product_bound(0.125f, u20, u20.maxfloat, limit) == 524159.0);
+}
+
 }  // namespace
 
 int main() {
@@ -326,6 +354,7 @@ int main() {
   test_pack_known_bytes();
   test_pack_round_trips();
   test_pack_masked();
+  test_product_bound();
   std::printf("onnxq_unit_tests: %d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;
 }
