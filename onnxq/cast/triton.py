@@ -29,7 +29,7 @@ of a padded copy holding one tile per row (subtiles contiguous), with the flat i
 alongside for stochastic rounding.
 
 Codes over 16 bits decode without the 2^bits tables of the narrower ones: ints by sign
-extension (over 24 bits, q * 2^k rounds once from the integer: `_make_f32_int`; int32's
+extension (over 24 bits, q * 2^k rounds once from the integer: `_make_f32`; int32's
 full-range -2^31 is carried as a wrapped 2^31), floats as float32 bits (other float formats
 whose values are float32 numbers, such as e5m20, are turned into float32 bits first:
 `triton_bits.float32_bits`).

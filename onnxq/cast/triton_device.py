@@ -96,7 +96,7 @@ def _quant_elem(
         s = tl.where(over, top, s)
     else:
         negfull = ((xb < 0) & (full_int != 0)).to(tl.int32)
-        # int32's full range: 2^31 wraps to -2^31, which `_make_f32_int` reads unsigned
+        # int32's full range: 2^31 wraps to -2^31, which `_make_f32` reads unsigned
         lim = maxm + negfull
         # |v| >= 2^31 would overflow the shift: it saturates anyway (ints are <= 32 bits)
         big = (flx - sexp >= 31) & (ab != 0)
@@ -140,23 +140,10 @@ def _float_pred(n, s, IS_FLOAT: tl.constexpr, mbits, emin):
 
 @triton.jit
 def _make_f32(n, pe):
-    # float32 bits of n * 2^pe (0 <= n <= 2^24), round-half-even below the subnormal grid
-    L = _ilog2(tl.maximum(n, 1))
-    field = pe + L + 127
-    norm = tl.where(L <= 23, n << tl.maximum(23 - L, 0), n >> tl.maximum(L - 23, 0))
-    normal = (field << 23) + (norm & 0x7FFFFF)
-    # subnormal bits are linear in the value, so a carry to 2^23 lands on the smallest normal
-    sub = _round_bits(n, -149 - pe, 0, 0, False)
-    bits = tl.where(field >= 1, normal, sub)
-    bits = tl.where(field >= 255, 0x7F800000, bits)
-    return tl.where(n == 0, 0, bits)
-
-
-@triton.jit
-def _make_f32_int(n, pe):
-    # `_make_f32` for int elements: 0 <= n <= 2^31, read unsigned (int32's saturated 2^31 is
-    # -2^31 here). Over 2^24 n rounds half to even in the (correctly rounded) conversion, and
-    # a normal result scales exactly; a subnormal one rounds n itself, once.
+    # float32 bits of n * 2^pe for 0 <= n <= 2^31, read unsigned (int32's saturated 2^31 is
+    # -2^31 here: `_quant_elem`), rounded once, half to even. n's float32 conversion is
+    # correctly rounded (exact up to 2^24: every float grid value), and a normal result scales
+    # it exactly; a subnormal one rounds n itself at 2^-149.
     nf = n.to(tl.uint32, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
     field = (nf >> 23) + pe
     normal = nf + (pe << 23)

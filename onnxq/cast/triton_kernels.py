@@ -19,7 +19,7 @@ from onnxq.cast.triton_device import (
     _ldexp_bits,
     _lo_key,
     _load_any,
-    _make_f32_int,
+    _make_f32,
     _meta_offsets,
     _okey,
     _store_values,
@@ -159,7 +159,7 @@ def _dequant_kernel(
             # ints over 24 bits: q * 2^k rounded once (float32(q) would round twice below
             # 2^-126); int32's -2^31 is read unsigned
             neg = (si < 0).to(tl.int32) << 31
-            yb = tl.where(c_shift >= 0, _make_f32_int(tl.abs(si), k3) | neg, yb)
+            yb = tl.where(c_shift >= 0, _make_f32(tl.abs(si), k3) | neg, yb)
         tile_nan = tile_nan | nan_t[:, None, None]
     else:
         sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32)

@@ -25,7 +25,6 @@ from onnxq.cast.triton_device import (
     _lo_key,
     _load_any,
     _make_f32,
-    _make_f32_int,
     _meta_offsets,
     _okey,
     _quant_elem,
@@ -242,23 +241,18 @@ def _float_elems(
         vb, 0, rand, E_FLOAT, e_mbits, e_emin, e_emax, e_maxm, rmode, full_int, STOCH
     )
     vneg = vb < 0
-    sgn = vneg & ((n != 0) | (e_negzero != 0))
-    if E_FLOAT:
-        # products that round past the data type's range step down the grid (reference
-        # `_product_bound`; two steps cover every rounding of the scale)
+    # products that round past the data type's range step down (reference `_product_bound`)
+    if E_FLOAT:  # the grid: two steps cover every rounding of the scale
         for _step in tl.static_range(2):
             yt = _make_f32(n, s).to(tl.float32, bitcast=True) * eff3
             bad = (yt >= f_over) & (n != 0)
             pn, ps = _float_pred(n, s, E_FLOAT, e_mbits, e_emin)
             n = tl.where(bad, pn, n)
             s = tl.where(bad, ps, s)
-        sgn = vneg & ((n != 0) | (e_negzero != 0))
-        qb = _make_f32(n, s) | (sgn.to(tl.int32) << 31)
-    else:
-        # ints (up to 32 bits: float32(n) may round, so no step down would do)
+    else:  # ints up to 32 bits: float32(n) may round, so no step of one would do
         n = _int_product_bound(n, eff3, e_maxm, full_int, f_emax, f_mbits)
-        sgn = vneg & ((n != 0) | (e_negzero != 0))
-        qb = _make_f32_int(n, s) | (sgn.to(tl.int32) << 31)
+    sgn = vneg & ((n != 0) | (e_negzero != 0))
+    qb = _make_f32(n, s) | (sgn.to(tl.int32) << 31)
     yb = (qb.to(tl.float32, bitcast=True) * eff3).to(tl.int32, bitcast=True)
     return yb, _elem_code(xb, n, s, sgn, vneg, elem_nan, efmt, keep_inf, E_FLOAT)
 
@@ -421,10 +415,7 @@ def _exp_elems(
     n, s = _finite_clamp(n, s, sexp3, E_FLOAT, e_mbits, e_emax, e_maxm, f_emax, f_mbits)
     neg = xb < 0
     sgn = neg & ((n != 0) | (e_negzero != 0))
-    if E_FLOAT:
-        yb = _make_f32(n, s + sexp3) | (sgn.to(tl.int32) << 31)
-    else:
-        yb = _make_f32_int(n, s + sexp3) | (sgn.to(tl.int32) << 31)
+    yb = _make_f32(n, s + sexp3) | (sgn.to(tl.int32) << 31)
     yb = tl.where(((xb & 0x7FFFFFFF) == 0x7F800000) & (keep_inf != 0), xb, yb)
     return yb, _elem_code(xb, n, s, sgn, neg, elem_nan, efmt, keep_inf, E_FLOAT)
 

@@ -388,7 +388,7 @@ def test_wide_codes_decode_without_a_table(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 # int and uint elements over 24 bits: float32(q) rounds, so the kernels round q * 2^k
-# once from the integer (`_make_f32_int`), clamp float-scaled ones in float64 as the reference does
+# once from the integer (`_make_f32`), clamp float-scaled ones in float64 as the reference does
 # (`_int_product_bound`), and hold int32's -2^31 (full range) as a wrapped 2^31
 WIDE_INT_CODES = [
     "int25_e8m0_t32",
