@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 LIBRARY_NAME = "libonnxq_ops.so" if sys.platform != "darwin" else "libonnxq_ops.dylib"
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _FLOAT_CODES = {
     np.dtype(np.float32): 0,
     np.dtype(np.float16): 1,
@@ -139,7 +139,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     except OSError as err:
         return None, f"the native library {path} cannot be loaded: {err}"
     if lib.onnxq_abi_version() != _ABI_VERSION:
-        return None, f"the native library {path} has ABI {lib.onnxq_abi_version()}, not 1"
+        found = lib.onnxq_abi_version()
+        return None, f"the native library {path} has ABI {found}, not {_ABI_VERSION}"
     p, i32, i64, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_size_t
     lib.onnxq_quantize.restype = i32
     lib.onnxq_quantize.argtypes = [
@@ -508,16 +509,16 @@ def parse_dtype(code: str) -> dict[str, int]:
     return _fields(out)
 
 
-def number_info(spec: NumberSpec) -> tuple[int, float, int, int, float]:
-    """(bits, maxfloat, emax, emin, midmax) as the C++ side derives them (for tests).
+def number_info(spec: NumberSpec) -> tuple[int, float, int, int, float, float]:
+    """(bits, maxfloat, emax, emin, midmax, float32_max) as the C++ side derives them (tests).
 
     Raises:
         NotImplementedError: the library is missing.
         ValueError: the C++ side rejects the spec.
     """
     lib = _lib()
-    out = (ctypes.c_double * 5)()
+    out = (ctypes.c_double * 6)()
     err = ctypes.create_string_buffer(512)
     num = _number(spec)
     _check(lib.onnxq_number_info(ctypes.byref(num), out, err, len(err)), err)
-    return int(out[0]), out[1], int(out[2]), int(out[3]), out[4]
+    return int(out[0]), out[1], int(out[2]), int(out[3]), out[4], out[5]

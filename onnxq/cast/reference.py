@@ -408,8 +408,14 @@ def _exponent_scaled(
 
 
 def _cast_scale(values: np.ndarray, spec: NumberSpec) -> np.ndarray:
-    """Round non-negative float32 scale values to ``spec`` (round-even, saturating)."""
-    return quantize_values(values.astype(np.float64), spec, RoundMode.EVEN).astype(np.float32)
+    """Round float32 scale or zero-point values to ``spec`` (round-even), as float32.
+
+    They saturate at the largest value that float32 holds (`NumberSpec.float32_max`), so the
+    float32 number the arithmetic uses is the value its code decodes to.
+    """
+    return quantize_values(
+        values.astype(np.float64), spec, RoundMode.EVEN, limit=spec.float32_max
+    ).astype(np.float32)
 
 
 def _tensor_scale(
@@ -467,9 +473,11 @@ def _zero_float_top(sc: np.ndarray, zero: np.ndarray, qmax: float, finite_dtype)
     the next float32 number below float32(q) (q - 1 up to 2^24; wider uints round q first).
     """
     over = np.float32(OVERFLOW[np.dtype(finite_dtype).name])
+    # the estimate needs a finite threshold: float32's is the real 2^128 - 2^103 (its Inf)
+    real_over = np.float64(over) if np.isfinite(over) else PRODUCT_LIMIT["float32"]
     s64, z64 = sc.astype(np.float64), zero.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        t = np.floor((np.float64(over) - z64) / np.where(s64 > 0, s64, 1.0)) + 1.0
+        t = np.floor((real_over - z64) / np.where(s64 > 0, s64, 1.0)) + 1.0
         q = np.where(s64 > 0, np.clip(t, 0.0, qmax), qmax)
         for _ in range(3):
             qf = q.astype(np.float32)
@@ -521,7 +529,7 @@ def _zero_point_scaled(xt, rt, n, dt, round_mode, out, want_codes, finite_dtype)
     lo, hi = _later_zeros(xt, finite, lo, hi)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if s.zero.is_float:
-            zero = quantize_values(lo.astype(np.float64), s.zero, RoundMode.EVEN).astype(np.float32)
+            zero = _cast_scale(lo, s.zero)
             raw = np.maximum((hi - zero) / qmax, np.float32(0)).astype(np.float32)
             sc = _cast_scale(raw, s.scale)
             shifted = (xt - zero[..., None]).astype(np.float32)

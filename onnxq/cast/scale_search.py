@@ -50,23 +50,30 @@ def tile_sq_error(y: np.ndarray, xt: np.ndarray) -> np.ndarray:
 
 
 def float_step(sc: np.ndarray, spec: NumberSpec, step: int) -> np.ndarray:
-    """The float scale ``step`` codes above (+1) or below (-1) ``sc`` in ``spec``'s grid.
+    """The float scale one step above (+1) or below (-1) ``sc``, among the values a scale can be.
 
-    ``sc`` holds non-negative grid values of ``spec`` (float32). Up from the largest finite
-    value stays there; down from the smallest positive value gives 0 (a zero scale: the tile
-    decodes to zeros, a candidate that never wins a tile with a nonzero value).
+    Those are ``spec``'s values that float32 holds (up to `NumberSpec.float32_max`); ``sc``
+    holds some of them. Where ``spec``'s grid is no finer than float32's (every format up to
+    16 bits but a few with large biases) the step is one code; where it is finer (over 23
+    mantissa bits, or below 2^-126), it is the next float32 number, which is on the grid. Up
+    from `float32_max` stays there; down from the smallest positive value gives 0 (a zero
+    scale: the tile decodes to zeros, a candidate that never wins a tile with a nonzero value).
     """
     if step == 0:
         return sc
     s64 = sc.astype(np.float64)
     e = np.maximum(floor_log2(np.where(s64 > 0, s64, 1.0)), spec.emin)
     ulp = pow2(e - spec.mbits)
+    f32 = sc.astype(np.float32)
     if step > 0:
-        out = np.minimum(np.where(s64 > 0, s64 + ulp, pow2(spec.emin - spec.mbits)), spec.maxfloat)
+        grid = np.where(s64 > 0, s64 + ulp, pow2(spec.emin - spec.mbits))
+        near = np.nextafter(f32, np.float32(np.inf)).astype(np.float64)
+        out = np.minimum(np.maximum(grid, near), spec.float32_max)
     else:
         # Below a power of two (not the smallest normal) the grid step is half as big.
         at_pow2 = (s64 == pow2(e)) & (e > spec.emin)
-        out = np.where(s64 > 0, s64 - np.where(at_pow2, ulp * 0.5, ulp), 0.0)
+        grid = np.where(s64 > 0, s64 - np.where(at_pow2, ulp * 0.5, ulp), 0.0)
+        out = np.minimum(grid, np.nextafter(f32, np.float32(0)).astype(np.float64))
     return out.astype(np.float32)
 
 

@@ -353,6 +353,25 @@ class NumberSpec:
         return self.decode(self._max_code)
 
     @property
+    def float32_max(self) -> float:
+        """The largest finite value that is also a float32 number (floats; others: maxfloat).
+
+        Float scales and zero points are used as float32 numbers, so they saturate here, not
+        at maxfloat (architecture decision 21): equal to maxfloat but for formats whose top
+        values leave float32 (over 2^128, or over 24 significant bits, such as e9m14, e5m26).
+        """
+        top = self.maxfloat
+        if not self.is_float:
+            return top
+        f32_max = math.ldexp(2.0 - 2.0**-23, 127)
+        if top > f32_max:  # the largest grid value at or below float32's largest
+            e = max(math.frexp(f32_max)[1] - 1, self.emin) - self.mbits
+            top = math.floor(math.ldexp(f32_max, -e)) * 2.0**e
+        # 24 significant bits, steps of at least 2^-149: a grid finer there keeps the result
+        e = max(math.frexp(top)[1] - 1 - 23, -149)
+        return math.floor(math.ldexp(top, -e)) * 2.0**e
+
+    @property
     def minint(self) -> int:
         """The smallest integer code value (-2^(N-1) for int, 0 for uint)."""
         return -(1 << (self.bits - 1)) if self.is_int else 0

@@ -391,7 +391,9 @@ def static_scale(dt: DataType, lo: np.float32, hi: np.float32, amax: np.float32)
     qtype, typ, signed = found
 
     def cast_scale(raw: np.ndarray) -> np.float32:
-        q = quantize_values(raw.astype(np.float64).reshape(1), s.scale, RoundMode.EVEN)
+        q = quantize_values(
+            raw.astype(np.float64).reshape(1), s.scale, RoundMode.EVEN, limit=s.scale.float32_max
+        )
         return np.float32(np.asarray(q).reshape(-1)[0])
 
     qmax = np.float32(n.maxfloat)

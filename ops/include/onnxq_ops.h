@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define ONNXQ_ABI_VERSION 1
+#define ONNXQ_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define ONNXQ_API __attribute__((visibility("default")))
@@ -71,7 +71,8 @@ typedef struct onnxq_modes {
 ONNXQ_API int32_t onnxq_abi_version(void);
 
 /* Derived properties of a number spec (for tests that compare them with Python):
- * out[0] bits, out[1] maxfloat, out[2] emax, out[3] emin, out[4] midmax. */
+ * out[0] bits, out[1] maxfloat, out[2] emax, out[3] emin, out[4] midmax, out[5] the largest
+ * value that float32 holds (where float scales and zero points saturate). */
 ONNXQ_API int32_t onnxq_number_info(const onnxq_number* n, double* out, char* err, size_t errlen);
 
 /* Parse a data type code or built-in preset name (`len` bytes of `text`; a NUL inside is a

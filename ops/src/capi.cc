@@ -43,6 +43,7 @@ int32_t onnxq_number_info(const onnxq_number* n, double* out, char* err, size_t 
     out[2] = num.emax;
     out[3] = num.emin;
     out[4] = num.midmax;
+    out[5] = num.f32_max;
     return 0;
   } catch (const std::exception& ex) {
     return onnxq::write_error(err, errlen, std::string("[onnxq_number_info] ") + ex.what());

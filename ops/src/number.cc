@@ -121,6 +121,18 @@ std::string Num::derive() {
   double half_ulp = kind == kFloat ? std::ldexp(1.0, emax - mbits - 1) : 0.5;
   midmax = maxfloat + half_ulp;
   smallest_normal = std::ldexp(1.0, emin);
+  f32_max = maxfloat;
+  if (kind == kFloat) {  // the largest value float32 holds (24 bits, steps >= 2^-149)
+    const double f32_top = 0x1.FFFFFEp127;
+    if (f32_max > f32_top) {
+      int e = std::max(127, emin) - mbits;
+      f32_max = std::floor(std::ldexp(f32_top, -e)) * std::ldexp(1.0, e);
+    }
+    int fe = 0;
+    std::frexp(f32_max, &fe);
+    int e = std::max(fe - 1 - 23, -149);
+    f32_max = std::floor(std::ldexp(f32_max, -e)) * std::ldexp(1.0, e);
+  }
   if (kind == kFloat) {
     uint64_t sign = 1ull << (bits - 1);
     switch (infnan) {

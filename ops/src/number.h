@@ -60,6 +60,7 @@ struct Num {
   int kind = kFloat, ebits = 0, mbits = 0, bias = 0, infnan = kNone;
   int bits = 0, emax = 0, emin = 0;
   double maxfloat = 0, midmax = 0, smallest_normal = 1;
+  double f32_max = 0;  // NumberSpec.float32_max: where float scales and zero points saturate
   bool has_inf = false, has_negzero = false, is_float = false, is_int = false;
   uint64_t nan_code = 0;
   int code_bytes = 1;

@@ -117,9 +117,10 @@ inline double product_bound(float scale, const Num& n, double top, double limit)
   return b;
 }
 
-// reference._cast_scale for one value.
+// reference._cast_scale for one value: saturating at the largest value float32 holds.
 inline float cast_scale(float v, const Num& spec) {
-  return static_cast<float>(quantize_value(static_cast<double>(v), spec, kEven, 0, false, false));
+  return static_cast<float>(
+      quantize_value(static_cast<double>(v), spec, kEven, 0, false, false, spec.f32_max));
 }
 
 struct Ctx {
@@ -184,12 +185,18 @@ inline float float_step(float sc, const Num& spec, int step) {
   int e = fl > spec.emin ? fl : spec.emin;
   double ulp = pow2(e - spec.mbits);
   double out;
+  // the grid's neighbour or float32's, the farther: where the grid is finer than float32's,
+  // the next float32 number (on the grid) is the next value a scale can be
   if (step > 0) {
-    out = s > 0 ? s + ulp : pow2(spec.emin - spec.mbits);
-    out = out < spec.maxfloat ? out : spec.maxfloat;
+    double grid = s > 0 ? s + ulp : pow2(spec.emin - spec.mbits);
+    double near = std::nextafter(sc, INFINITY);
+    out = grid > near ? grid : near;
+    out = out < spec.f32_max ? out : spec.f32_max;
   } else {
     bool at_pow2 = s == pow2(e) && e > spec.emin;  // the step below a power of two is half
-    out = s > 0 ? s - (at_pow2 ? ulp * 0.5 : ulp) : 0.0;
+    double grid = s > 0 ? s - (at_pow2 ? ulp * 0.5 : ulp) : 0.0;
+    double near = std::nextafter(sc, 0.0f);
+    out = grid < near ? grid : near;
   }
   return static_cast<float>(out);
 }

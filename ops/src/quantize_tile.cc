@@ -62,7 +62,7 @@ TileParams tile_params(const Ctx& c, const Stats& st, int step) {
       float qmax = static_cast<float>(f.elem.maxfloat);
       float lo = std::isfinite(st.lo) ? st.lo : 0.0f;
       float hi = std::isfinite(st.hi) ? st.hi : 0.0f;
-      p.zero = static_cast<float>(quantize_value(lo, f.zero, kEven, 0, false, false));
+      p.zero = cast_scale(lo, f.zero);
       float r = (hi - p.zero) / qmax;
       float raw = r < 0.0f ? 0.0f : r;  // np.maximum(r, 0): ties and NaN keep r's value
       if (r == 0.0f) raw = 0.0f;
@@ -72,9 +72,11 @@ TileParams tile_params(const Ctx& c, const Stats& st, int step) {
       // reference._zero_float_top: the largest q whose decoded value stays finite.
       const float over = overflow_f32(finite_type(c.io));
       const double s64 = p.sc, z64 = p.zero, qm = f.elem.maxfloat;  // exact 2^N - 1
+      // the estimate needs a finite threshold: float32's is the real 2^128 - 2^103 (its Inf)
+      const double real_over = std::isinf(over) ? 0x1.FFFFFFp127 : static_cast<double>(over);
       double q = qm;
       if (s64 > 0) {
-        double t = std::floor((static_cast<double>(over) - z64) / s64) + 1.0;
+        double t = std::floor((real_over - z64) / s64) + 1.0;
         q = t < 0.0 ? 0.0 : t > qm ? qm : t;  // np.clip (NaN stays NaN)
       }
       for (int k = 0; k < 3; ++k) {

@@ -956,6 +956,80 @@ def test_float_zero_point_of_a_tile_without_finite_values(backend: str) -> None:
     assert np.asarray(q.scale).ravel().tolist() == [0, 0]
 
 
+# Float scales and zero points are used as float32 numbers, so they saturate at the largest
+# value of their format that float32 holds (decision 21), not at a maxfloat float32 rounds.
+# (1) e4m3fn_e5m26_t32, x = [3e7, 1, -3e7, 0...] (3e7 is a float32 number: even, below 2^25):
+#   raw = 3e7 / 448 = 66964.3 > e5m26's maxfloat 2^16 - 2^-11 (27 bits, float32 rounds it up
+#   to 2^16); the largest e5m26 value float32 holds is 2^16 - 2^-8 = 2^15 * (2 - 2^-23):
+#   field 15 + 15 = 30, mantissa (1 - 2^-23) * 2^26 = 2^26 - 8 -> code 30 * 2^26 + 2^26 - 8 =
+#   2080374776 (the old code, 31 << 26 = 2080374784, is e5m26's Inf).
+#   3e7 / (2^16 - 2^-8) = 457.76 -> e4m3fn step 32 in [256, 512): 448 (code 126); y = 448 *
+#   (2^16 - 2^-8) = 29360126.25 -> float32 (step 2) 29360126. 1 / 65536 < 2^-10 (half of
+#   e4m3fn's smallest 2^-9) -> 0. -3e7 -> code 0x80 | 126 = 254, -29360126.
+# (2) int2_e9m14_t4, x = [float32 max, 1, 0, -3.4e38]: int2's maxfloat is 1, so raw = float32
+#   max = (2 - 2^-23) * 2^127; e9m14 rounds it to 14 mantissa bits: up to 2^128, past float32
+#   (Inf: the elements then divide by Inf and decode to NaN). It saturates at 2^128 - 2^113:
+#   field 127 + 255 = 382, mantissa 2^14 - 1 -> code 382 * 2^14 + 16383 = 6275071.
+#   max / (2^128 - 2^113) = 1.00006 -> 1; 1 / scale -> 0; float32(-3.4e38) / scale = -0.99918
+#   -> -1 (int2 code 3); y = +-(2^128 - 2^113), a float32 number (15 bits).
+WIDE_SCALES: list[Case] = [
+    Case(
+        "e5m26 scale saturates where float32 holds it",
+        "e4m3fn_e5m26_t32",
+        tile([3e7, 1.0, -3e7]),
+        tile([29360126.0, 0.0, -29360126.0]),
+        scale=[2080374776],
+        data=ctile([126, 0, 254]),
+    ),
+    Case(
+        "e9m14 scale saturates below 2^128",
+        "int2_e9m14_t4",
+        [float(np.finfo(np.float32).max), 1.0, 0.0, -3.4e38],
+        [p2(128) - p2(113), 0.0, 0.0, -(p2(128) - p2(113))],
+        scale=[6275071],
+        data=[1, 0, 0, 3],
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+@pytest.mark.parametrize("case", params(WIDE_SCALES))
+def test_wide_scales_saturate_where_float32_holds_them(case: Case, backend: str) -> None:
+    if backend == "native" and not native.available():
+        pytest.skip("native library not built")
+    run(dataclasses.replace(case, kwargs={**case.kwargs, "backend": backend}))
+
+
+# The float zero point's bound on float32 data (decision 30), where float32's Inf threshold
+# is the real 2^128 - 2^103. uint8_float32_bfloat16_t4, x = [3.4e38, -3.4e38, 1, 0] (float32):
+#   zero = bfloat16(-3.4e38): 3.4e38 / 2^127 = 1.998 rounds to 2 (step 2^-7), past bfloat16's
+#   largest, so it saturates: -(2 - 2^-7) * 2^127 (code 0xFF7F).
+#   raw = float32(hi - zero) / 255 = Inf (the sum overflows) -> the float32 scale saturates at
+#   float32's largest, s = (2 - 2^-23) * 2^127 (0x7F7FFFFF).
+#   bound: floor((2^128 - 2^103 - zero) / s) + 1 = floor(1.996) + 1 = 2; q = 2 decodes to
+#   float32(2 s) = Inf, so one step down: q = 1 decodes to s + zero = (2^-7 - 2^-23) * 2^127
+#   = 2^120 - 2^104 (16 bits: exact), finite. (With float32's threshold taken as Inf, the
+#   bound started at qmax = 255 and three steps left 252: 3.4e38 decoded to Inf.)
+#   3.4e38: (x - zero) overflows to Inf -> 255 -> bound 1 -> 2^120 - 2^104.
+#   -3.4e38: (x - zero) / s = -0.003 -> -0 -> 0 -> zero. 1 and 0: (x - zero) / s = 0.996 -> 1.
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_float_zero_point_bound_on_float32_data(backend: str) -> None:
+    if backend == "native" and not native.available():
+        pytest.skip("native library not built")
+    top = p2(120) - p2(104)
+    case = Case(
+        "float zero point bound at float32's top",
+        "uint8_float32_bfloat16_t4",
+        [3.4e38, -3.4e38, 1.0, 0.0],
+        [top, -(2 - p2(-7)) * p2(127), top, top],
+        kwargs={"backend": backend},
+        scale=[0x7F7FFFFF],
+        zero=[0xFF7F],
+        data=[1, 0, 1, 1],
+    )
+    run(case)
+
+
 # -- family 5: geometry and edge tiles ------------------------------------------------------
 # e2m1fnuz_e8m0_t4 on a (4, 8) tensor whose only large value is x[0, 0] = 12, else 1.5.
 # A tile holding 12: floor(log2 12) = 3 -> sexp 1 (code 128): 12/2 = 6 (code 7) -> 12;

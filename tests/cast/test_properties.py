@@ -35,6 +35,10 @@ EXTRA = [
     "cb41fi_e2m2fnuz_e8m0_t32",  # implicit codebook, mapping per tile
     "e4m3fn_e8m0_t16n2m4",  # 2:4 sparsity on exponent-scaled floats
     "int8_float32_t16n2m4",  # 2:4 sparsity on float-scaled ints
+    # scale and zero point formats whose largest value float32 does not hold (about 32, 27
+    # bits): they saturate at the float32 number below it (decision 21)
+    "e2m1_e3m28_t16",
+    "uint8_float32_e3m28_t16",
 ]
 ALL = sorted(onnxq.datatypes()) + EXTRA
 FLOAT_DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]

@@ -13,6 +13,8 @@ import pytest
 import onnxq
 from onnxq.cast import backends, native
 from onnxq.cast.request import resolve
+from onnxq.cast.scale_search import float_step
+from onnxq.formats import number
 from onnxq.formats.modes import ScaleMode
 
 FAMILIES = [
@@ -37,6 +39,9 @@ FAMILIES = [
     "cb51ie_e2m3_mx6_e8m0_t16s2",  # implicit codebook, mapping per pair
     "uint4_bfloat16_bfloat16_t32",  # zero point: no search, the ordinary rule
 ]
+# float scales whose grid is finer than float32's: over 23 mantissa bits everywhere (e5m26),
+# below 2^-135 (e9m14, on tiny data); both saturate where float32 holds their values
+FINE_SCALES = ["e4m3fn_e5m26_t32", "int4_e9m14_t8", "e2m1_e4m3_e5m26_t16"]
 
 
 def _data(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -86,6 +91,53 @@ def test_native_equals_reference(name: str, shape: tuple[int, ...], axis: int, p
     vr = onnxq.cast(x, name, backend="reference", **kw)
     vn = onnxq.cast(x, name, backend="native", **kw)
     assert _same(vr, vn), name
+
+
+# A candidate is a value a scale can be: one that float32 holds (scale_search.float_step).
+# e4m3fn (grid coarser than float32's): one code, 1 -> 1.125 and, below the power of two where
+# the step halves, 1 -> 1 - 2^-4. e5m26: its neighbours 1 +- 2^-26 are not float32 numbers; the
+# next float32 numbers 1 + 2^-23 and 1 - 2^-24 are on its grid. Up from its largest float32
+# value 2^16 - 2^-8 stays; up from 0 is its smallest, 2^-40 (a float32 number).
+# e9m14 (emin -254): up from 0 is 2^-149 (its own smallest, 2^-268, is not a float32 number),
+# down from there 0; at 2^-130 its step 2^-144 is coarser than float32's 2^-149 (one code);
+# at 2^-140 its step 2^-154 is finer (2^-140 + 2^-149); up from 2^128 - 2^113 stays.
+FLOAT_STEPS = [
+    ("e4m3fn", 1.0, 1, 1.125),
+    ("e4m3fn", 1.0, -1, 1 - 2.0**-4),
+    ("e5m26", 1.0, 1, 1 + 2.0**-23),
+    ("e5m26", 1.0, -1, 1 - 2.0**-24),
+    ("e5m26", 2.0**16 - 2.0**-8, 1, 2.0**16 - 2.0**-8),
+    ("e5m26", 0.0, 1, 2.0**-40),
+    ("e9m14", 0.0, 1, 2.0**-149),
+    ("e9m14", 2.0**-149, -1, 0.0),
+    ("e9m14", 2.0**-130, 1, 2.0**-130 + 2.0**-144),
+    ("e9m14", 2.0**-140, 1, 2.0**-140 + 2.0**-149),
+    ("e9m14", 2.0**128 - 2.0**113, 1, 2.0**128 - 2.0**113),
+]
+
+
+@pytest.mark.parametrize(("code", "sc", "step", "want"), FLOAT_STEPS)
+def test_float_step_among_float32_values(code: str, sc: float, step: int, want: float) -> None:
+    got = float_step(np.array([sc], np.float32), number(code), step)
+    assert got.dtype == np.float32 and float(got[0]) == want
+
+
+@pytest.mark.needs_native
+@pytest.mark.parametrize("name", FINE_SCALES)
+@pytest.mark.parametrize("tiny", [False, True])
+def test_native_equals_reference_on_scales_finer_than_float32(name: str, tiny: bool) -> None:
+    x = _data((6, 64), seed=9)
+    if tiny:  # scales below 2^-135, where e9m14's grid is finer than float32's
+        x = (x * np.float32(2.0**-125)).astype(np.float32)
+    kw = {"scale_mode": "search"}
+    ref = onnxq.cast(x, name, mode="actual", backend="reference", **kw)
+    nat = onnxq.cast(x, name, mode="actual", backend="native", **kw)
+    for field in ("data", "scale", "tenscale"):
+        a, b = getattr(ref, field, None), getattr(nat, field, None)
+        assert (a is None) == (b is None) and (a is None or _same(a, b)), (name, field)
+    vr = onnxq.cast(x, name, backend="reference", **kw)
+    assert _same(vr, onnxq.cast(x, name, backend="native", **kw)), name
+    assert _same(onnxq.upcast(ref), vr), name
 
 
 @pytest.mark.needs_native

@@ -45,7 +45,8 @@ def test_maxfloat_is_the_largest_finite_code_value() -> None:
 def test_cpp_derives_the_same_maxfloat() -> None:
     for spec in SMALL:
         derived = native.number_info(spec)
-        assert derived == (spec.bits, spec.maxfloat, spec.emax, spec.emin, spec.midmax), spec
+        want = (spec.bits, spec.maxfloat, spec.emax, spec.emin, spec.midmax, spec.float32_max)
+        assert derived == want, spec
 
 
 @pytest.mark.parametrize(
@@ -92,7 +93,7 @@ def test_cpp_refuses_out_of_range_numbers_through_the_c_abi() -> None:
         lib = native._lib()
         for fields in [(0, 11, 52, 0, 1), (0, 11, 20, 0, 1), (0, 11, 17, 0, 3), (3, 16, 0, 0, 0),
                        (0, 12, 3, 2047, 1)]:
-            out = (ctypes.c_double * 5)()
+            out = (ctypes.c_double * 6)()
             err = ctypes.create_string_buffer(256)
             status = lib.onnxq_number_info(ctypes.byref(native._Number(*fields)), out, err, 256)
             assert status != 0, fields

@@ -35,6 +35,14 @@ EXTRA = [
     "e4m3fn",
     "float16",
     "bfloat16",
+    # values outside float32: elements, scales (saturating where float32 holds them), zero
+    # points, a tensor scale, a large bias
+    "e9m14_e8m0_t32",
+    "e4m3fn_e5m26_t32",
+    "int8_e9m14_t16",
+    "uint8_float32_e6m25fn_t32",
+    "e2m1_e4m3_e5m26_t16",
+    "e4m3b150_e8m0_t32",
 ]
 NAMES = [*onnxq.datatypes(), *EXTRA]
 SPECIALS = np.array(
@@ -210,18 +218,23 @@ def test_native_refuses_stochastic_codebooks_by_message() -> None:
         )
 
 
-@pytest.mark.parametrize("name", [*onnxq.datatypes(), "e5m2_e8m0_t32"])
+# formats whose float32_max is not their maxfloat: over 2^128, 24 significant bits, or both
+WIDE_NUMBERS = ["e9m14_e5m26_t32", "e8m23fn_e6m25fn_t32", "e11m20_e10m21fn_t32", "e3m28_e7m24_t8"]
+
+
+@pytest.mark.parametrize("name", [*onnxq.datatypes(), "e5m2_e8m0_t32", *WIDE_NUMBERS])
 def test_cpp_number_properties_match_python(name: str) -> None:
     dt = datatype(name)
     specs = [dt.nspec] + ([] if dt.sspec is None else [dt.sspec.scale])
     for spec in specs:
-        bits, maxfloat, emax, emin, midmax = native.number_info(spec)
-        assert (bits, maxfloat, emax, emin, midmax) == (
+        bits, maxfloat, emax, emin, midmax, f32_max = native.number_info(spec)
+        assert (bits, maxfloat, emax, emin, midmax, f32_max) == (
             spec.bits,
             spec.maxfloat,
             spec.emax,
             spec.emin,
             spec.midmax,
+            spec.float32_max,
         ), str(spec)
 
 
