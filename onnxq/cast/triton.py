@@ -73,6 +73,7 @@ from onnxq.cast.triton_plan import (
     _bump_threshold,
     _code_torch_dtype,
     _float32_like,
+    _float32_subset,
     _hash_key,
     _Plan,
     _store_dtype,
@@ -90,7 +91,7 @@ from onnxq.cast.triton_tiles import (
 )
 from onnxq.formats.datatype import DataType
 from onnxq.formats.modes import CastMode, NanPolicy, RoundMode, ScaleMode
-from onnxq.formats.number import NumberSpec
+from onnxq.formats.number import InfNaN, NumberSpec
 
 __all__ = ["dequantize", "pack_bits", "plan", "quantize", "to_qtensor", "unpack_bits", "upcast"]
 
@@ -362,9 +363,12 @@ def _quant_numbers(
         return nums
     sf = p.sfmt
     assert sf is not None
+    with np.errstate(over="ignore"):  # maxfloats past float32's are Inf there, as in numpy's
+        el_maxf = float(np.float32(n.maxfloat))
+        denom = np.float32(n.maxfloat) * np.float32(s.scale.maxfloat)
     nums.update(
         s_nan=nan_code(s.scale),
-        el_maxf=float(np.float32(n.maxfloat)),
+        el_maxf=el_maxf,
         s_mbits=sf.mbits,
         s_emin=sf.emin,
         s_emax=sf.emax,
@@ -372,7 +376,6 @@ def _quant_numbers(
     )
     if p.tfmt is not None:
         tf = p.tfmt
-        denom = np.float32(n.maxfloat) * np.float32(s.scale.maxfloat)
         nums.update(
             ts_denom=float(denom),
             t_mbits=tf.mbits,
@@ -424,8 +427,28 @@ def _decode_table(spec: NumberSpec, device: str) -> torch.Tensor:
     return torch.from_numpy(values.copy()).to(device)
 
 
+def _field_numbers(n: NumberSpec) -> dict[str, int]:
+    """`_float_fields`' numbers (``d_*``) of a float element format (zeros for others)."""
+    if not n.is_float:
+        return dict(d_bits=0, d_mbits=0, d_emin=0, d_inf=-1, d_nan=-1, d_uznan=0)
+    sign_bit = 1 << (n.bits - 1)
+    inf = nan = -1
+    if n.infnan is InfNaN.IEEE:
+        inf = ((1 << n.ebits) - 1) << n.mbits
+        nan = inf + 1
+    elif n.infnan is InfNaN.FN:
+        nan = sign_bit - 1
+    elif n.infnan is InfNaN.INUZ:
+        inf = sign_bit - 1
+    uznan = int(n.infnan in (InfNaN.FNUZ, InfNaN.INUZ))
+    return dict(d_bits=n.bits, d_mbits=n.mbits, d_emin=n.emin, d_inf=inf, d_nan=nan, d_uznan=uznan)
+
+
 def _wide_codes(codes: torch.Tensor, spec: NumberSpec) -> torch.Tensor:
-    """Float codes over 16 bits as float32 bits (what the kernels decode without a table)."""
+    """Float scale or zero-point codes over 16 bits as float32 bits (values rounded once).
+
+    What the kernels read without a table.
+    """
     if spec.bits <= 16 or not spec.is_float or _float32_like(spec):
         return codes
     return float32_bits(codes, spec)
@@ -489,7 +512,7 @@ def dequantize(
     c = _signed(codes.contiguous()).reshape(shape)
     if p.rows:
         c = _to_tile_rows(c, p.tiling)
-    c = _wide_codes(_flat_codes(c), n)
+    c = _flat_codes(c)
     y = torch.empty(c.shape, dtype=out_dtype, device=dev)
     sc = dummy if scale is None else _tile_codes(scale, p, s.scale)
     zc = dummy if zero is None else _tile_codes(zero, p, s.zero)
@@ -499,13 +522,15 @@ def dequantize(
     stab = ztab = dummy
     ts = torch.ones(1, dtype=torch.float32, device=dev)
     s_f32 = False
-    wide = n.bits > 16
+    # no table for codes over 16 bits, nor for floats whose values float32 does not hold all
+    # (large biases): their exact value is scaled before it rounds
+    wide = n.bits > 16 or (n.is_float and not _float32_subset(n))
     c_shift = -1 if n.is_float else (32 - n.bits if n.is_int else -2)
-    code_mask = (1 << n.bits) - 1 if n.bits < 32 and not (wide and n.is_float) else -1
+    code_mask = (1 << n.bits) - 1 if n.bits < 32 else -1
     nums = dict(
         code_mask=code_mask, c_shift=c_shift, s_bias=0, s_nan=0, s_mask=0, z_mask=0, z_shift=-2
     )
-    nums.update(bf16=_bf16(out_dtype))
+    nums.update(_field_numbers(n), bf16=_bf16(out_dtype))
     if s is not None:
         if s.scale.is_exponent:
             nums.update(

@@ -34,12 +34,13 @@ def _flat_codes(t: torch.Tensor) -> torch.Tensor:
 
 
 def float32_bits(codes: torch.Tensor, n: NumberSpec) -> torch.Tensor:
-    """Float32 bits (int32) of the codes of a float format whose values are float32 numbers.
+    """Float32 bits (int32) of the values of float codes, rounded once to float32.
 
-    `NumberSpec.decode` with torch ops, for the formats over 16 bits that the kernels' decode
-    tables cannot hold (e5m20, e8m15...): sign, exponent field rebiased to float32's, the
-    mantissa left-aligned; subnormals as ``mant * 2^(emin - mbits)`` (exact in float64, a
-    float32 number); the convention's NaN and Inf codes.
+    `NumberSpec.decode` then a float32 conversion (numpy's decode then astype), with torch ops,
+    for the scale and zero-point codes over 16 bits that the kernels' decode tables cannot
+    hold: the magnitude ``sig * 2^exp`` is exact in float64 (the format limits); exponents
+    below -182 are raised to it, as ``sig * 2^-182`` (``sig < 2^31``) is under 2^-151 and
+    rounds to float32's 0 like the exact value; the convention's NaN and Inf codes.
     """
     c = codes.to(torch.int64) & ((1 << n.bits) - 1)
     sign_bit = 1 << (n.bits - 1)
@@ -47,9 +48,11 @@ def float32_bits(codes: torch.Tensor, n: NumberSpec) -> torch.Tensor:
     magnitude = c & (sign_bit - 1)
     field = magnitude >> n.mbits
     mant = magnitude & ((1 << n.mbits) - 1)
-    normal = ((field - n.bias + 127) << 23) | (mant << (23 - n.mbits))
-    small = (mant.double() * 2.0 ** (n.emin - n.mbits)).float().view(torch.int32).to(torch.int64)
-    bits = torch.where(field == 0, small, normal) | (negative.to(torch.int64) << 31)
+    sig = torch.where(field == 0, mant, mant | (1 << n.mbits)).to(torch.float64)
+    exp = field.clamp(min=1) - n.bias - n.mbits
+    pow2 = ((exp.clamp(min=-182) + 1023) << 52).view(torch.float64)  # a normal float64
+    bits = (sig * pow2).to(torch.float32).view(torch.int32).to(torch.int64)
+    bits = bits | (negative.to(torch.int64) << 31)
     inf = 0x7F800000 | (negative.to(torch.int64) << 31)
     top_field, top_mant = (1 << n.ebits) - 1, (1 << n.mbits) - 1
     if n.infnan is InfNaN.IEEE:

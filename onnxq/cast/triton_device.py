@@ -158,15 +158,72 @@ def _make_f32(n, pe):
 
 
 @triton.jit
+def _float_fields(c, d_bits, d_mbits, d_emin, d_inf, d_nan, d_uznan):
+    # A float code of d_bits bits (<= 32, mantissa <= 30) as its magnitude n * 2^s, its sign
+    # and, for Inf and NaN codes, their float32 bits (else 0): NumberSpec.decode. d_inf: the
+    # magnitude code of Inf (-1: none); magnitudes from d_nan on are NaN (-1: none); d_uznan:
+    # the negative-zero code is NaN (fnuz, inuz)
+    sign_bit = 1 << (d_bits - 1)  # (-2^31 for 32 bits: the arithmetic wraps)
+    mag = c & (sign_bit - 1)
+    field = mag >> d_mbits
+    mant = mag & ((1 << d_mbits) - 1)
+    n = tl.where(field == 0, mant, mant | (1 << d_mbits))
+    s = tl.maximum(field, 1) + d_emin - 1 - d_mbits
+    neg = (c & sign_bit) != 0
+    nan = ((d_nan >= 0) & (mag >= d_nan)) | ((d_uznan != 0) & (c == sign_bit))
+    inf = 0x7F800000 | (neg.to(tl.int32) << 31)
+    special = tl.where(nan, 0x7FC00000, tl.where(mag == d_inf, inf, 0))
+    return n, s, neg, special
+
+
+@triton.jit
+def _pow2_f64(k):
+    # 2^k as a float64, for -1022 <= k <= 1023
+    return ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _product_limit(f_emax, f_mbits):
+    # elements.PRODUCT_LIMIT (float64): 2^f_emax * (2 - 2^-(f_mbits+1)), less half a float32
+    # ulp where the type is narrower than float32 (the product rounds to float32 first):
+    # K * 2^(f_emax - 24)
+    K = (1 << 25) - (1 << (23 - f_mbits)) - (f_mbits < 23).to(tl.int32)
+    return K.to(tl.float64) * _pow2_f64(f_emax - 24)
+
+
+@triton.jit
+def _float_reach(sc, maxm, emax, mbits, emin, f_emax, f_mbits):
+    # reference `_product_bound` for float grids, in float64 as it computes it: the largest
+    # grid value b <= maxfloat (maxm * 2^(emax - mbits)) whose product with the scale sc
+    # (float32, > 0; else no bound) is below the type's product limit, as (nb, sb): b = nb *
+    # 2^sb in `_quant_elem`'s form. Bounds far below maxfloat (wide formats under small
+    # scales) come out as directly as those one step below it.
+    limit = _product_limit(f_emax, f_mbits)
+    s64 = sc.to(tl.float64)
+    top_s = emax - mbits
+    top = maxm.to(tl.float64) * _pow2_f64(top_s)
+    # (float64 `/` is IEEE division; div_rn is float32 only)
+    t = tl.where(s64 > 0, tl.minimum(limit / tl.where(s64 > 0, s64, 1.0), 2.0 * top + 2.0), top)
+    # the grid value at or below t (t >= 2^-112 as limit >= 65504 and sc < 2^128)
+    fl = ((t.to(tl.int64, bitcast=True) >> 52) & 0x7FF).to(tl.int32) - 1023
+    g = tl.maximum(fl, emin) - mbits
+    low = t < top
+    nb = tl.where(low, tl.floor(t * _pow2_f64(tl.where(low, -g, 0))), 0.0).to(tl.int32)
+    nb = tl.where(low, nb, maxm)
+    sb = tl.where(low, g, top_s)
+    # t is rounded: the grid value it lands on may still reach the limit
+    b = nb.to(tl.float64) * _pow2_f64(sb)
+    pn, ps = _float_pred(nb, sb, True, mbits, emin)
+    down = (s64 > 0) & (b * s64 >= limit)
+    return tl.where(down, pn, nb), tl.where(down, ps, sb)
+
+
+@triton.jit
 def _int_reach(sc, top, f_emax, f_mbits):
     # reference `_product_bound` for int grids, in float64 as it computes it: the largest
     # integer b <= top (float64) whose float32 value times the scale sc (float64; none when
-    # not > 0) is below the type's product limit. That limit is 2^f_emax * (2 -
-    # 2^-(f_mbits+1)), less half a float32 ulp where the type is narrower than float32 (the
-    # product rounds to float32 first): K * 2^(f_emax - 24).
-    K = (1 << 25) - (1 << (23 - f_mbits)) - (f_mbits < 23).to(tl.int32)
-    p2 = ((f_emax - 24 + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
-    limit = K.to(tl.float64) * p2
+    # not > 0) is below the type's product limit (`_product_limit`)
+    limit = _product_limit(f_emax, f_mbits)
     # (float64 `/` is IEEE division; div_rn is float32 only)
     t = tl.where(sc > 0, limit / tl.where(sc > 0, sc, 1.0), top)
     b = tl.where(t >= top, top, tl.floor(tl.minimum(t, 2.0 * top + 2.0)))

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from onnxq.cast.triton_device import (
+    _float_fields,
     _ldexp_bits,
     _lo_key,
     _load_any,
@@ -89,6 +90,12 @@ def _stats_kernel(
         "s_mask",
         "z_mask",
         "z_shift",
+        "d_bits",
+        "d_mbits",
+        "d_emin",
+        "d_inf",
+        "d_nan",
+        "d_uznan",
         "bf16",
     ]
 )
@@ -116,6 +123,12 @@ def _dequant_kernel(
     s_mask,
     z_mask,
     z_shift,
+    d_bits,
+    d_mbits,
+    d_emin,
+    d_inf,
+    d_nan,
+    d_uznan,
     bf16,
     HALF: tl.constexpr,
     LAST: tl.constexpr,
@@ -125,7 +138,7 @@ def _dequant_kernel(
     BT: tl.constexpr,
     SKIND: tl.constexpr,
     SHIFT: tl.constexpr,
-    WIDE: tl.constexpr,  # codes over 16 bits: float32 bits (c_shift < 0) or ints, no table
+    WIDE: tl.constexpr,  # no table: codes over 16 bits, or floats with values outside float32
     S_F32: tl.constexpr,
     TS: tl.constexpr,
 ):
@@ -135,12 +148,17 @@ def _dequant_kernel(
     )
     c = tl.load(code_ptr + off, mask=ok, other=0).to(tl.int32) & code_mask
     if WIDE:
-        # float32 bits (c_shift -1), unsigned ints (-2) or ints sign-extended from
-        # 32 - c_shift bits, rounded to float32 as numpy's decode then astype
+        # the exact value n * 2^s and its sign: float fields (c_shift -1), unsigned ints (-2)
+        # or ints sign-extended from 32 - c_shift bits (|-2^31| wraps: `_make_f32` reads n
+        # unsigned); rounded to float32 once, as numpy's decode then astype
+        fn, fs, fneg, special = _float_fields(c, d_bits, d_mbits, d_emin, d_inf, d_nan, d_uznan)
         si = (c << tl.maximum(c_shift, 0)) >> tl.maximum(c_shift, 0)
-        su = c.to(tl.uint32, bitcast=True).to(tl.float32)
-        qi = tl.where(c_shift == -2, su, si.to(tl.float32)).to(tl.int32, bitcast=True)
-        qb = tl.where(c_shift == -1, c, qi)
+        isf = c_shift == -1
+        wn = tl.where(isf, fn, tl.where(c_shift == -2, c, tl.abs(si)))
+        ws = tl.where(isf, fs, 0)
+        wneg = tl.where(isf, fneg, (si < 0) & (c_shift >= 0)).to(tl.int32) << 31
+        special = tl.where(isf, special, 0)
+        qb = tl.where(special != 0, special, _make_f32(wn, ws) | wneg)
     else:
         qb = tl.load(tab_ptr + c, mask=ok, other=0)
     tile_nan = ok & False
@@ -154,12 +172,11 @@ def _dequant_kernel(
             moff, mok = _meta_offsets(u_ok, q, j, o, i, TC, sub_cols, inner, LAST, TILE, NSUB, SUB)
             sh = tl.load(meta_ptr + moff, mask=mok, other=0)
             k3 = k3 - sh.to(tl.int32)[:, :, None]
-        yb = _ldexp_bits(qb, k3)
         if WIDE:
-            # ints over 24 bits: q * 2^k rounded once (float32(q) would round twice below
-            # 2^-126); int32's -2^31 is read unsigned
-            neg = (si < 0).to(tl.int32) << 31
-            yb = tl.where(c_shift >= 0, _make_f32(tl.abs(si), k3) | neg, yb)
+            # q * 2^k rounded once from the exact q (float32(q) may have rounded already)
+            yb = tl.where(special != 0, special, _make_f32(wn, ws + k3) | wneg)
+        else:
+            yb = _ldexp_bits(qb, k3)
         tile_nan = tile_nan | nan_t[:, None, None]
     else:
         sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32)

@@ -87,9 +87,16 @@ def block_warps(
     return block, count
 
 
-def _elem_fmt(spec: NumberSpec) -> _ElemFmt:
+def _elem_fmt(spec: NumberSpec, top: float | None = None) -> _ElemFmt:
+    """The format's numbers for the kernels.
+
+    ``top``: a float's saturation value other than its maxfloat (`_scale_fmt`), given as
+    ``emax`` (its binade) and ``maxm`` (its grid multiple there).
+    """
     if spec.is_float:
-        maxm = int(spec.maxfloat / 2.0 ** (spec.emax - spec.mbits))
+        top = spec.maxfloat if top is None else top
+        emax = math.frexp(top)[1] - 1
+        maxm = int(top / 2.0 ** (emax - spec.mbits))
         nan = nan_code(spec)
         inf = 0
         if spec.has_inf:
@@ -102,7 +109,7 @@ def _elem_fmt(spec: NumberSpec) -> _ElemFmt:
             True,
             spec.mbits,
             spec.emin,
-            spec.emax,
+            emax,
             maxm,
             spec.bits,
             spec.has_negative_zero,
@@ -111,6 +118,15 @@ def _elem_fmt(spec: NumberSpec) -> _ElemFmt:
             inf,
         )
     return _ElemFmt(False, 0, 0, spec.emax, int(spec.maxfloat), spec.bits, False, False, 0, 0)
+
+
+def _scale_fmt(spec: NumberSpec) -> _ElemFmt:
+    """A float scale's, tensor scale's or zero point's numbers.
+
+    They saturate at the largest value float32 holds (`NumberSpec.float32_max`; the
+    reference's `_cast_scale`).
+    """
+    return _elem_fmt(spec, spec.float32_max)
 
 
 def _code_torch_dtype(bits: int) -> torch.dtype:
@@ -193,8 +209,13 @@ def _float32_like(n: NumberSpec) -> bool:
 
 
 def _float32_subset(n: NumberSpec) -> bool:
-    """A float format whose every value is a float32 number (its codes decode on the device)."""
-    return n.is_float and n.bits <= 32 and n.mbits <= 23 and n.emax <= 127 and n.emin >= -126
+    """A float format whose every value is a float32 number (a float32 table decodes it)."""
+    return (
+        n.is_float
+        and n.mbits <= 23
+        and n.maxfloat <= float(np.finfo(np.float32).max)
+        and n.emin - n.mbits >= -149
+    )
 
 
 def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
@@ -208,28 +229,8 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
     missing = f"the Triton engine does not implement {{}} ({dt.name}); use backend='reference'"
     if isinstance(n, Codebook):
         raise NotImplementedError(missing.format("codebook formats"))
-    if n.bits > 16 and not (_float32_like(n) or _float32_subset(n) or not n.is_float):
-        raise NotImplementedError(
-            missing.format(
-                "float element formats over 16 bits whose values are not all float32 numbers"
-            )
-        )
-    if s is not None:
-        ts = s.tenscale  # decoded on the host (numpy): any float32-wide format
-        if ts is not None and ts.is_float and (ts.bits > 32 or ts.mbits > 23):
-            raise NotImplementedError(missing.format("float tensor scales wider than float32"))
-        sc = s.scale  # decoded by the kernel: over 16 bits, as float32 bits
-        if sc.is_float and sc.bits > 16 and not (_float32_like(sc) or _float32_subset(sc)):
-            raise NotImplementedError(
-                missing.format("float scales over 16 bits with values outside float32's")
-            )
-        if s.scale.is_exponent and s.scale.ebits > 10:
-            raise NotImplementedError(missing.format("exponent scales over 10 bits (as native)"))
-        if s.zero is not None and s.zero.bits > 16 and s.zero.is_float:
-            if not _float32_subset(s.zero):
-                raise NotImplementedError(
-                    missing.format("float zero points over 16 bits outside float32's values")
-                )
+    if s is not None and s.scale.is_exponent and s.scale.ebits > 10:
+        raise NotImplementedError(missing.format("exponent scales over 10 bits (as native)"))
     tiling = Tiling.build(tuple(shape), axis, s)
     size = math.prod(shape)
     sfmt = tfmt = zfmt = None
@@ -258,11 +259,11 @@ def plan(shape: tuple[int, ...], dt: DataType, axis: int) -> _Plan:
             sub, nsub = tiling.Sc, tiling.Tc // tiling.Sc
             sub_cols = -(-C // tiling.Sc)
     if skind >= 2:
-        sfmt = _elem_fmt(s.scale)
+        sfmt = _scale_fmt(s.scale)
         if s.tenscale is not None:
-            tfmt = _elem_fmt(s.tenscale)
+            tfmt = _scale_fmt(s.tenscale)
         if skind == 4:
-            zfmt = _elem_fmt(s.zero)
+            zfmt = _scale_fmt(s.zero)
     # one scale per tensor always takes two passes: no compile per tensor size
     single = (
         skind != 0 and tiling.kind != "tensor" and triton.next_power_of_2(TC) <= _MAX_SINGLE_TILE
@@ -311,10 +312,12 @@ def _bump_threshold(e: _ElemFmt, mode: ScaleMode) -> int:
     match _SMODE[mode]:
         case 1:  # ceil: anything above a power of two
             return 0x800000
+        # (over 22 / 23 mantissa bits the threshold is not an integer: its floor, as the
+        # significand is one)
         case 2:  # midmax
-            return (2 * e.maxm + 1) << (22 - m) if m <= 22 else e.maxm
+            return (2 * e.maxm + 1) << (22 - m) if m <= 22 else (2 * e.maxm + 1) >> (m - 22)
         case 3:  # topbinade / rceil
-            return e.maxm << (23 - m)
+            return e.maxm << (23 - m) if m <= 23 else e.maxm >> (m - 23)
         case 4:  # option3 / even: rounding to mbits+1 bits carries into the next binade
             return (1 << 24) - (1 << (22 - m)) - 1 if m < 23 else never
     return never

@@ -17,7 +17,7 @@ import triton.language as tl
 from onnxq.cast.triton_device import (
     _finite_clamp,
     _float_code,
-    _float_pred,
+    _float_reach,
     _int_below,
     _int_product_bound,
     _int_reach,
@@ -192,14 +192,7 @@ def _scale_code(
     rb = raw_s.to(tl.int32, bitcast=True)
     sn, ssx = _quant_elem(rb, 0, 0, True, s_mbits, s_emin, s_emax, s_maxm, 0, 0, False)
     if s_step != 0:
-        # scale_search.float_step: positive float codes are in value order, so one grid
-        # step is one code, from 0 (code 0) up to the largest finite value (no further)
-        top_code = _float_code(s_maxm, s_emax - s_mbits, s_mbits, s_emin)
-        c = tl.minimum(tl.maximum(_float_code(sn, ssx, s_mbits, s_emin) + s_step, 0), top_code)
-        E = c >> s_mbits
-        m = c & ((1 << s_mbits) - 1)
-        sn = tl.where(E == 0, m, m + (1 << s_mbits))
-        ssx = tl.where(E == 0, s_emin, s_emin + E - 1) - s_mbits
+        sn, ssx = _scale_step(sn, ssx, s_step, s_mbits, s_emin, s_emax, s_maxm)
     sc = _make_f32(sn, ssx).to(tl.float32, bitcast=True)
     scode = tl.where(tnan, s_nan, _float_code(sn, ssx, s_mbits, s_emin))
     if TS:
@@ -208,6 +201,25 @@ def _scale_code(
         eff = sc
     tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=first)
     return sc, eff[:, None, None]
+
+
+@triton.jit
+def _scale_step(sn, ssx, s_step, s_mbits, s_emin, s_emax, s_maxm):
+    # scale_search.float_step: the grid's neighbour (positive float codes are in value order:
+    # one code) or float32's, the farther (where the grid is finer than float32's, the next
+    # float32 number is on it); from 0 up to the largest value float32 holds (s_maxm at
+    # s_emax: the final `_quant_elem` saturates there). Positive float32 bits order as
+    # their values.
+    top_code = _float_code(s_maxm, s_emax - s_mbits, s_mbits, s_emin)
+    c = tl.minimum(tl.maximum(_float_code(sn, ssx, s_mbits, s_emin) + s_step, 0), top_code)
+    E = c >> s_mbits
+    m = c & ((1 << s_mbits) - 1)
+    gn = tl.where(E == 0, m, m + (1 << s_mbits))
+    grid = _make_f32(gn, tl.where(E == 0, s_emin, s_emin + E - 1) - s_mbits)
+    near = tl.maximum(_make_f32(sn, ssx) + s_step, 0)
+    bits = tl.where(s_step > 0, tl.maximum(grid, near), tl.minimum(grid, near))
+    # back to the grid (exact: the value is on it)
+    return _quant_elem(bits, 0, 0, True, s_mbits, s_emin, s_emax, s_maxm, 0, 0, False)
 
 
 @triton.jit
@@ -233,7 +245,7 @@ def _float_elems(
     # zeroes v, but NaN stays NaN: reference._float_scaled); returns the values' bits and codes
     e_mbits, e_emin, e_emax, e_maxm, _e_bits, e_negzero, _e_nancode, _e_infcode = efmt
     rmode, full_int, keep_inf = mode
-    f_over, _f_max, f_emax, f_mbits = fin
+    _f_over, _f_max, f_emax, f_mbits = fin
     xf = xb.to(tl.float32, bitcast=True)
     v = tl.where(eff3 > 0, tl.div_rn(xf, tl.broadcast_to(eff3, xf.shape)), 0.0)
     vb = v.to(tl.int32, bitcast=True)
@@ -242,13 +254,11 @@ def _float_elems(
     )
     vneg = vb < 0
     # products that round past the data type's range step down (reference `_product_bound`)
-    if E_FLOAT:  # the grid: two steps cover every rounding of the scale
-        for _step in tl.static_range(2):
-            yt = _make_f32(n, s).to(tl.float32, bitcast=True) * eff3
-            bad = (yt >= f_over) & (n != 0)
-            pn, ps = _float_pred(n, s, E_FLOAT, e_mbits, e_emin)
-            n = tl.where(bad, pn, n)
-            s = tl.where(bad, ps, s)
+    if E_FLOAT:
+        nb, sb = _float_reach(eff3, e_maxm, e_emax, e_mbits, e_emin, f_emax, f_mbits)
+        over = ((s > sb) | ((s == sb) & (n > nb))) & (n != 0)
+        n = tl.where(over, nb, n)
+        s = tl.where(over, sb, s)
     else:  # ints up to 32 bits: float32(n) may round, so no step of one would do
         n = _int_product_bound(n, eff3, e_maxm, full_int, f_emax, f_mbits)
     sgn = vneg & ((n != 0) | (e_negzero != 0))
@@ -276,7 +286,10 @@ def _float_zero_top(n, sc, zf, e_maxm, f_over):
     # checked with the decoder's float32 arithmetic
     top = e_maxm.to(tl.float64)
     s64 = sc.to(tl.float64)
-    room = (tl.zeros_like(sc) + f_over).to(tl.float64) - zf.to(tl.float64)
+    # the estimate needs a finite threshold: float32's is the real 2^128 - 2^103 (its Inf)
+    over = (tl.zeros_like(sc) + f_over).to(tl.float64)
+    f32_inf = tl.full(sc.shape, 0x47EFFFFFF0000000, tl.int64).to(tl.float64, bitcast=True)
+    room = tl.where(over < float("inf"), over, f32_inf) - zf.to(tl.float64)
     t = tl.floor(room / tl.where(s64 > 0, s64, 1.0)) + 1.0
     q = tl.where(s64 > 0, tl.minimum(tl.maximum(t, 0.0), top), top)
     for _step in tl.static_range(3):

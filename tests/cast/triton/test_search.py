@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cast.test_scale_search import FAMILIES
+from tests.cast.test_scale_search import FAMILIES, FINE_SCALES
 from tests.cast.triton.support import compare, to_torch, torch
 from tests.cast.triton.test_codebook import generic_book, sample, with_specials
 
@@ -54,6 +54,15 @@ def check(x: np.ndarray, name: object, dtype: str = "float32", **kw: object) -> 
 def test_families(name: str) -> None:
     check(weights(1), name)
     check(weights(2).reshape(4, 4, 64), name, "bfloat16", axis=1)
+
+
+# scale grids finer than float32's: a candidate is the next float32 number (float_step);
+# e9m14 elements under a float scale: a tiny candidate scale bounds them far below maxfloat
+@pytest.mark.parametrize("name", [*FINE_SCALES, "e9m14_e5m26_t8", "e9m14_float32_t8"])
+def test_scales_finer_than_float32(name: str) -> None:
+    check(weights(4), name)
+    check(weights(5) * np.float32(2.0**-125), name, axis=0)
+    check(weights(6) * np.float32(2.0**30), name)  # e5m26 scales saturate: no step up
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
