@@ -27,19 +27,22 @@ Longer tiles (channel ``t0``, a tensor scale, ``t2048``...): one program per til
 (the same kernel with ``LONG``): a statistics pass, then with subtiles one pass choosing and
 writing, and without (the tile is the unit) one pass adding every mapping's errors (margin
 2^-50 * n, n the tile length) and one writing - the tile is read 2-3 times (from L2 when it
-fits). Its near-tie pass adds 512 elements per step one at a time (slow, and rare).
+fits). Its near-tie pass adds 512 elements per step one at a time (slow, and rare). Subtiles
+over 1024 elements are cast as tiles of their own (`_unit_geom`), each unit's elements in
+the same order (so the same sums and mapping), with their tile's statistics computed first
+(`_tile_stats`, torch reductions; ``PRE``) so that each unit gets its tile's scale.
 
 2-D tiles are cast as the 1-D tiles of a copy holding one tile per row, each subtile
 contiguous (`triton_tiles._to_tile_rows`): the reference's tile and subtile order, so the same
 sums and choices; results go back to the input layout and layout.py's grids. N:M sparsity
 prunes the input first (`triton_tiles.prune`, as the reference) and zeroes pruned values.
 
-Supported: 1-D and 2-D tiles on any axis and tensor scales, with or without subtiles (up to
-1024 elements each), N:M sparsity, exponent scales of any width the formats have (up to 10
-bits: 16-bit scale codes), any compute type whose table values are float32 numbers, every
-scale mode (``search`` through `onnxq.cast.triton_search`, one pass per candidate). Not here
-(`supports` says why): custom metrics (the reference only), stochastic rounding (no backend has
-it), subtiles over 1024 elements.
+Supported: 1-D and 2-D tiles on any axis and tensor scales, with or without subtiles (of any
+size), N:M sparsity, exponent scales of any width the formats have (up to 10 bits: 16-bit
+scale codes), any compute type whose table values are float32 numbers, every scale mode
+(``search`` through `onnxq.cast.triton_search`, one pass per candidate). Not here (`supports`
+says why): custom metrics (the reference only), stochastic rounding (no backend has it),
+tables with values float32 does not hold (a generic codebook's).
 
 This module is the host side; the kernels are in `onnxq.cast.triton_codebook_kernels`, their
 device helpers in `onnxq.cast.triton_codebook_device`.
@@ -157,12 +160,7 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
         return f"the Triton codebook engine needs a non-empty shape, got {shape}"
     if not -len(shape) <= axis < len(shape):
         return f"axis {axis} is out of range for shape {shape}"
-    tiling = Tiling.build(tuple(shape), axis, s)
-    if (tiling.Sr or 1) * tiling.Sc > _MAX_TILE:
-        return (
-            f"the Triton codebook engine does not implement subtiles over {_MAX_TILE} "
-            f"elements ({name})"
-        )
+    Tiling.build(tuple(shape), axis, s)  # the reference's geometry errors (2-D tiles on 1-D)
     return None
 
 
@@ -203,6 +201,43 @@ def _geom_of(tiling: Tiling) -> _Geom:
     if tiling.Sc:
         nsub, sub, sub_cols = TC // tiling.Sc, tiling.Sc, -(-C // tiling.Sc)
     return _Geom(tiling, outer, inner, C, TC, nC, outer * nC * inner, nsub, sub, sub_cols, False)
+
+
+def _unit_geom(g: _Geom) -> _Geom:
+    """Subtiles over 1024 elements as tiles of their own (cast with their tile's statistics).
+
+    A unit's elements, in order, are the same, so the same sums and mapping; its instances
+    come in the order of the meta grid (layout.py `sub_grid`), as one tile's subtiles do.
+    """
+    t = g.tiling
+    return _geom_of(Tiling(t.shape, t.axis, t.B, t.R, t.C, t.Tr, t.Sc, 0, 0, "1d"))
+
+
+def _tile_of_unit(g: _Geom, gu: _Geom) -> torch.Tensor:
+    """For each instance of `_unit_geom` ``gu``, the index of its tile's instance in ``g``."""
+    o = torch.arange(g.outer)[:, None, None]
+    j = torch.arange(gu.nC)[None, :, None] // g.nsub
+    return ((o * g.nC + j) * g.inner + torch.arange(g.inner)[None, None, :]).reshape(-1)
+
+
+def _first_units(g: _Geom, gu: _Geom) -> torch.Tensor:
+    """For each tile instance of ``g``, the index of its first unit's instance in ``gu``."""
+    o = torch.arange(g.outer)[:, None, None]
+    j = torch.arange(g.nC)[None, :, None] * g.nsub
+    return ((o * gu.nC + j) * g.inner + torch.arange(g.inner)[None, None, :]).reshape(-1)
+
+
+def _tile_stats(x: torch.Tensor, g: _Geom) -> torch.Tensor:
+    """Per tile instance of ``g``: [finite absmax bits, 2 * any NaN/Inf + any NaN] (int32).
+
+    The statistics `_cb_long_stats` gathers, with torch ops (zeros pad the last tile).
+    """
+    ab = x.float().reshape(g.outer, g.C, g.inner).view(torch.int32) & 0x7FFFFFFF
+    ab = torch.nn.functional.pad(ab, (0, 0, 0, g.nC * g.TC - g.C))
+    ab = ab.reshape(g.outer, g.nC, g.TC, g.inner)
+    amax = torch.where(ab < 0x7F800000, ab, 0).amax(dim=2)
+    flags = 2 * (ab >= 0x7F800000).any(dim=2).int() + (ab > 0x7F800000).any(dim=2).int()
+    return torch.stack([amax, flags], dim=-1).reshape(-1, 2).to(torch.int32)
 
 
 def _is_long(g: _Geom) -> bool:
@@ -368,59 +403,9 @@ def quantize(
     if rows:
         x = _to_tile_rows(x, tiling)
     g = _geom_of(_row_tiling(tiling) if rows else tiling)
-    dev = x.device
-    nsub_p, sub_p, bt, n_chunks = _launch(g)
-    m64, m32, even, _tab = _book_tables(book, dev)
-    y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
-    if want_codes:
-        codes = torch.empty(x.shape, dtype=torch.uint8, device=dev)
-        # scale codes over 8 bits: int16 (torch's uint16 lacks CUDA ops), uint16 out
-        scale = torch.empty(g.n_inst, dtype=_store_dtype(s.scale.bits), device=dev)
-        meta = torch.empty(math.prod(g.meta_shape), dtype=torch.uint8, device=dev)
-    else:
-        codes = scale = meta = torch.empty(1, dtype=torch.uint8, device=dev)
-    ib = book.index_bits
     nan_block = 2 if not mark_nan_tiles else int(nan_policy is NanPolicy.BLOCK)
     fmt = _format_args(book, dt, round_mode, nan_block, scale_mode, scale_step)
-    consts = dict(
-        IN_KIND=_IN_KIND[x.dtype],
-        WANT_Y=want_values,
-        WANT_CODES=want_codes,
-        IB=ib,
-        K=1 << (ib - 1),
-        LOG2K=ib - 1,
-        NMAP=book.num_mappings,
-        FORCE=_FORCE_ORDERED,
-        LAST=g.inner == 1,
-        TENSOR=g.tensor,
-        SUBT=bool(g.tiling.Sc),
-        NSUB=nsub_p,
-        SUB=sub_p,
-        num_warps=_config()[1],
-        enable_fp_fusion=False,
-    )
-    ptrs = (_int_view(x), _int_view(y), codes, scale, meta, m64, m32, even)
-    long = _is_long(g)
-    # the tree sums of a long tile's n elements are within n * 2^-53 of the ordered ones
-    delta = 2.0 ** (math.ceil(math.log2(g.TC)) - 50) if long else 0.0
-    _cb_quant_kernel[(triton.cdiv(g.n_inst, bt),)](
-        *ptrs,
-        g.n_inst,
-        g.C,
-        g.TC,
-        g.inner,
-        g.nC,
-        g.nsub,
-        g.sub,
-        max(g.sub_cols, 1),
-        n_chunks,
-        delta,
-        *fmt,
-        BT=bt,
-        NMAP_P=triton.next_power_of_2(book.num_mappings),
-        LONG=long,
-        **consts,
-    )
+    y, codes, scale, meta = _run_quant(x, g, book, s.scale.bits, fmt, want_values, want_codes)
     if want_values:
         if rows:
             y = _from_tile_rows(y, tiling)
@@ -430,6 +415,79 @@ def quantize(
     if want_codes:
         out.update(_code_fields(codes, scale, meta, g, tiling, s.scale.bits))
     return out
+
+
+def _run_quant(
+    x: torch.Tensor,
+    g: _Geom,
+    book: Codebook,
+    scale_bits: int,
+    fmt: tuple[int | float, ...],
+    want_values: bool,
+    want_codes: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the quantize kernel on ``x`` (tiled as ``g``): values, codes, scales, meta."""
+    dev = x.device
+    # subtiles over 1024 elements: cast as tiles of their own, with their tile's statistics
+    big = bool(g.tiling.Sc) and g.sub > _MAX_TILE
+    gk = _unit_geom(g) if big else g
+    stats = torch.zeros(2, dtype=torch.int32, device=dev)  # (read only with PRE)
+    if big:
+        stats = _tile_stats(x, g)[_tile_of_unit(g, gk).to(dev)]
+    nsub_p, sub_p, bt, n_chunks = _launch(gk)
+    m64, m32, even, _tab = _book_tables(book, dev)
+    y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
+    if want_codes:
+        codes = torch.empty(x.shape, dtype=torch.uint8, device=dev)
+        # scale codes over 8 bits: int16 (torch's uint16 lacks CUDA ops), uint16 out
+        scale = torch.empty(gk.n_inst, dtype=_store_dtype(scale_bits), device=dev)
+        meta = torch.empty(math.prod(g.meta_shape), dtype=torch.uint8, device=dev)
+    else:
+        codes = scale = meta = torch.empty(1, dtype=torch.uint8, device=dev)
+    ib = book.index_bits
+    consts = dict(
+        IN_KIND=_IN_KIND[x.dtype],
+        WANT_Y=want_values,
+        WANT_CODES=want_codes,
+        IB=ib,
+        K=1 << (ib - 1),
+        LOG2K=ib - 1,
+        NMAP=book.num_mappings,
+        FORCE=_FORCE_ORDERED,
+        LAST=gk.inner == 1,
+        TENSOR=gk.tensor,
+        SUBT=bool(gk.tiling.Sc),
+        NSUB=nsub_p,
+        SUB=sub_p,
+        num_warps=_config()[1],
+        enable_fp_fusion=False,
+    )
+    ptrs = (_int_view(x), _int_view(y), codes, scale, meta, m64, m32, even, stats)
+    long = _is_long(gk)
+    # the tree sums of a long tile's n elements are within n * 2^-53 of the ordered ones
+    delta = 2.0 ** (math.ceil(math.log2(gk.TC)) - 50) if long else 0.0
+    _cb_quant_kernel[(triton.cdiv(gk.n_inst, bt),)](
+        *ptrs,
+        gk.n_inst,
+        gk.C,
+        gk.TC,
+        gk.inner,
+        gk.nC,
+        gk.nsub,
+        gk.sub,
+        max(gk.sub_cols, 1),
+        n_chunks,
+        delta,
+        *fmt,
+        BT=bt,
+        NMAP_P=triton.next_power_of_2(book.num_mappings),
+        LONG=long,
+        PRE=big,
+        **consts,
+    )
+    if big and want_codes:  # one scale per tile: its first unit's
+        scale = scale[_first_units(g, gk).to(dev)]
+    return y, codes, scale, meta
 
 
 def _code_fields(
@@ -495,7 +553,9 @@ def dequantize(
     rows = tiling.kind == "2d"
     g = _geom_of(_row_tiling(tiling) if rows else tiling)
     dev = codes.device
-    nsub_p, sub_p, bt, n_chunks = _launch(g)
+    big = bool(g.tiling.Sc) and g.sub > _MAX_TILE  # units of their own (`_unit_geom`)
+    gk = _unit_geom(g) if big else g
+    nsub_p, sub_p, bt, n_chunks = _launch(gk)
     tab = _book_tables(book, dev)[3]
     c = codes.contiguous().reshape(shape)
     scale = _signed(scale.contiguous())  # 16-bit codes: torch's uint16 lacks CUDA ops
@@ -506,23 +566,25 @@ def dequantize(
     else:
         sc = scale.reshape(-1)
         mt = meta.contiguous().reshape(-1)
+    if big:  # each unit's tile's scale
+        sc = sc[_tile_of_unit(g, gk).to(dev)]
     y = torch.empty(c.shape, dtype=out_dtype, device=dev)
     c = c.reshape(-1)
-    long = _is_long(g)
-    _cb_dequant_kernel[(g.n_inst * n_chunks if long else triton.cdiv(g.n_inst, bt),)](
+    long = _is_long(gk)
+    _cb_dequant_kernel[(gk.n_inst * n_chunks if long else triton.cdiv(gk.n_inst, bt),)](
         c,
         _int_view(y),
         sc,
         mt,
         tab,
-        g.n_inst,
-        g.C,
-        g.TC,
-        g.inner,
-        g.nC,
-        g.nsub,
-        g.sub,
-        max(g.sub_cols, 1),
+        gk.n_inst,
+        gk.C,
+        gk.TC,
+        gk.inner,
+        gk.nC,
+        gk.nsub,
+        gk.sub,
+        max(gk.sub_cols, 1),
         n_chunks,
         s.scale.bias,
         (1 << s.scale.ebits) - 1,
@@ -532,7 +594,7 @@ def dequantize(
         OUT_KIND=_IN_KIND[out_dtype],
         CHUNKED=long,
         num_warps=_config()[1],
-        **_common(g, nsub_p, sub_p, bt),
+        **_common(gk, nsub_p, sub_p, bt),
     )
     y = _from_tile_rows(y, tiling) if rows else y
     return y if mask is None else y.masked_fill_(~mask.reshape(shape).to(torch.bool), 0)

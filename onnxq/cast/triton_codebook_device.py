@@ -390,6 +390,7 @@ def _cb_error(errs, ar, m):
 @triton.jit
 def _cb_long_stats(
     x_ptr,
+    stat_ptr,
     pid,
     n_chunks,
     n_inst,
@@ -402,11 +403,18 @@ def _cb_long_stats(
     TENSOR: tl.constexpr,
     NSUB: tl.constexpr,
     SUB: tl.constexpr,
+    PRE: tl.constexpr,
 ):
-    # the tile's finite absmax bits, any NaN/Inf and any NaN, over its chunks
+    # the tile's finite absmax bits, any NaN/Inf and any NaN, over its chunks; PRE: read from
+    # stat_ptr (absmax bits, 2 * any NaN/Inf + any NaN per tile: units of their own whose
+    # scale is their tile's)
     amax_b = tl.zeros([1], tl.int32)
     any_nf = tl.zeros([1], tl.int32)
     any_nan = tl.zeros([1], tl.int32)
+    if PRE:
+        at = 2 * (amax_b + pid).to(tl.int64)
+        flags = tl.load(stat_ptr + at + 1)
+        return tl.load(stat_ptr + at), (flags >= 2).to(tl.int32), (flags == 3).to(tl.int32)
     q = 0
     while q < n_chunks:
         _u_ok, _inst, _j, _o, _i, _off, _ok, xb = _cb_chunk(

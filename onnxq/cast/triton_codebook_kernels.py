@@ -59,6 +59,7 @@ def _cb_quant_kernel(
     mag_ptr,
     magb_ptr,
     even_ptr,
+    stat_ptr,
     n_inst,
     C,
     TC,
@@ -97,15 +98,18 @@ def _cb_quant_kernel(
     NMAP_P: tl.constexpr,
     FORCE: tl.constexpr,
     LONG: tl.constexpr,
+    PRE: tl.constexpr,  # LONG: the tiles' statistics from stat_ptr (subtiles over 1024)
 ):
     # Not LONG: BT whole tiles per program, loaded once. LONG: one tile over 1024 elements
     # per program (BT = 1), in n_chunks chunks of NSUB * SUB: statistics first, then
     # (subtiles) the chunk's units chosen and written, or (the tile is the unit) the
     # mappings' errors added over the chunks, the choice, and the chunks written.
     pid = tl.program_id(0)
+    # fmt: off
     if LONG:
         amax_b, any_nf, any_nan = _cb_long_stats(
-            x_ptr, pid, n_chunks, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
+            x_ptr, stat_ptr, pid, n_chunks, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR,
+            NSUB, SUB, PRE,
         )
         u_ok, inst, j, o, i, off, ok, xb = _cb_chunk(
             x_ptr, pid, 0, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
@@ -125,7 +129,6 @@ def _cb_quant_kernel(
     if WANT_CODES:
         scode = tl.where(tnan, s_nan, sexp + s_bias)
         tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
-    # fmt: off
     if not LONG:
         _cb_units(
             y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst, j,

@@ -29,6 +29,7 @@ import triton.language as tl
 from onnxq.cast import triton as tk
 from onnxq.cast.api import QTensor, cast, upcast
 from onnxq.cast.packing import pack_bits
+from onnxq.cast.reference import l2_metric
 from onnxq.cast.torch_bridge import upcast_triton
 from onnxq.cast.triton_device import _float_reach, _int_reach
 from onnxq.formats.datatype import DataType, datatype, datatypes
@@ -39,8 +40,6 @@ skip_overflow_checks()  # a quarter of this file's time in the interpreter
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SUPPORTED = list(datatypes())
 # (64-bit scales and exponent scales over 10 bits are refused by the parser: docs/formats.md)
-# what the Triton engine refuses, with the shape: codebook subtiles over 1024 elements
-UNSUPPORTED = [("cb41fi_e2m2fnuz_e8m0_t4096s2048", (2, 4096))]
 SCALE_MODES = ["floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"]
 ROUND_MODES = ["even", "away", "zero", "stochastic"]
 
@@ -675,11 +674,12 @@ def test_auto_and_reference_backends_on_torch_tensors() -> None:
     assert_same(back, cast(x.astype(ml_dtypes.bfloat16), "mx6"), "upcast of a torch QTensor")
 
 
-def test_unsupported_formats_raise_for_triton() -> None:
-    for name, shape in UNSUPPORTED:
-        x = to_torch(sample(shape, seed=25), "float32")
-        with pytest.raises(NotImplementedError, match="Triton codebook engine does not"):
-            cast(x, name, backend="triton")
+def test_custom_codebook_metrics_raise_for_triton() -> None:
+    # what the Triton engine leaves to the reference: Python callables as codebook metrics
+    # (every format runs there)
+    x = to_torch(sample((2, 64), seed=25), "float32")
+    with pytest.raises(NotImplementedError, match="custom codebook metrics"):
+        cast(x, "cb41fi_e2m2fnuz_e8m0_t32", backend="triton", metric=l2_metric)
 
 
 def test_bad_inputs() -> None:

@@ -65,6 +65,13 @@ def test_scales_finer_than_float32(name: str) -> None:
     check(weights(6) * np.float32(2.0**30), name)  # e5m26 scales saturate: no step up
 
 
+def test_codebook_subtiles_over_1024_elements() -> None:
+    # subtiles of 2048 in tiles of 4096 (random data: few near-ties, each an ordered pass
+    # over 2048 elements, slow in the interpreter)
+    x = with_specials(sample((1, 4200), seed=16))
+    check(x.T.copy(), "cb42fi012_e2m2fnuz_e8m0_t4096s2048", "bfloat16", axis=0)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_inputs_and_policies(dtype: str) -> None:
     x = weights(3)
