@@ -240,6 +240,11 @@ def _tile_stats(x: torch.Tensor, g: _Geom) -> torch.Tensor:
     return torch.stack([amax, flags], dim=-1).reshape(-1, 2).to(torch.int32)
 
 
+def _geom_args(g: _Geom) -> tuple[int, ...]:
+    """The kernels' geometry arguments, ``n_inst`` .. ``sub_cols``."""
+    return (g.n_inst, g.C, g.TC, g.inner, g.nC, g.nsub, g.sub, max(g.sub_cols, 1))
+
+
 def _is_long(g: _Geom) -> bool:
     """Tiles over 1024 elements: one program per tile, in chunks of `_CHUNK` (or a subtile)."""
     return triton.next_power_of_2(g.TC) > _MAX_TILE
@@ -468,14 +473,7 @@ def _run_quant(
     delta = 2.0 ** (math.ceil(math.log2(gk.TC)) - 50) if long else 0.0
     _cb_quant_kernel[(triton.cdiv(gk.n_inst, bt),)](
         *ptrs,
-        gk.n_inst,
-        gk.C,
-        gk.TC,
-        gk.inner,
-        gk.nC,
-        gk.nsub,
-        gk.sub,
-        max(gk.sub_cols, 1),
+        *_geom_args(gk),
         n_chunks,
         delta,
         *fmt,
@@ -577,14 +575,7 @@ def dequantize(
         sc,
         mt,
         tab,
-        gk.n_inst,
-        gk.C,
-        gk.TC,
-        gk.inner,
-        gk.nC,
-        gk.nsub,
-        gk.sub,
-        max(gk.sub_cols, 1),
+        *_geom_args(gk),
         n_chunks,
         s.scale.bias,
         (1 << s.scale.ebits) - 1,
