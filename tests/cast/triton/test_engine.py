@@ -780,7 +780,8 @@ def _limit_scales(limit: int, exp2: int, factors: list[int], mbits: int) -> list
         for k in range(-12, 12):
             b = f * 2.0**k
             sc = limit * 2.0**exp2 / b  # exact in float64
-            if f.bit_length() <= mbits + 1 and b <= 65504 and float(np.float32(sc)) == sc:
+            fits = f.bit_length() <= mbits + 1 and b <= 65504 and sc < 2.0**128
+            if fits and np.float32(sc) == sc:
                 out.append(sc)
     return out
 
