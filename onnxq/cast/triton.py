@@ -28,16 +28,16 @@ element's flat C-order index, which needs that order anyway). 2-D tiles are cast
 of a padded copy holding one tile per row (subtiles contiguous), with the flat input index
 alongside for stochastic rounding.
 
-Codes over 16 bits decode without the 2^bits tables of the narrower ones: ints by sign
-extension (over 24 bits, q * 2^k rounds once from the integer: `_make_f32`; int32's
-full-range -2^31 is carried as a wrapped 2^31), floats as float32 bits (other float formats
-whose values are float32 numbers, such as e5m20, are turned into float32 bits first:
-`triton_bits.float32_bits`).
+Element codes over 16 bits, and float codes whose values float32 does not all hold (e9m14,
+e5m26, e4m3b150), decode without the 2^bits tables of the others: ints by sign extension,
+floats from their fields (`_float_fields`), and q * 2^k rounds once from the exact value
+(`_make_f32`; int32's full-range -2^31 is carried as a wrapped 2^31). Scale and zero-point
+codes over 16 bits become float32 bits first (`triton_bits.float32_bits`). Float scales,
+zero points and tensor scales saturate at the largest value float32 holds (`_scale_fmt`).
 
-Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py), float
-elements, zero points and tile scales over 16 bits with values outside float32's (e9m14,
-e8m23fn), tensor scales wider than float32, exponent scales over 10 bits (the reference's
-float64 powers overflow beyond; native stops there too).
+Not implemented here (`NotImplementedError` names them): codebooks (triton_codebook.py) and
+exponent scales over 10 bits (the parser refuses them; the reference's float64 powers
+overflow beyond, and native stops there too).
 """
 
 # Tile geometry keeps layout.py's names (C, TC, nC).

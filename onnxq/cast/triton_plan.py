@@ -204,7 +204,7 @@ def _grid_2d(t: Tiling, rows: int, cols: int) -> tuple[int, ...]:
 
 
 def _float32_like(n: NumberSpec) -> bool:
-    """Codes that are float32 bits (the reference's only float elements over 16 bits)."""
+    """Codes that are float32 bits (IEEE e8m23: float32 itself)."""
     return n.is_float and n.bits == 32 and n.ebits == 8 and n.infnan is InfNaN.IEEE
 
 
