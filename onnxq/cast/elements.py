@@ -40,9 +40,10 @@ MAX_FINITE = {
 # A float-scaled element decodes as float32(q * scale), then rounds to the data type: finite
 # exactly when the exact product is below this (float32 ties round to even; the bfloat16 and
 # float16 bounds are the float32 midpoints below their overflow thresholds 2^128 - 2^119, 65520).
-# The float32 values from which rounding to the type gives Inf (float32: Inf itself).
+# The magnitudes from which rounding to the type gives Inf: 2^emax * (2 - 2^-(mbits+1)), ties
+# rounding to even (float32 compares its own values with it as with Inf).
 OVERFLOW = {
-    "float32": float("inf"),
+    "float32": float(2**128 - 2**103),
     "float16": 65520.0,
     "bfloat16": float(2**128 - 2**119),
 }

@@ -472,12 +472,10 @@ def _zero_float_top(sc: np.ndarray, zero: np.ndarray, qmax: float, finite_dtype)
     to three steps down, each checked with the decoder's float32 arithmetic. A step goes to
     the next float32 number below float32(q) (q - 1 up to 2^24; wider uints round q first).
     """
-    over = np.float32(OVERFLOW[np.dtype(finite_dtype).name])
-    # the estimate needs a finite threshold: float32's is the real 2^128 - 2^103 (its Inf)
-    real_over = np.float64(over) if np.isfinite(over) else PRODUCT_LIMIT["float32"]
+    over = np.float64(OVERFLOW[np.dtype(finite_dtype).name])
     s64, z64 = sc.astype(np.float64), zero.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        t = np.floor((real_over - z64) / np.where(s64 > 0, s64, 1.0)) + 1.0
+        t = np.floor((over - z64) / np.where(s64 > 0, s64, 1.0)) + 1.0
         q = np.where(s64 > 0, np.clip(t, 0.0, qmax), qmax)
         for _ in range(3):
             qf = q.astype(np.float32)

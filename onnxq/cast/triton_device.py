@@ -183,6 +183,14 @@ def _pow2_f64(k):
 
 
 @triton.jit
+def _overflow(f_emax, f_mbits):
+    # elements.OVERFLOW (float64): 2^f_emax * (2 - 2^-(f_mbits+1)), where the type's rounding
+    # reaches Inf (float32: 2^128 - 2^103)
+    K = (4 << f_mbits) - 1
+    return K.to(tl.float64) * _pow2_f64(f_emax - f_mbits - 1)
+
+
+@triton.jit
 def _product_limit(f_emax, f_mbits):
     # elements.PRODUCT_LIMIT (float64): 2^f_emax * (2 - 2^-(f_mbits+1)), less half a float32
     # ulp where the type is narrower than float32 (the product rounds to float32 first):

@@ -27,6 +27,7 @@ from onnxq.cast.triton_device import (
     _make_f32,
     _meta_offsets,
     _okey,
+    _overflow,
     _quant_elem,
     _rand24,
     _scale_exp_t,
@@ -280,16 +281,14 @@ def _int_zero_bound(n, zp, sc, e_maxm, f_emax, f_mbits):
 
 
 @triton.jit
-def _float_zero_top(n, sc, zf, e_maxm, f_over):
+def _float_zero_top(n, sc, zf, e_maxm, f_over, f_emax, f_mbits):
     # Float zero point (reference `_zero_float_top`): q <= floor((over - z) / sc) + 1, in
-    # float64, then up to three steps down to the float32 number below float32(q), each
-    # checked with the decoder's float32 arithmetic
+    # float64 (`_overflow`), then up to three steps down to the float32 number below
+    # float32(q), each checked with the decoder's float32 arithmetic (f_over: the float32
+    # values from which the type overflows; Inf for float32)
     top = e_maxm.to(tl.float64)
     s64 = sc.to(tl.float64)
-    # the estimate needs a finite threshold: float32's is the real 2^128 - 2^103 (its Inf)
-    over = (tl.zeros_like(sc) + f_over).to(tl.float64)
-    f32_inf = tl.full(sc.shape, 0x47EFFFFFF0000000, tl.int64).to(tl.float64, bitcast=True)
-    room = tl.where(over < float("inf"), over, f32_inf) - zf.to(tl.float64)
+    room = _overflow(f_emax, f_mbits) - zf.to(tl.float64)
     t = tl.floor(room / tl.where(s64 > 0, s64, 1.0)) + 1.0
     q = tl.where(s64 > 0, tl.minimum(tl.maximum(t, 0.0), top), top)
     for _step in tl.static_range(3):
@@ -355,7 +354,7 @@ def _zero_elems(
     if SKIND == 3:
         n = _int_zero_bound(n, zp, sc, e_maxm, f_emax, f_mbits)
     else:
-        n = _float_zero_top(n, sc, zf, e_maxm, f_over)
+        n = _float_zero_top(n, sc, zf, e_maxm, f_over, f_emax, f_mbits)
     qf = (n - zp3).to(tl.float32)
     if SKIND == 3:
         yb = (qf * eff3).to(tl.int32, bitcast=True)

@@ -93,9 +93,9 @@ inline int finite_type(const QuantizeIO& io) {
 inline double max_finite(int type) {
   return type == kF16 ? 65504.0 : type == kBF16 ? 0x1.FEp127 : 0x1.FFFFFEp127;
 }
-// elements.OVERFLOW: float32 values from this magnitude on round to Inf in the type.
-inline float overflow_f32(int type) {
-  return type == kF16 ? 65520.0f : type == kBF16 ? 0x1.FFp127f : INFINITY;
+// elements.OVERFLOW: magnitudes from this on round to Inf in the type.
+inline double overflow(int type) {
+  return type == kF16 ? 65520.0 : type == kBF16 ? 0x1.FFp127 : 0x1.FFFFFFp127;
 }
 // elements.PRODUCT_LIMIT: float32(q * scale) rounded to the type is finite iff q * scale < it.
 inline double product_limit(int type) {

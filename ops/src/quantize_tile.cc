@@ -70,13 +70,11 @@ TileParams tile_params(const Ctx& c, const Stats& st, int step) {
       p.scale_code = encode_value(p.nan_tile ? NAN : static_cast<double>(p.sc), f.scale);
       p.zero_code = encode_value(static_cast<double>(p.zero), f.zero);
       // reference._zero_float_top: the largest q whose decoded value stays finite.
-      const float over = overflow_f32(finite_type(c.io));
+      const double over = overflow(finite_type(c.io));
       const double s64 = p.sc, z64 = p.zero, qm = f.elem.maxfloat;  // exact 2^N - 1
-      // the estimate needs a finite threshold: float32's is the real 2^128 - 2^103 (its Inf)
-      const double real_over = std::isinf(over) ? 0x1.FFFFFFp127 : static_cast<double>(over);
       double q = qm;
       if (s64 > 0) {
-        double t = std::floor((real_over - z64) / s64) + 1.0;
+        double t = std::floor((over - z64) / s64) + 1.0;
         q = t < 0.0 ? 0.0 : t > qm ? qm : t;  // np.clip (NaN stays NaN)
       }
       for (int k = 0; k < 3; ++k) {
