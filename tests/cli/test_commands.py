@@ -745,6 +745,11 @@ def test_real_minilm_quantizes_to_mxfp4_and_stays_close(
         # (measured 129 dB); int28 under float16 scales (measured 117 dB)
         ("uint26_float32_uint26_t32", 26, 115.0),
         ("int28_float16_t16", 28, 105.0),
+        # scale and element types whose values leave float32: e5m26 tile scales (search
+        # steps among float32 numbers; measured 25.9 dB, e4m3fn's), e8m23fn elements (up to
+        # 2^129; every float32 weight is one of them: exact, measured Inf dB)
+        ("e4m3fn_e5m26_t32", 9, 22.0),
+        ("e8m23fn_e8m0_t32", 32, 150.0),
     ],
 )
 def test_real_minilm_with_wide_weights(
