@@ -18,9 +18,10 @@ element makes every mapping's sum so, in any order: a tie). Otherwise (a near-ti
 program redoes the choice with the sums in the reference's order - rare, and decided on the
 device (no host synchronisation).
 
-Values leave the kernel as ``q * 2^sexp`` rounded once to float32 with integer bit
-arithmetic (as the reference's float64 -> float32 cast), then to float16 / bfloat16 as
-numpy's ``astype`` does.
+Values leave the kernel as ``q * 2^sexp`` in float64 (exact: the table is float64, so compute
+values float32 does not hold, e5m26's or e4m3b150's, are exact too) rounded once to float32
+(as the reference's float64 -> float32 cast), then to float16 / bfloat16 as numpy's
+``astype`` does.
 
 Tiles up to 1024 elements: BT whole tiles per program, loaded once (`_cb_quant_kernel`).
 Longer tiles (channel ``t0``, a tensor scale, ``t2048``...): one program per tile, in chunks
@@ -39,10 +40,9 @@ prunes the input first (`triton_tiles.prune`, as the reference) and zeroes prune
 
 Supported: 1-D and 2-D tiles on any axis and tensor scales, with or without subtiles (of any
 size), N:M sparsity, exponent scales of any width the formats have (up to 10 bits: 16-bit
-scale codes), any compute type whose table values are float32 numbers, every scale mode
-(``search`` through `onnxq.cast.triton_search`, one pass per candidate). Not here (`supports`
-says why): custom metrics (the reference only), stochastic rounding (no backend has it),
-tables with values float32 does not hold (a generic codebook's).
+scale codes), every compute type, every scale mode (``search`` through
+`onnxq.cast.triton_search`, one pass per candidate). Not here (`supports` says why): custom
+metrics (the reference only), stochastic rounding (no backend has it).
 
 This module is the host side; the kernels are in `onnxq.cast.triton_codebook_kernels`, their
 device helpers in `onnxq.cast.triton_codebook_device`.
@@ -154,8 +154,6 @@ def supports(dt: DataType, shape: tuple[int, ...], axis: int) -> str | None:
         return f"the Triton codebook engine needs an exponent scale ({name})"
     if not n.is_populated:
         return f"{name}: the generic codebook has no mappings yet (add_mappings)"
-    if not _float32_table(n, n.magnitudes()):
-        return f"the Triton codebook engine needs table values that are float32 numbers ({name})"
     if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
         return f"the Triton codebook engine needs a non-empty shape, got {shape}"
     if not -len(shape) <= axis < len(shape):
@@ -265,28 +263,22 @@ def _launch(g: _Geom) -> tuple[int, int, int, int]:
 @functools.lru_cache(maxsize=64)
 def _tables(
     book: Codebook, mags: tuple[tuple[float, ...], ...], device: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Device tables: magnitudes (float64 and float32 bits), even-code flags, full table bits.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Device tables: magnitudes and the full signed table (float64), even-code flags.
 
-    Keyed on the mappings too: a Codebook's equality and hash leave them out.
+    Float64 holds every compute value (float32 need not: e5m26, e11m20, e4m3b150...); the
+    kernels round each value times its scale to float32 once. Keyed on the mappings too: a
+    Codebook's equality and hash leave them out.
     """
     m64 = np.asarray(mags, dtype=np.float64).reshape(-1)
-    m32 = m64.astype(np.float32).view(np.int32)
     codes = book.magnitude_codes()
     even = (np.asarray(codes, dtype=np.int64).reshape(-1) % 2 == 0).astype(np.int8)
-    tab = np.asarray(book.table(), dtype=np.float32).view(np.int32).reshape(-1)
-    return tuple(
-        torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in (m64, m32, even, tab)
-    )  # type: ignore[return-value]
+    tab = np.asarray(book.table(), dtype=np.float64).reshape(-1)
+    return tuple(torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in (m64, even, tab))  # type: ignore[return-value]
 
 
 def _book_tables(book: Codebook, device: torch.device) -> tuple[torch.Tensor, ...]:
     return _tables(book, book.magnitudes(), str(device))
-
-
-@functools.lru_cache(maxsize=256)
-def _float32_table(book: Codebook, mags: tuple[tuple[float, ...], ...]) -> bool:
-    return all(float(np.float32(m)) == m for row in mags for m in row)
 
 
 def _scale_args(book: Codebook, dt: DataType, scale_mode: ScaleMode, step: int) -> list[int]:
@@ -329,8 +321,18 @@ def _format_args(
         int(c.has_negative_zero),
         c.emin,
         c.mbits,
-        float(c.maxfloat),
+        _maxfloat_bits(c.maxfloat),
     )
+
+
+def _maxfloat_bits(maxfloat: float) -> int:
+    """The compute type's maxfloat as float64 bits (an int64 argument: a float one is float32).
+
+    At least 2^32 (a float64 below 2^-1041), so that Triton types it int64 for every format:
+    the kernel's bound compares it with reach >= 2^-1008 (65504 / 2^1023), so raising a smaller
+    maxfloat there changes nothing.
+    """
+    return max(int(np.float64(maxfloat).view(np.int64)), 1 << 32)
 
 
 # -- host side -------------------------------------------------------------------------------
@@ -440,7 +442,7 @@ def _run_quant(
     if big:
         stats = _tile_stats(x, g)[_tile_of_unit(g, gk).to(dev)]
     nsub_p, sub_p, bt, n_chunks = _launch(gk)
-    m64, m32, even, _tab = _book_tables(book, dev)
+    m64, even, _tab = _book_tables(book, dev)
     y = torch.empty_like(x) if want_values else torch.empty(1, dtype=x.dtype, device=dev)
     if want_codes:
         codes = torch.empty(x.shape, dtype=torch.uint8, device=dev)
@@ -467,7 +469,7 @@ def _run_quant(
         num_warps=_config()[1],
         enable_fp_fusion=False,
     )
-    ptrs = (_int_view(x), _int_view(y), codes, scale, meta, m64, m32, even, stats)
+    ptrs = (_int_view(x), _int_view(y), codes, scale, meta, m64, even, stats)
     long = _is_long(gk)
     # the tree sums of a long tile's n elements are within n * 2^-53 of the ordered ones
     delta = 2.0 ** (math.ceil(math.log2(gk.TC)) - 50) if long else 0.0
@@ -554,7 +556,7 @@ def dequantize(
     big = bool(g.tiling.Sc) and g.sub > _MAX_TILE  # units of their own (`_unit_geom`)
     gk = _unit_geom(g) if big else g
     nsub_p, sub_p, bt, n_chunks = _launch(gk)
-    tab = _book_tables(book, dev)[3]
+    tab = _book_tables(book, dev)[2]
     c = codes.contiguous().reshape(shape)
     scale = _signed(scale.contiguous())  # 16-bit codes: torch's uint16 lacks CUDA ops
     if rows:

@@ -12,7 +12,7 @@ tile over 1024 elements per program, in chunks) of `triton_codebook_kernels._cb_
 import triton
 import triton.language as tl
 
-from onnxq.cast.triton_device import _ldexp_bits, _load_bits, _store_values
+from onnxq.cast.triton_device import _load_bits, _pow2_f64, _store_values
 
 
 @triton.jit
@@ -104,9 +104,11 @@ def _cb_meta_offsets(
 
 
 @triton.jit
-def _cb_bound(sexp3, c_emin, c_mbits, c_maxf, IN_KIND: tl.constexpr):
+def _cb_bound(sexp3, c_emin, c_mbits, c_maxf_bits, IN_KIND: tl.constexpr):
     # The largest compute-grid magnitude whose value times 2^sexp is at most the input type's
     # largest finite value (reference `finite_bound`), float64; Inf where none is needed.
+    # The compute type's maxfloat comes as its float64 bits: a float argument is float32.
+    c_maxf = c_maxf_bits.to(tl.int64).to(tl.float64, bitcast=True)
     if IN_KIND == 0:
         fmax = 3.4028234663852886e38
     elif IN_KIND == 1:
@@ -245,10 +247,20 @@ def _cb_select(
 
 
 @triton.jit
+def _scaled_f32_bits(q, k):
+    # float32 bits of float64 q times 2^k (-1074 <= k <= 1023), rounded once (as the
+    # reference's float64 product, then astype). Two power-of-two steps, each in range: the
+    # first is exact wherever the result is not below float32's reach or beyond it.
+    h = k >> 1
+    v = (q * _pow2_f64(h)) * _pow2_f64(k - h)
+    return v.to(tl.float32).to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _cb_write(
     y_ptr,
     code_ptr,
-    magb_ptr,
+    mag_ptr,
     off,
     ok,
     xb,
@@ -266,8 +278,8 @@ def _cb_write(
     # values (q * 2^sexp, rounded once to float32, then to the input type) or index codes
     sgn = (xb < 0) & ((best_idx != 0) | (negzero != 0))
     if WANT_Y:
-        magb = tl.load(magb_ptr + map3 * K + best_idx)
-        yb = _ldexp_bits(magb, sexp3) | (sgn.to(tl.int32) << 31)
+        mag = tl.load(mag_ptr + map3 * K + best_idx)
+        yb = _scaled_f32_bits(mag, sexp3) | (sgn.to(tl.int32) << 31)
         _store_values(y_ptr, off, ok, yb, tile_nan, tile_nan, IN_KIND != 0, IN_KIND == 2)
     if WANT_CODES:
         code = (sgn.to(tl.int32) << (IB - 1)) | best_idx
@@ -316,7 +328,6 @@ def _cb_units(
     code_ptr,
     meta_ptr,
     mag_ptr,
-    magb_ptr,
     even_ptr,
     xb,
     off,
@@ -358,7 +369,7 @@ def _cb_units(
     _cb_write(
         y_ptr,
         code_ptr,
-        magb_ptr,
+        mag_ptr,
         off,
         ok,
         xb,
@@ -530,7 +541,6 @@ def _cb_long_write(
     y_ptr,
     code_ptr,
     mag_ptr,
-    magb_ptr,
     even_ptr,
     pid,
     n_chunks,
@@ -568,7 +578,7 @@ def _cb_long_write(
         _cb_write(
             y_ptr,
             code_ptr,
-            magb_ptr,
+            mag_ptr,
             off,
             ok,
             xb,

@@ -24,8 +24,9 @@ from onnxq.cast.triton_codebook_device import (
     _cb_ordered_errors,
     _cb_tile_flags,
     _cb_units,
+    _scaled_f32_bits,
 )
-from onnxq.cast.triton_device import _ldexp_bits, _load_bits, _scale_exp_t, _store_values
+from onnxq.cast.triton_device import _load_bits, _scale_exp_t, _store_values
 
 # Format numbers are runtime arguments (not specialised): one compile per layout and mode.
 _FMT_ARGS = (
@@ -40,6 +41,7 @@ _FMT_ARGS = (
     "negzero",
     "c_emin",
     "c_mbits",
+    "c_maxf_bits",
 )
 
 
@@ -57,7 +59,6 @@ def _cb_quant_kernel(
     scale_ptr,
     meta_ptr,
     mag_ptr,
-    magb_ptr,
     even_ptr,
     stat_ptr,
     n_inst,
@@ -81,7 +82,7 @@ def _cb_quant_kernel(
     negzero,
     c_emin,
     c_mbits,
-    c_maxf,
+    c_maxf_bits,
     IN_KIND: tl.constexpr,
     WANT_Y: tl.constexpr,
     WANT_CODES: tl.constexpr,
@@ -125,13 +126,13 @@ def _cb_quant_kernel(
     tnan = (tl.where(nan_block == 1, any_nf, any_nan) > 0) & (nan_block < 2)
     sexp, _maxexp = _scale_exp_t(amax_b, bump_t, e_emax, s_low, s_high)
     sexp3 = sexp[:, None, None]
-    bound = _cb_bound(sexp3, c_emin, c_mbits, c_maxf, IN_KIND)
+    bound = _cb_bound(sexp3, c_emin, c_mbits, c_maxf_bits, IN_KIND)
     if WANT_CODES:
         scode = tl.where(tnan, s_nan, sexp + s_bias)
         tl.store(scale_ptr + inst, scode.to(scale_ptr.dtype.element_ty), mask=u_ok)
     if not LONG:
         _cb_units(
-            y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst, j,
+            y_ptr, code_ptr, meta_ptr, mag_ptr, even_ptr, xb, off, ok, u_ok, inst, j,
             o, i, sexp3, bound, tnan, 0, nsub, sub_cols, inner, rmode, negzero, IN_KIND, WANT_Y,
             WANT_CODES, LAST, SUBT, BT, NSUB, SUB, IB, K, LOG2K, NMAP, FORCE,
         )
@@ -142,7 +143,7 @@ def _cb_quant_kernel(
                 x_ptr, pid, q, n_inst, C, TC, inner, nC, IN_KIND, LAST, TENSOR, NSUB, SUB
             )
             _cb_units(
-                y_ptr, code_ptr, meta_ptr, mag_ptr, magb_ptr, even_ptr, xb, off, ok, u_ok, inst,
+                y_ptr, code_ptr, meta_ptr, mag_ptr, even_ptr, xb, off, ok, u_ok, inst,
                 j, o, i, sexp3, bound, tnan, q * NSUB, nsub, sub_cols, inner, rmode, negzero,
                 IN_KIND, WANT_Y, WANT_CODES, LAST, SUBT, 1, NSUB, SUB, IB, K, LOG2K, NMAP, FORCE,
             )
@@ -160,7 +161,7 @@ def _cb_quant_kernel(
             )
             chosen = _cb_exact_choice(errs, NMAP, NMAP_P)
         _cb_long_write(
-            x_ptr, y_ptr, code_ptr, mag_ptr, magb_ptr, even_ptr, pid, n_chunks, n_inst, C, TC,
+            x_ptr, y_ptr, code_ptr, mag_ptr, even_ptr, pid, n_chunks, n_inst, C, TC,
             inner, nC, chosen, sexp3, bound, tnan, rmode, negzero, IN_KIND, WANT_Y, WANT_CODES,
             LAST, TENSOR, NSUB, SUB, IB, K, LOG2K,
         )
@@ -224,6 +225,6 @@ def _cb_dequant_kernel(
     sc = tl.load(scale_ptr + inst, mask=u_ok, other=0).to(tl.int32) & s_mask
     nan_t = sc == s_nan
     k3 = tl.where(nan_t, 0, sc - s_bias)[:, None, None]
-    yb = _ldexp_bits(qb, k3)
+    yb = _scaled_f32_bits(qb, k3)  # the float64 table entry times 2^k, rounded once
     nan = ok & nan_t[:, None, None]
     _store_values(y_ptr, off, ok, yb, nan, nan, OUT_KIND != 0, OUT_KIND == 2)

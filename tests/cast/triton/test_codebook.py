@@ -156,6 +156,44 @@ def test_generic_codebook() -> None:
     check(x, dt, "bfloat16", axis=0, round_mode="away")
 
 
+# Generic tables whose values float32 does not hold, each placed where tiles reach it:
+# e5m26 near its emax 15 (2^13 (1 + 2^-24) times a scale 2^-15 is a float32 tie, which rounds
+# to even once), e4m3b150fn below 2^-149 (2^-152 under float32 is 0) and e11m20 above 2^128
+# (under float32 Inf; its scale e10m0b1000 reaches 2^-1000).
+WIDE_TABLES = [
+    (
+        "cb31_e5m26_w",
+        [
+            (0.0, 2**13 * (1 + 2**-24), 2**14 * (1 + 3 * 2**-24), 2**15 * (2 - 2**-26)),
+            (0.0, 2**12 * (3 - 2**-25), 2**14 * (1 + 2**-26), 2**15 * (1 + 2**-23)),
+        ],
+        "e8m0_t16",
+        1.0,
+    ),
+    ("cb30_e4m3b150fn_w", [(0.0, 2**-152, 2**-136, 1.75 * 2**-135)], "e8m0_t8s4", 2.0**-20),
+    (
+        "cb31_e11m20_w",
+        [
+            (0.0, 2.0**-1000, 2.0**990 * (1 + 2**-20), 2.0**1000 * 1.5),
+            (0.0, 2.0**999, 2.0**1000, 2.0**1000 * (1 + 2**-19)),
+        ],
+        "e10m0b1000_t16",
+        1.0,
+    ),
+]
+
+
+@pytest.mark.parametrize(("code", "mappings", "scale", "size"), WIDE_TABLES)
+def test_table_values_outside_float32(
+    code: str, mappings: list[tuple[float, ...]], scale: str, size: float
+) -> None:
+    dt = datatype(Codebook.parse(code).add_mappings(mappings), scale)
+    assert tcb.supports(dt, (6, 48), 1) is None
+    x = with_specials(sample((6, 48), seed=len(code), spread=2)) * np.float32(size)
+    check(x, dt, modes=("virtual", "actual", "compress"))
+    check(x, dt, "bfloat16", axis=0, scale_mode="ceil", round_mode="away")
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_inputs(dtype: str) -> None:
     x = with_specials(sample((4, 96), seed=5))
