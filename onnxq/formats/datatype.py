@@ -62,6 +62,15 @@ class DataType:
                 )
         if s.zero is not None and s.scale.is_exponent:
             raise ValueError(f"{where}: zero points need a float scale, not {s.scale}")
+        if s.scale.is_exponent:
+            frac = 0 if n.is_codebook else n.int_fraction_bits
+            if -s.scale.bias - frac < limits.MIN_SCALE_STEP_EXPONENT:
+                raise ValueError(
+                    f"{where}: exponent scale {s.scale} gives {n} grid steps down to "
+                    f"2^{-s.scale.bias - frac}, below float64's normal range "
+                    f"(2^{limits.MIN_SCALE_STEP_EXPONENT}); use a bias of at most "
+                    f"{-limits.MIN_SCALE_STEP_EXPONENT - frac}"
+                )
         _sub_rows, sub_cols = s.subtile
         if sub_cols:
             if n.is_codebook:

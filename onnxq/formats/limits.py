@@ -19,6 +19,7 @@ __all__ = [
     "MAX_SPARSE_M",
     "MAX_TILE",
     "MAX_VALUE_EXPONENT",
+    "MIN_SCALE_STEP_EXPONENT",
     "MIN_VALUE_EXPONENT",
     "digits",
     "normalize",
@@ -36,6 +37,9 @@ MAX_TILE = 65536  # tile size per dimension (a power of two, 2..65536; t0 = chan
 MAX_SPARSE_M = 16  # N:M sparsity block
 MAX_VALUE_EXPONENT = 1023  # every finite value of a format is below 2^1024 (float64 range)
 MIN_VALUE_EXPONENT = -1074  # and its smallest step is at least 2^-1074 (float64 subnormal)
+# An exponent scale's smallest grid step, 2^-(bias + an int element's fraction bits), is a
+# normal float64: the engines scale by exact powers of two built from float64 exponent bits.
+MIN_SCALE_STEP_EXPONENT = -1022
 
 # Only these characters may appear in a code (checked after lowercasing ASCII letters).
 _ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")

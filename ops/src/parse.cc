@@ -720,6 +720,15 @@ std::string check_scaled(const std::string& where, const std::string& text, bool
   }
   if (s.has_zero && s.scale.n.kind == kExponent)
     return where + "zero points need a float scale, not " + s.scale.d.name();
+  if (s.scale.n.kind == kExponent) {
+    int frac = !codebook && n.kind == kInt ? n.bits - 2 : 0;
+    int lowest = -s.scale.n.bias - frac;
+    if (lowest < kMinScaleStepExponent)
+      return where + "exponent scale " + s.scale.d.name() + " gives " + n.name() +
+             " grid steps down to 2^" + std::to_string(lowest) +
+             ", below float64's normal range (2^" + std::to_string(kMinScaleStepExponent) +
+             "); use a bias of at most " + std::to_string(-kMinScaleStepExponent - frac);
+  }
   bool any_sub = false;
   for (const auto& t : s.tiles) any_sub = any_sub || t.subtile;
   if (any_sub) {

@@ -39,6 +39,10 @@ EXTRA = [
     # bits): they saturate at the float32 number below it (decision 21)
     "e2m1_e3m28_t16",
     "uint8_float32_e3m28_t16",
+    # exponent scales whose grid steps reach float64's smallest normal, 2^-1022 (the limit):
+    # int8's 2^(-1016 - 6) on zero tiles, and a 5-bit scale clamped at its top, 2^-992
+    "int8_e10m0b1016_t8",
+    "e2m1_e5m0b1022_t8",
 ]
 ALL = sorted(onnxq.datatypes()) + EXTRA
 FLOAT_DTYPES = [np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
@@ -126,10 +130,15 @@ def test_upcast_of_actual_and_compress_equals_virtual_cast(
 #   s = 1.6504593 gives 1.6504592); nvfp4 also re-derives its FP32 tensor scale and rounds
 #   the E4M3 block scale, and fails idempotence on about 1 in 6 random tiles;
 # - zero-point types (uint*): the min/max of the rounded data give another scale and zero.
+# - scales at float64's limit (e2m1_e5m0b1022_t8: at most 2^-992): every value underflows
+#   float32 to a signed zero, and e2m1fnuz reads -0.0 back as +0.
+TINY_SCALES = {"int8_e10m0b1016_t8", "e2m1_e5m0b1022_t8"}
 IDEMPOTENT = [
     n
     for n in ALL
-    if onnxq.datatype(n).sspec is not None and onnxq.datatype(n).sspec.scale.is_exponent
+    if onnxq.datatype(n).sspec is not None
+    and onnxq.datatype(n).sspec.scale.is_exponent
+    and n not in TINY_SCALES
 ]
 
 

@@ -43,6 +43,10 @@ EXTRA = [
     "uint8_float32_e6m25fn_t32",
     "e2m1_e4m3_e5m26_t16",
     "e4m3b150_e8m0_t32",
+    # exponent scales with grid steps down to 2^-1022 (the limit), clamped at their top
+    "e2m1_e5m0b1022_t8",
+    "int8_e10m0b1016_t8",
+    "cb41fi_e2m2fnuz_e5m0b1022_t8",
 ]
 NAMES = [*onnxq.datatypes(), *EXTRA]
 SPECIALS = np.array(
