@@ -169,9 +169,11 @@ def _cb_scaled(xb, sexp3):
     E = ab >> 23
     F = ab & 0x7FFFFF
     Mi = tl.where(E > 0, F | 0x800000, F)
+    # k reaches 127 - 23 + 1022 (a scale as small as 2^-1022): two exact steps, the second
+    # overflowing to Inf where float64 does (the reference's product does the same)
     k = tl.where(E > 0, E - 127, -126) - 23 - sexp3
-    p2 = ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
-    a = Mi.to(tl.float64) * p2
+    h = k >> 1
+    a = (Mi.to(tl.float64) * _pow2_f64(h)) * _pow2_f64(k - h)
     nan64 = (xb.to(tl.int64) * 0 + 0x7FF8000000000000).to(tl.float64, bitcast=True)
     inf64 = (xb.to(tl.int64) * 0 + 0x7FF0000000000000).to(tl.float64, bitcast=True)
     return tl.where(ab < 0x7F800000, a, tl.where(ab > 0x7F800000, nan64, inf64))

@@ -290,6 +290,9 @@ def test_nm_sparsity(name: str, shape: tuple[int, ...], axis: int) -> None:
         ("cb41fi_e8m23_e8m0_t32", (5, 70), -1),  # compute types over 16 bits
         ("cb51ie_e6m17_e8m0_t16s2", (5, 70), -1),
         ("cb41fi_e5m10_e10m0_t4_t8", (9, 30), -1),  # both, with 2-D tiles
+        # scales down to 2^-1022 (bias 1022 of a 5-bit scale: at most 2^-992): values over
+        # 2^54 scale past 2^1023, which float64 holds only as a product of two steps
+        ("cb41fi_e2m2fnuz_e5m0b1022_t8", (5, 70), -1),
     ],
 )
 def test_wide_scales_and_compute_types(name: str, shape: tuple[int, ...], axis: int) -> None:
