@@ -163,17 +163,24 @@ def _cb_nearest(a, bound, mag_ptr, even_ptr, base, K: tl.constexpr, LOG2K: tl.co
 
 
 @triton.jit
+def _times_pow2(q, k):
+    # float64 q times 2^k for |k| up to 2044, rounded once: two power-of-two steps, each in
+    # 2^k's range. The first is exact wherever the product is neither below float32's reach
+    # nor past float64's (where the second step overflows to Inf, as the product would).
+    h = k >> 1
+    return (q * _pow2_f64(h)) * _pow2_f64(k - h)
+
+
+@triton.jit
 def _cb_scaled(xb, sexp3):
     # |x| * 2^-sexp in float64, exactly (mantissa times a power of two); NaN and Inf kept
     ab = xb & 0x7FFFFFFF
     E = ab >> 23
     F = ab & 0x7FFFFF
     Mi = tl.where(E > 0, F | 0x800000, F)
-    # k reaches 127 - 23 + 1022 (a scale as small as 2^-1022): two exact steps, the second
-    # overflowing to Inf where float64 does (the reference's product does the same)
+    # k reaches 127 - 23 + 1022 (a scale as small as 2^-1022), past one 2^k's range
     k = tl.where(E > 0, E - 127, -126) - 23 - sexp3
-    h = k >> 1
-    a = (Mi.to(tl.float64) * _pow2_f64(h)) * _pow2_f64(k - h)
+    a = _times_pow2(Mi.to(tl.float64), k)
     nan64 = (xb.to(tl.int64) * 0 + 0x7FF8000000000000).to(tl.float64, bitcast=True)
     inf64 = (xb.to(tl.int64) * 0 + 0x7FF0000000000000).to(tl.float64, bitcast=True)
     return tl.where(ab < 0x7F800000, a, tl.where(ab > 0x7F800000, nan64, inf64))
@@ -250,12 +257,9 @@ def _cb_select(
 
 @triton.jit
 def _scaled_f32_bits(q, k):
-    # float32 bits of float64 q times 2^k (-1074 <= k <= 1023), rounded once (as the
-    # reference's float64 product, then astype). Two power-of-two steps, each in range: the
-    # first is exact wherever the result is not below float32's reach or beyond it.
-    h = k >> 1
-    v = (q * _pow2_f64(h)) * _pow2_f64(k - h)
-    return v.to(tl.float32).to(tl.int32, bitcast=True)
+    # float32 bits of float64 q times 2^k, rounded once (the reference's float64 product,
+    # then astype)
+    return _times_pow2(q, k).to(tl.float32).to(tl.int32, bitcast=True)
 
 
 @triton.jit

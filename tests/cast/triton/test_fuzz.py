@@ -6,6 +6,7 @@ tiles are shorter than a packing group, zero float scales under a format with -0
 minima of float zero points. A fixed seed draws a bounded number of codes per kernel; each
 runs in float32 and bfloat16 on values with zeros of both signs, NaN, Inf and tile magnitudes
 far apart, in virtual and compress mode (and, for the fast path, in every packing layout).
+Generic codebooks take random values of compute types narrow and wide.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import pytest
 import tests.cast.triton.support  # noqa: F401  (first: it sets up Triton's interpreter)
 
 # isort: split
+from tests.cast.triton.test_codebook import check as check_book
 from tests.cast.triton.test_engine import check as check_general
 from tests.cast.triton.test_fast import check as check_fast
 
 # isort: split
 from onnxq.cast import triton_fast as tf
+from onnxq.formats.codebook import Codebook
 from onnxq.formats.datatype import datatype
 from onnxq.formats.modes import RoundMode
 
@@ -97,3 +100,37 @@ def test_general_kernel(code: str) -> None:
     x = values((4, 32), seed=len(code))
     for dtype in ("float32", "bfloat16"):
         check_general(x, code, dtype, modes=("virtual", "actual", "compress"))
+
+
+# Generic codebooks: random grid values of compute types narrow and wide (values past 2^128,
+# below 2^-149, over 24 significant bits: the float64 tables), under scales down to 2^-1022.
+BOOK_COMPUTES = ["e2m3", "e4m3fn", "e5m2", "e5m26", "e11m20", "e4m3b150", "e8m7b250", "e6m25fnuz"]
+BOOK_SCALES = ["e8m0_t16", "e5m0b1022_t8", "e10m0_t8s4", "e8m0b200_t4_t8", "e10m0b1000_t16n2m4"]
+
+
+def generic_books(count: int, seed: int) -> list[tuple[str, tuple[tuple[float, ...], ...], str]]:
+    """(codebook code, mappings, scale code): sorted random positive values after 0."""
+    rng = random.Random(seed)
+    out = []
+    for compute, scale in itertools.product(BOOK_COMPUTES, BOOK_SCALES):
+        spec = datatype(compute).nspec
+        index_bits, meta_bits = rng.choice([(3, 1), (4, 0), (2, 2)])
+        rows = []
+        for _ in range(1 << meta_bits):
+            picked: set[float] = set()
+            while len(picked) < (1 << (index_bits - 1)) - 1:
+                v = spec.decode(rng.randrange(1, 1 << (spec.bits - 1)))
+                if np.isfinite(v) and v > 0:
+                    picked.add(v)
+            rows.append((0.0, *sorted(picked)))
+        out.append((f"cb{index_bits}{meta_bits}_{compute}_fz", tuple(rows), scale))
+    rng.shuffle(out)
+    return out[:count]
+
+
+@pytest.mark.parametrize(("book", "mappings", "scale"), generic_books(8, 7))
+def test_generic_codebooks(book: str, mappings: tuple[tuple[float, ...], ...], scale: str) -> None:
+    dt = datatype(Codebook.parse(book).add_mappings(list(mappings)), scale)
+    x = values((8, 32), seed=len(book) + len(scale))
+    for dtype in ("float32", "bfloat16"):
+        check_book(x, dt, dtype, modes=("virtual", "actual", "compress"))
