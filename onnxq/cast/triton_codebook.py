@@ -264,7 +264,7 @@ def _launch(g: _Geom) -> tuple[int, int, int, int]:
 def _tables(
     book: Codebook, mags: tuple[tuple[float, ...], ...], device: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Device tables: magnitudes and the full signed table (float64), even-code flags.
+    """Device tables: magnitudes (float64), even-code flags, the full signed table (float64).
 
     Float64 holds every compute value (float32 need not: e5m26, e11m20, e4m3b150...); the
     kernels round each value times its scale to float32 once. Keyed on the mappings too: a
@@ -274,7 +274,10 @@ def _tables(
     codes = book.magnitude_codes()
     even = (np.asarray(codes, dtype=np.int64).reshape(-1) % 2 == 0).astype(np.int8)
     tab = np.asarray(book.table(), dtype=np.float64).reshape(-1)
-    return tuple(torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in (m64, even, tab))  # type: ignore[return-value]
+    m64_d, even_d, tab_d = (
+        torch.from_numpy(np.ascontiguousarray(t)).to(device) for t in (m64, even, tab)
+    )
+    return m64_d, even_d, tab_d
 
 
 def _book_tables(book: Codebook, device: torch.device) -> tuple[torch.Tensor, ...]:
