@@ -62,6 +62,14 @@ class DataType:
                 )
         if s.zero is not None and s.scale.is_exponent:
             raise ValueError(f"{where}: zero points need a float scale, not {s.scale}")
+        grid = n.compute if n.is_codebook else n
+        if grid.is_float and grid.emin - grid.mbits < limits.MIN_SCALE_STEP_EXPONENT:
+            raise ValueError(
+                f"{where}: {grid}'s smallest step 2^{grid.emin - grid.mbits} is below "
+                f"float64's normal range (2^{limits.MIN_SCALE_STEP_EXPONENT}), where scaled "
+                f"elements are rounded; use a bias of at most "
+                f"{1 - grid.mbits - limits.MIN_SCALE_STEP_EXPONENT}"
+            )
         if s.scale.is_exponent:
             frac = 0 if n.is_codebook else n.int_fraction_bits
             if -s.scale.bias - frac < limits.MIN_SCALE_STEP_EXPONENT:

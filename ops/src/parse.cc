@@ -720,6 +720,11 @@ std::string check_scaled(const std::string& where, const std::string& text, bool
   }
   if (s.has_zero && s.scale.n.kind == kExponent)
     return where + "zero points need a float scale, not " + s.scale.d.name();
+  if (n.kind == kFloat && n.emin - n.mbits < kMinScaleStepExponent)
+    return where + n.name() + "'s smallest step 2^" + std::to_string(n.emin - n.mbits) +
+           " is below float64's normal range (2^" + std::to_string(kMinScaleStepExponent) +
+           "), where scaled elements are rounded; use a bias of at most " +
+           std::to_string(1 - n.mbits - kMinScaleStepExponent);
   if (s.scale.n.kind == kExponent) {
     int frac = !codebook && n.kind == kInt ? n.bits - 2 : 0;
     int lowest = -s.scale.n.bias - frac;

@@ -1030,6 +1030,32 @@ def test_float_zero_point_bound_on_float32_data(backend: str) -> None:
     run(case)
 
 
+# Scaled elements whose grid reaches the limit of docs/formats.md: e3m28b995fn has emin
+# 1 - 995 = -994, emax 7 - 995 = -988 (fn: field 7 holds numbers) and a smallest step
+# 2^(-994 - 28) = 2^-1022, float64's smallest normal (b996 is refused). Scale e10m0b0 (codes
+# 0..1022 = exponents). One tile of 8 (two zeros pad it): absmax 65504 = (2 - 2^-10) 2^15,
+# floor: sexp = 15 - (-988) = 1003 (code 1003), v = x 2^-1003.
+#   +-65504: v = (2 - 2^-10) 2^-988, field 7, mantissa (1 - 2^-10) 2^28 = 2^28 - 2^18: exact;
+#     code 7 << 28 | (2^28 - 2^18) = 0x7FFC0000 (negative: | 2^31 = 0xFFFC0000).
+#   1.0: v = 2^-1003 < 2^emin, subnormal, step 2^-1022: 2^19 steps, exact; code 0x00080000.
+#   2^-18: v = 2^-1021 = 2 steps, code 2. 2^-20: v = 2^-1023 = half a step, tie 0|1, even:
+#   0. 3 * 2^-21: v = 0.75 step -> 1 step = 2^-1022, decoded 2^-1022 * 2^1003 = 2^-19.
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_scaled_element_steps_at_float64_normal_limit(backend: str) -> None:
+    if backend == "native" and not native.available():
+        pytest.skip("native library not built")
+    case = Case(
+        "element grid down to 2^-1022",
+        "e3m28b995_e10m0b0_t8",
+        [65504.0, 1.0, p2(-18), p2(-20), 3 * p2(-21), -65504.0],
+        [65504.0, 1.0, p2(-18), 0.0, p2(-19), -65504.0],
+        kwargs={"backend": backend},
+        scale=[1003],
+        data=[0x7FFC0000, 0x00080000, 2, 0, 1, 0xFFFC0000],
+    )
+    run(case)
+
+
 # -- family 5: geometry and edge tiles ------------------------------------------------------
 # e2m1fnuz_e8m0_t4 on a (4, 8) tensor whose only large value is x[0, 0] = 12, else 1.5.
 # A tile holding 12: floor(log2 12) = 3 -> sexp 1 (code 128): 12/2 = 6 (code 7) -> 12;
