@@ -63,13 +63,19 @@ class DataType:
         if s.zero is not None and s.scale.is_exponent:
             raise ValueError(f"{where}: zero points need a float scale, not {s.scale}")
         grid = n.compute if n.is_codebook else n
-        if grid.is_float and grid.emin - grid.mbits < limits.MIN_SCALE_STEP_EXPONENT:
-            raise ValueError(
-                f"{where}: {grid}'s smallest step 2^{grid.emin - grid.mbits} is below "
-                f"float64's normal range (2^{limits.MIN_SCALE_STEP_EXPONENT}), where scaled "
-                f"elements are rounded; use a bias of at most "
-                f"{1 - grid.mbits - limits.MIN_SCALE_STEP_EXPONENT}"
-            )
+        if s.scale.is_exponent and grid.is_float:
+            # A float32 tile puts values down to 2^-149 / 2^(128 - emax + 1) on the element
+            # grid (a scale search candidate above the ceil rule's): their steps must be
+            # normal float64 numbers, like every step the engines round to.
+            low = max(grid.emax - 278, grid.emin)
+            if low - grid.mbits < limits.MIN_SCALE_STEP_EXPONENT:
+                top_field = grid.emax + grid.bias
+                most = -limits.MIN_SCALE_STEP_EXPONENT - grid.mbits + max(1, top_field - 278)
+                raise ValueError(
+                    f"{where}: under an exponent scale, {grid} rounds values down to 2^{low} "
+                    f"on steps of 2^{low - grid.mbits}, below float64's normal range "
+                    f"(2^{limits.MIN_SCALE_STEP_EXPONENT}); use a bias of at most {most}"
+                )
         if s.scale.is_exponent:
             frac = 0 if n.is_codebook else n.int_fraction_bits
             if -s.scale.bias - frac < limits.MIN_SCALE_STEP_EXPONENT:

@@ -37,10 +37,10 @@ MAX_TILE = 65536  # tile size per dimension (a power of two, 2..65536; t0 = chan
 MAX_SPARSE_M = 16  # N:M sparsity block
 MAX_VALUE_EXPONENT = 1023  # every finite value of a format is below 2^1024 (float64 range)
 MIN_VALUE_EXPONENT = -1074  # and its smallest step is at least 2^-1074 (float64 subnormal)
-# In a scaled data type, the element's (a codebook's compute type's) smallest step and an
-# exponent scale's smallest grid step, 2^-(bias + an int element's fraction bits), are normal
-# float64 numbers: the engines scale and round with exact powers of two built from float64
-# exponent bits.
+# Under an exponent scale, the element grid's steps where a float32 tile reaches (a float
+# element's, a codebook compute type's) and the scale's smallest grid step, 2^-(bias + an int
+# element's fraction bits), are normal float64 numbers: the engines scale and round with exact
+# powers of two built from float64 exponent bits.
 MIN_SCALE_STEP_EXPONENT = -1022
 
 # Only these characters may appear in a code (checked after lowercasing ASCII letters).

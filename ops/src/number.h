@@ -54,9 +54,9 @@ constexpr int kMaxTile = 65536;
 constexpr int kMaxSparseM = 16;
 constexpr int kMaxValueExponent = 1023;  // every finite value is a float64
 constexpr int kMinValueExponent = -1074;
-// In a scaled data type, the element's (a codebook's compute type's) smallest step and an
-// exponent scale's smallest grid step, 2^-(bias + an int element's fraction bits), are normal
-// float64 numbers: the kernels scale and round with exact powers of two.
+// Under an exponent scale, the element grid's steps where a float32 tile reaches and the
+// scale's smallest grid step, 2^-(bias + an int element's fraction bits), are normal float64
+// numbers: the kernels scale and round with exact powers of two.
 constexpr int kMinScaleStepExponent = -1022;
 
 // A number spec with the derived values the kernels use (NumberSpec's properties).

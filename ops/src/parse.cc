@@ -720,11 +720,18 @@ std::string check_scaled(const std::string& where, const std::string& text, bool
   }
   if (s.has_zero && s.scale.n.kind == kExponent)
     return where + "zero points need a float scale, not " + s.scale.d.name();
-  if (n.kind == kFloat && n.emin - n.mbits < kMinScaleStepExponent)
-    return where + n.name() + "'s smallest step 2^" + std::to_string(n.emin - n.mbits) +
-           " is below float64's normal range (2^" + std::to_string(kMinScaleStepExponent) +
-           "), where scaled elements are rounded; use a bias of at most " +
-           std::to_string(1 - n.mbits - kMinScaleStepExponent);
+  if (s.scale.n.kind == kExponent && n.kind == kFloat) {
+    // DataType.__post_init__: the steps of the smallest values a float32 tile can put on
+    // the element grid are normal float64 numbers
+    int low = std::max(n.emax - 278, n.emin);
+    if (low - n.mbits < kMinScaleStepExponent) {
+      int most = -kMinScaleStepExponent - n.mbits + std::max(1, n.emax + n.bias - 278);
+      return where + "under an exponent scale, " + n.name() + " rounds values down to 2^" +
+             std::to_string(low) + " on steps of 2^" + std::to_string(low - n.mbits) +
+             ", below float64's normal range (2^" + std::to_string(kMinScaleStepExponent) +
+             "); use a bias of at most " + std::to_string(most);
+    }
+  }
   if (s.scale.n.kind == kExponent) {
     int frac = !codebook && n.kind == kInt ? n.bits - 2 : 0;
     int lowest = -s.scale.n.bias - frac;
