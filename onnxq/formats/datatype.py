@@ -64,13 +64,13 @@ class DataType:
             raise ValueError(f"{where}: zero points need a float scale, not {s.scale}")
         grid = n.compute if n.is_codebook else n
         if s.scale.is_exponent and grid.is_float:
-            # A float32 tile puts values down to 2^-149 / 2^(128 - emax + 1) on the element
-            # grid (a scale search candidate above the ceil rule's): their steps must be
-            # normal float64 numbers, like every step the engines round to.
-            low = max(grid.emax - 278, grid.emin)
+            # The grid steps of the smallest values a float32 tile reaches must be normal
+            # float64 numbers, like every step the engines round to.
+            reach = limits.FLOAT32_TILE_REACH
+            low = max(grid.emax - reach, grid.emin)
             if low - grid.mbits < limits.MIN_SCALE_STEP_EXPONENT:
                 top_field = grid.emax + grid.bias
-                most = -limits.MIN_SCALE_STEP_EXPONENT - grid.mbits + max(1, top_field - 278)
+                most = -limits.MIN_SCALE_STEP_EXPONENT - grid.mbits + max(1, top_field - reach)
                 raise ValueError(
                     f"{where}: under an exponent scale, {grid} rounds values down to 2^{low} "
                     f"on steps of 2^{low - grid.mbits}, below float64's normal range "

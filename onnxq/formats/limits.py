@@ -8,6 +8,7 @@ code's numbers, so a hostile code costs microseconds, never a big-integer power 
 from __future__ import annotations
 
 __all__ = [
+    "FLOAT32_TILE_REACH",
     "MAX_CODE_LENGTH",
     "MAX_DIGITS",
     "MAX_ELEMENT_BITS",
@@ -42,6 +43,10 @@ MIN_VALUE_EXPONENT = -1074  # and its smallest step is at least 2^-1074 (float64
 # element's fraction bits), are normal float64 numbers: the engines scale and round with exact
 # powers of two built from float64 exponent bits.
 MIN_SCALE_STEP_EXPONENT = -1022
+# How far below a float element's emax a float32 tile under an exponent scale puts values:
+# 2^-149 under the largest scale its amax can take, 2^(127 + 1 - emax) and one search step up.
+# (Where the scale clamps at its bottom instead, values stay above 2^-149.)
+FLOAT32_TILE_REACH = 278
 
 # Only these characters may appear in a code (checked after lowercasing ASCII letters).
 _ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")

@@ -58,6 +58,9 @@ constexpr int kMinValueExponent = -1074;
 // scale's smallest grid step, 2^-(bias + an int element's fraction bits), are normal float64
 // numbers: the kernels scale and round with exact powers of two.
 constexpr int kMinScaleStepExponent = -1022;
+// How far below a float element's emax a float32 tile under an exponent scale puts values
+// (2^-149 under the largest scale its amax can take, plus one search step): limits.py.
+constexpr int kFloat32TileReach = 278;
 
 // A number spec with the derived values the kernels use (NumberSpec's properties).
 struct Num {

@@ -723,9 +723,10 @@ std::string check_scaled(const std::string& where, const std::string& text, bool
   if (s.scale.n.kind == kExponent && n.kind == kFloat) {
     // DataType.__post_init__: the steps of the smallest values a float32 tile can put on
     // the element grid are normal float64 numbers
-    int low = std::max(n.emax - 278, n.emin);
+    int low = std::max(n.emax - kFloat32TileReach, n.emin);
     if (low - n.mbits < kMinScaleStepExponent) {
-      int most = -kMinScaleStepExponent - n.mbits + std::max(1, n.emax + n.bias - 278);
+      int most =
+          -kMinScaleStepExponent - n.mbits + std::max(1, n.emax + n.bias - kFloat32TileReach);
       return where + "under an exponent scale, " + n.name() + " rounds values down to 2^" +
              std::to_string(low) + " on steps of 2^" + std::to_string(low - n.mbits) +
              ", below float64's normal range (2^" + std::to_string(kMinScaleStepExponent) +
