@@ -750,6 +750,10 @@ def test_real_minilm_quantizes_to_mxfp4_and_stays_close(
         # 2^129; every float32 weight is one of them: exact, measured Inf dB)
         ("e4m3fn_e5m26_t32", 9, 22.0),
         ("e8m23fn_e8m0_t32", 32, 150.0),
+        # an element grid down to 2^-1022, the limit (emax -988; the e10m0b0 scale's codes
+        # reach 2^1022): weights become v = w 2^-sexp near 2^-988, 28 mantissa bits over 7
+        # binades, small weights of a tile on subnormal steps (measured 138.6 dB)
+        ("e3m28b995_e10m0b0_t32", 32, 125.0),
     ],
 )
 def test_real_minilm_with_wide_weights(

@@ -263,6 +263,11 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("q no format", Q, 2, "nothing to quantize"),
     ("q bad format", [*Q, "--weights", "mxfp3"], 2, "mxfp3"),
     ("q bad activation format", [*Q, "--activations", "bogus"], 2, "bogus"),
+    # grid steps below float64's normal range (docs/formats.md, "Limits")
+    ("q scale steps too fine", [*Q, "--weights", "e2m1_e5m0b1074_t4"], 2,
+     "use a bias of at most 1022"),
+    ("q element steps too fine", [*Q, "--weights", "e3m28b996_e10m0_t32"], 2,
+     "use a bias of at most 995"),
     ("q bad storage", [*Q, "--weights", "mxfp4", "--storage", "zip"], 2, "zip"),
     ("q bad target", [*Q, "--weights", "mxfp4", "--target", "gpu"], 2, "gpu"),
     ("q percentile zero", [*Q, "--weights", "mxfp4", "--percentile", "0"], 2, "percentile"),
