@@ -14,6 +14,7 @@ from typing import Any
 
 from onnxq.cast.aot_spec import (
     ARCHS,
+    CB_OPS,
     FLOATS,
     FORMAT_VERSION,
     OP_PACK,
@@ -83,11 +84,13 @@ def _kernel_tables(
         params.extend([(ROLE_IDS["scratch"], -1)] * nextra)
         images, ptx = blob.placed[k.unit]
         bt = k.constexprs.get("ROUNDS", k.constexprs.get("BT", 1))  # amax: blocks per program
+        # codebook decoding: the block (NSUB x SUB elements a tile) the launcher chooses by
+        block = (k.constexprs["NSUB"], k.constexprs["SUB"]) if k.op in CB_OPS else (0, 0)
         cubins = ", ".join(f"{{{a}, {images[a][0]}u, {images[a][1]}u}}" for a in ARCHS)
         rows.append(
             f"  {{{k.fmt}, {k.op}, {k.io_type}, {_c_str(r[ARCHS[0]]['name'])}, {warps.pop()}, "
             f"{max(x['shared'] for x in r.values())}, {bt}, {k.chunk}, {int(bool(k.hints))}, "
-            f"{first}, "
+            f"{block[0]}, {block[1]}, {first}, "
             f"{len(params) - first}, {{{cubins}}}, {{{PTX_ARCH}, {ptx[0]}u, {ptx[1]}u}}}},"
             f"  // {k.symbol}"
         )
@@ -95,6 +98,7 @@ def _kernel_tables(
             {
                 "symbol": k.symbol,
                 "kernel": k.kernel,
+                "module": k.module,
                 "op": k.op,
                 "format": formats[k.fmt].preset if k.fmt >= 0 else None,
                 "io_type": k.io_type if k.op in (OP_PACK, OP_UNPACK) else FLOATS[k.io_type],

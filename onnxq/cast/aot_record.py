@@ -21,10 +21,14 @@ from onnxq.cast.aot_spec import (
     _REQUIRED,
     _ROLES,
     AMAX_ROUNDS,
+    CB_BLOCKS,
+    CB_MAX_TILE,
     ELEMS_PER_PROGRAM,
     FAST_OPS,
     FLOATS,
     OP_AMAX,
+    OP_CB_LONG,
+    OP_CB_SUB,
     OP_DEQUANT,
     OP_PACK,
     OP_QUANT_BOTH,
@@ -32,12 +36,14 @@ from onnxq.cast.aot_spec import (
     OP_QUANT_VALUES,
     OP_STATS,
     OP_UNPACK,
+    PACK_WIDTHS,
     PRESETS,
     FormatInfo,
     GenerationError,
     KernelSpec,
     _fast_geometry,
     _stats_geometry,
+    cb_geometry,
 )
 from onnxq.formats.datatype import datatype
 
@@ -99,15 +105,18 @@ def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: 
     return launches
 
 
+# Experiments' switches of the engines, which a build must not pick up
+_KNOBS = ("ONNXQ_TRITON_PACK_GROUP", "ONNXQ_TRITON_CB_CONFIG")
+
+
 @contextlib.contextmanager
 def _default_packing() -> Iterator[None]:
-    """The default packing layout, whatever ``ONNXQ_TRITON_PACK_GROUP`` says at build time."""
-    saved = os.environ.pop("ONNXQ_TRITON_PACK_GROUP", None)
+    """The default packing layout and codebook program, whatever the build's environment says."""
+    saved = {k: os.environ.pop(k) for k in _KNOBS if k in os.environ}
     try:
         yield
     finally:
-        if saved is not None:
-            os.environ["ONNXQ_TRITON_PACK_GROUP"] = saved
+        os.environ.update(saved)
 
 
 def _record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str):
@@ -462,7 +471,8 @@ def specialisations(
                 stats_done.add(k)
                 kernels.append(_stats_spec(tm, dt, k, consts))
             kernels.append(_dequant_spec(tm, dt, info, fi, k, consts))
-    kernels.extend(_pack_specs(formats))
+    kernels.extend(_cb_specs(consts))
+    kernels.extend(_pack_specs())
     return formats, kernels, consts
 
 
@@ -507,13 +517,14 @@ def _ptrs(signature: dict[str, str]) -> tuple[str, ...]:
     return tuple(n for n, t in signature.items() if t.startswith("*"))
 
 
-def _pack_specs(formats: list[FormatInfo]) -> list[KernelSpec]:
-    """Device bit packing (onnxq.cast.triton_pack) for the widths under 8 bits in use."""
+def _pack_specs() -> list[KernelSpec]:
+    """Device bit packing (onnxq.cast.triton_pack) for every width under 8 bits.
+
+    The presets' codes and shift bits, and the codebooks' indices (2..7 bits) and meta (1..4).
+    """
     from onnxq.cast import triton_pack
 
-    widths = {f.code_bits for f in formats if f.code_bits < 8} | (
-        {1} if any(f.sub for f in formats) else set()
-    )
+    widths = PACK_WIDTHS
     sig = {"src_ptr": "*u8", "dst_ptr": "*u8", "count": "i32", "nbytes": "i32"}
     roles = [
         ("src_ptr", "src", -1),
@@ -546,3 +557,73 @@ def _set_bt(ce: dict[str, Any]) -> None:
     if "BT" in ce:
         per_unit = ce.get("NSUB", 1) * ce.get("SUB", ce.get("TILE", 1))
         ce["BT"] = max(1, ELEMS_PER_PROGRAM // per_unit)
+
+
+# -- codebook decoding (CodebookLookup) ----------------------------------------------------------
+def _record_cb_dequant(tcb: Any, dt: Any, shape: tuple[int, ...], out_type: str) -> list[_Launch]:
+    import torch
+
+    from onnxq.cast.layout import Tiling
+
+    g = tcb._geom_of(Tiling.build(shape, len(shape) - 1, dt.sspec))
+    codes = torch.zeros(shape, dtype=torch.uint8)
+    scale = torch.zeros(g.grid_shape, dtype=torch.uint8)
+    meta = torch.zeros(g.meta_shape, dtype=torch.uint8)
+    with _recording(tcb) as launches, _default_packing():
+        tcb.dequantize(
+            dt, shape, -1, codes, scale=scale, meta=meta, out_dtype=getattr(torch, out_type)
+        )
+    return launches
+
+
+def _cb_specs(consts: list[bytes]) -> list[KernelSpec]:
+    """`_cb_dequant_kernel` for every block of `CB_BLOCKS` and output type.
+
+    Each block is recorded on a codebook whose tiles fit it exactly; every run-time argument
+    (geometry and the format's numbers) must be one the launcher computes (`cb_geometry`), so
+    one image serves every codebook data type whose tiles the block holds.
+    """
+    from onnxq.cast import triton_codebook as tcb
+
+    specs = []
+    for op, nsub_b, sub_b in CB_BLOCKS:
+        tile = 2 * CB_MAX_TILE if op == OP_CB_LONG else nsub_b * sub_b
+        sub = sub_b if op == OP_CB_SUB else 0
+        dt = datatype(f"cb41fi_e2m2fnuz_e8m0_t{tile}" + (f"s{sub}" if sub else ""))
+        shapes = ((3, 2 * tile), (2, 2, tile + 3 * max(sub, 1)))
+        for k, ftype in enumerate(FLOATS):
+            d = []
+            for shape in shapes:
+                rec = _record_cb_dequant(tcb, dt, shape, ftype)
+                if [la.kernel.fn.__name__ for la in rec] != ["_cb_dequant_kernel"]:
+                    raise GenerationError(f"{dt.code}: expected one _cb_dequant_kernel launch")
+                geo = cb_geometry(shape, tile, sub, 8, dt.sspec.scale.bias, 4, 1)
+                d.append(_describe(rec[0], geo, consts, tenscale=False))
+            _same(d[0], d[1], f"{dt.code} decoding")
+            sig, ce, opts, roles = d[0]
+            if any(r == "value" for _, r, _ in roles):
+                raise GenerationError(f"{dt.code}: decoding has recorded scalars {roles}")
+            want = dict(OUT_KIND=k, LAST=True, TENSOR=False, SUBT=bool(sub), NSUB=nsub_b)
+            want.update(SUB=sub_b, CHUNKED=op == OP_CB_LONG)
+            if any(ce.get(key) != v for key, v in want.items()):
+                raise GenerationError(f"{dt.code}: decoding constexprs {ce}, expected {want}")
+            if op == OP_CB_LONG:
+                if ce["BT"] != 1:
+                    raise GenerationError(f"{dt.code}: a chunked decode with BT {ce['BT']}")
+            else:
+                _set_bt(ce)
+            specs.append(
+                KernelSpec(
+                    f"cb{op}_{nsub_b}x{sub_b}_{ftype}",
+                    "_cb_dequant_kernel",
+                    op,
+                    -1,
+                    k,
+                    sig,
+                    ce,
+                    opts,
+                    roles,
+                    module="onnxq.cast.triton_codebook_kernels",
+                )
+            )
+    return specs

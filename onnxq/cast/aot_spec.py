@@ -20,7 +20,7 @@ FLOATS = ("float32", "float16", "bfloat16")  # index = the kernels' IN_KIND / OU
 ARCHS = (80, 90)
 PTX_ARCH = 80  # the PTX kept for GPUs newer than the cubins (JIT-compiled by the driver)
 ELEMS_PER_PROGRAM = 1024
-FORMAT_VERSION = 2  # of kernels.bin / aot_index.inc; the launcher checks it
+FORMAT_VERSION = 3  # of kernels.bin / aot_index.inc; the launcher checks it
 
 # Kernel operations (the launcher's `op`)
 OP_QUANT_VALUES, OP_QUANT_CODES, OP_DEQUANT, OP_STATS, OP_PACK, OP_UNPACK = 0, 1, 2, 3, 4, 5
@@ -30,6 +30,21 @@ OP_FAST_VALUES, OP_FAST_CODES, OP_FAST_PACKED, OP_AMAX = 7, 8, 9, 10
 # (formats with 8-bit codes and no shift bits have no OP_FAST_PACKED: the layouts are the same)
 FAST_OPS = ((OP_FAST_VALUES, "values"), (OP_FAST_CODES, "codes"), (OP_FAST_PACKED, "packed"))
 AMAX_ROUNDS = (1, 4, 16, 64)  # the tensor-amax pass's blocks per program: the variants compiled
+# Codebook decoding (CodebookLookup; onnxq.cast.triton_codebook's `_cb_dequant_kernel`): images
+# that serve every codebook data type, the format's numbers passed at run time. By block:
+OP_CB_PLAIN = 11  # tiles without subtiles (one meta per tile), block SUB >= the tile
+OP_CB_SUB = 12  # tiles with subtiles (a meta per subtile), block NSUB x SUB >= nsub x sub
+OP_CB_LONG = 13  # tiles over 1024 elements without subtiles, one 512-element chunk a program
+CB_OPS = (OP_CB_PLAIN, OP_CB_SUB, OP_CB_LONG)
+# The compiled blocks (op, NSUB, SUB): the launcher takes the one of fewest lanes that holds
+# the tile (lanes past the tile are masked off); a tile no block holds is refused by name.
+CB_BLOCKS = (
+    *((OP_CB_PLAIN, 1, s) for s in (8, 16, 32, 64, 128, 1024)),
+    *((OP_CB_SUB, n, s) for n, s in ((4, 8), (16, 8), (8, 32), (32, 32))),
+    (OP_CB_LONG, 1, 512),
+)
+CB_MAX_TILE = 1024  # tiles up to this many elements are whole in a program (not OP_CB_LONG)
+PACK_WIDTHS = tuple(range(1, 8))  # bit packing kernels: codebook indices (2..7), meta (1..4)
 
 # Parameter roles: what the launcher passes for each kernel parameter (ops/src/cuda_launch.h).
 ROLE_IDS = {
@@ -47,6 +62,7 @@ ROLE_IDS = {
     "flag_out": 11,  # stats: per-chunk flags
     "src": 12,  # pack / unpack input
     "dst": 13,  # pack / unpack output
+    "table": 14,  # a codebook's float64 table, [2^meta_bits][2^index_bits], uploaded per call
     "n_units": 20,
     "n_chunks": 21,
     "C": 22,
@@ -62,6 +78,15 @@ ROLE_IDS = {
     "code_nbytes": 32,  # fast path: bytes of the codes (packed: the bit stream)
     "meta_nbytes": 33,  # fast path: bytes of the shift bits (packed: one bit each)
     "numel": 34,  # tensor amax: elements
+    # codebook decoding: the geometry (n_inst is n_units) and the format's numbers
+    "n_inst": 20,
+    "nsub": 35,
+    "sub": 36,
+    "s_bias": 37,  # scale exponent bias
+    "s_nan": 38,  # the scale's NaN code (2^ebits - 1)
+    "s_mask": 39,  # 2^scale_bits - 1
+    "ib": 40,  # index bits
+    "nmap": 41,  # mappings (2^meta_bits)
 }
 _GEOMETRY = ("n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols")
 
@@ -91,6 +116,10 @@ _ROLES: dict[str, dict[str, str]] = {
         "meta_ptr": "meta", "top_ptr": "top", "ts_code_ptr": "ts_code",
     },
     "_amax_kernel": {"x_ptr": "x", "top_ptr": "top"},
+    "_cb_dequant_kernel": {
+        "code_ptr": "codes", "y_ptr": "y", "scale_ptr": "scale", "meta_ptr": "meta",
+        "tab_ptr": "table",
+    },
 }  # fmt: skip
 # Constexprs that must have these values for the roles above to hold (a "null" pointer is
 # never touched only if its feature is off).
@@ -101,6 +130,7 @@ _PTR_TYPES = {
     "torch.int16": "i16",
     "torch.int8": "i8",
     "torch.uint8": "u8",
+    "torch.float64": "fp64",
     "torch.float32": "fp32",
     "torch.float16": "fp16",
     "torch.bfloat16": "bf16",
@@ -189,6 +219,64 @@ def _geometry(shape: tuple[int, ...], tile: int, sub: int) -> dict[str, int]:
         inner=1,
         nC=nC,
         sub_cols=-(-C // sub) if sub else 1,
+    )
+
+
+def cb_block(tile: int, sub: int) -> tuple[int, int, int, int] | None:
+    """The codebook block for tiles of ``tile`` elements (subtiles of ``sub``, 0: none).
+
+    Returns (op, NSUB, SUB, n_chunks), or None when no compiled block holds such tiles. The
+    launcher (``ops/src/cuda_launch.cc``, `cb_plan`) chooses the same.
+    """
+    nsub = tile // sub if sub else 1
+    if tile > CB_MAX_TILE:
+        if sub:
+            return None
+        op, n, s = next(b for b in CB_BLOCKS if b[0] == OP_CB_LONG)
+        return op, n, s, -(-tile // (n * s))
+    op = OP_CB_SUB if sub else OP_CB_PLAIN
+    fits = [(n * s, n, s) for o, n, s in CB_BLOCKS if o == op and n >= nsub and s >= (sub or tile)]
+    if not fits:
+        return None
+    _, n, s = min(fits)
+    return op, n, s, 1
+
+
+def cb_geometry(
+    shape: tuple[int, ...], tile: int, sub: int, scale_bits: int, scale_bias: int, ib: int, mb: int
+) -> dict[str, int]:
+    """`_cb_dequant_kernel`'s run-time arguments for codebook tiles along the last axis.
+
+    ``tile`` the data type's tile (0: the whole axis), ``sub`` its subtile (0: none); the
+    launcher (``ops/src/cuda_launch.cc``, `cb_plan`) computes the same. Raises KeyError where
+    no compiled block holds the tile (`aot_spec.cb_block`).
+    """
+    C = shape[-1]
+    rows = math.prod(shape[:-1])
+    TC = tile or C
+    if TC > CB_MAX_TILE and C < TC:
+        # one long tile, mostly padding (`triton_codebook._geom_of`): as long as the axis
+        step = sub or 1
+        TC = -(-C // step) * step
+    block = cb_block(TC, sub)
+    if block is None:
+        raise KeyError((TC, sub))
+    nC = -(-C // TC)
+    return dict(
+        n_inst=rows * nC,
+        C=C,
+        TC=TC,
+        inner=1,
+        nC=nC,
+        nsub=TC // sub if sub else 1,
+        sub=sub or TC,
+        sub_cols=-(-C // sub) if sub else 1,
+        n_chunks=block[3],
+        s_bias=scale_bias,
+        s_nan=(1 << scale_bits) - 1,
+        s_mask=(1 << scale_bits) - 1,
+        ib=ib,
+        nmap=1 << mb,
     )
 
 

@@ -9,8 +9,10 @@ users reach that launch path (the same one the onnxruntime CUDA ops and C/C++ ho
 current torch stream (or ``stream``).
 
 Covered: the presets the library embeds (`formats`), float32/float16/bfloat16, tiles along the
-last axis, the default modes. Anything else raises; `onnxq.cast` with ``backend="triton"`` or
-the CPU engines do the rest. docs/gpu.md has the design.
+last axis, the default modes; and `lookup_packed` decodes codebooks (CodebookLookup: implicit
+and generic, exponent scales up to 8 bits, 1-D tiles along the last axis). Anything else
+raises; `onnxq.cast` with ``backend="triton"`` or the CPU engines do the rest. docs/gpu.md
+has the design.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "dequantize_packed",
     "formats",
     "info",
+    "lookup_packed",
     "quantize",
     "quantize_packed",
 ]
@@ -109,6 +112,9 @@ def _lib() -> ctypes.CDLL:
     ]
     lib.onnxq_cuda_dequantize_packed.restype = i32
     lib.onnxq_cuda_dequantize_packed.argtypes = lib.onnxq_cuda_dequantize.argtypes
+    lib.onnxq_cuda_lookup_packed.restype = i32
+    lib.onnxq_cuda_lookup_packed.argtypes = [s, p, i32, ctypes.POINTER(i64), i32]
+    lib.onnxq_cuda_lookup_packed.argtypes += [p, p, p, p, i32, p, s, sz]
     return lib
 
 
@@ -425,6 +431,77 @@ def dequantize_packed(
         flat["q"].data_ptr(),
         flat["scale"].data_ptr(),
         flat["tenscale"].data_ptr() if "tenscale" in flat else None,
+        flat["meta"].data_ptr() if "meta" in flat else None,
+        y.data_ptr(),
+        kinds[out_dtype],
+        _stream(y.device, stream),
+    )
+    return y
+
+
+def lookup_packed(
+    dtype: DataType | str,
+    shape: tuple[int, ...],
+    q: Any,
+    scale: Any,
+    meta: Any = None,
+    *,
+    out_dtype: Any = None,
+    stream: Any = None,
+) -> Any:
+    """CodebookLookup on CUDA tensors: values of a codebook's packed layouts, of ``shape``.
+
+    ``q`` the packed indices, ``scale`` the uint8 scale grid, ``meta`` the packed mapping
+    indices (None when the codebook has no meta bits): the layouts of ``onnxq.cast(...,
+    mode="compress")`` and of CodebookLookup's inputs. A generic codebook's mappings (a data
+    type from ``add_mappings``) go to the device as its table; an implicit one's are the
+    library's own.
+
+    Raises:
+        TypeError: a data type that is not a codebook, or inputs of the wrong type.
+        ValueError: a missing input, inputs of the wrong size or not on CUDA.
+        RuntimeError: what the library refuses (tiles it has no kernel for, no driver...).
+    """
+    import numpy as np
+    import torch
+
+    out_dtype = torch.float32 if out_dtype is None else out_dtype
+    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
+    if out_dtype not in kinds:
+        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    dt = _as_datatype(dtype)
+    book = dt.nspec
+    if not getattr(book, "is_codebook", False):
+        raise TypeError(f"{dt.code} is not a codebook; use dequantize_packed")
+    shape = tuple(shape)
+    grid, sub_grid = _grid(dt, shape)
+    fields = {
+        "q": (q, (math.prod(shape) * book.index_bits + 7) // 8),
+        "scale": (scale, math.prod(grid)),
+    }
+    if book.meta_bits:
+        fields["meta"] = (meta, (math.prod(sub_grid or grid) * book.meta_bits + 7) // 8)
+    flat: dict[str, Any] = {}
+    for name, (t, size) in fields.items():
+        if t is None:
+            raise ValueError(f"{dt.code}: decoding needs {name}")
+        _check(t, name)
+        if t.dtype != torch.uint8:
+            raise TypeError(f"{name} must be uint8, not {t.dtype}")
+        if t.numel() != size:
+            raise ValueError(f"{name} has {t.numel()} elements, not {size}")
+        flat[name] = t.contiguous()
+    table = None if book.is_implicit else np.ascontiguousarray(book.table(), dtype=np.float64)
+    y = torch.empty(shape, dtype=out_dtype, device=flat["q"].device)
+    _call(
+        _lib().onnxq_cuda_lookup_packed,
+        dt.code.encode(),
+        None if table is None else table.ctypes.data,
+        len(shape),
+        (ctypes.c_int64 * len(shape))(*shape),
+        -1,
+        flat["q"].data_ptr(),
+        flat["scale"].data_ptr(),
         flat["meta"].data_ptr() if "meta" in flat else None,
         y.data_ptr(),
         kinds[out_dtype],

@@ -162,6 +162,18 @@ ONNXQ_API int32_t onnxq_cuda_dequantize_packed(const char* dtype, int32_t ndim,
                                                void* values, int32_t values_type, void* stream,
                                                char* err, size_t errlen);
 
+/* CodebookLookup (docs/ops.md) on the device: the packed indices q, scale (one byte per tile:
+ * exponent scales of up to 8 bits) and meta_packed (the mapping indices packed; NULL when the
+ * data type has no meta bits) decoded to values of float type values_type, tiles along the last
+ * axis. table: host memory, 2^meta_bits x 2^index_bits float64 values by code (a generic
+ * codebook's mappings; NULL: the data type's own, for implicit codebooks); it is checked as
+ * CodebookLookup's Table input is and copied to the device on the stream. */
+ONNXQ_API int32_t onnxq_cuda_lookup_packed(const char* dtype, const double* table, int32_t ndim,
+                                           const int64_t* shape, int32_t axis, const uint8_t* q,
+                                           const void* scale, const uint8_t* meta_packed,
+                                           void* values, int32_t values_type, void* stream,
+                                           char* err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,11 +2,15 @@
 // and mode checks, then the launcher's message as a status. No exception crosses the ABI.
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <string>
+#include <vector>
 
 #include "c_error.h"
 #include "cuda_launch.h"
+#include "kernels.h"
 #include "onnxq_ops.h"
+#include "parse.h"
 
 namespace {
 int32_t status(char* err, size_t errlen, const char* op, const std::string& msg) {
@@ -99,6 +103,36 @@ int32_t onnxq_cuda_dequantize_packed(const char* dtype, int32_t ndim, const int6
   return status(err, errlen, op,
                 onnxq::cuda::dequantize_packed(dtype, ndim, shape, axis, q, scale, tenscale,
                                                meta_packed, values, values_type, stream));
+}
+
+int32_t onnxq_cuda_lookup_packed(const char* dtype, const double* table, int32_t ndim,
+                                 const int64_t* shape, int32_t axis, const uint8_t* q,
+                                 const void* scale, const uint8_t* meta_packed, void* values,
+                                 int32_t values_type, void* stream, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_lookup_packed] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  try {
+    onnxq::ParsedType parsed;
+    std::string e = onnxq::parse_dtype(dtype, &parsed);
+    if (!e.empty()) return status(err, errlen, op, "dtype " + onnxq::quote_code(dtype) + ": " + e);
+    if (!parsed.fmt.cb_index_bits)
+      return status(err, errlen, op, "dtype " + onnxq::quote_code(dtype) + " is not a codebook");
+    std::vector<double> values_of_table;
+    if (table) {
+      const size_t n = size_t(1) << (parsed.fmt.cb_meta_bits + parsed.fmt.cb_index_bits);
+      values_of_table.assign(table, table + n);
+    }
+    onnxq::Format f;
+    e = onnxq::to_format(parsed, table ? &values_of_table : nullptr, &f);
+    if (!e.empty()) return status(err, errlen, op, "dtype " + onnxq::quote_code(dtype) + ": " + e);
+    return status(err, errlen, op,
+                  onnxq::cuda::lookup_packed(f, ndim, shape, axis, q, scale, meta_packed, values,
+                                             values_type, stream));
+  } catch (const std::exception& ex) {
+    return status(err, errlen, op, ex.what());
+  } catch (...) {
+    return status(err, errlen, op, "unknown error");
+  }
 }
 
 }  // extern "C"

@@ -51,6 +51,7 @@ Driver load_driver() {
   resolve(d.handle, "cuMemAllocAsync", &d.cuMemAllocAsync);  // CUDA 11.2+; NVFP4 needs them
   resolve(d.handle, "cuMemFreeAsync", &d.cuMemFreeAsync);
   resolve(d.handle, "cuMemsetD32Async", &d.cuMemsetD32Async);
+  resolve(d.handle, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync);  // codebook tables
   CUresult r = d.cuInit(0);
   if (r != 0) {
     d.error = "cuInit failed: " + err_text(d, r);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_driver.h"
+#include "cuda_internal.h"
 #include "onnxq_ops.h"
 
 #if defined(ONNXQ_WITH_AOT)
@@ -35,12 +36,13 @@ extern "C" const unsigned char onnxq_aot_blob[];
 
 namespace onnxq {
 namespace cuda {
+using namespace detail;  // NOLINT(build/namespaces): this file defines them
 namespace {
 
 #if defined(ONNXQ_WITH_AOT)
 #include "aot_index.inc"
 static_assert(ONNXQ_AOT_NARCH == kAotArchs, "aot.py ARCHS and cuda_launch.h disagree");
-static_assert(ONNXQ_AOT_FORMAT_VERSION == 2, "aot_index.inc of another format version");
+static_assert(ONNXQ_AOT_FORMAT_VERSION == 3, "aot_index.inc of another format version");
 constexpr int64_t kAmaxPrograms = ONNXQ_AOT_AMAX_PROGRAMS;
 constexpr int kFormatCount = sizeof(kAotFormats) / sizeof(kAotFormats[0]);
 constexpr int kKernelCount = sizeof(kAotKernels) / sizeof(kAotKernels[0]);
@@ -56,9 +58,16 @@ const AotSpan* const kAotConsts = nullptr;
 const unsigned char* blob() { return nullptr; }
 #endif
 
+}  // namespace
+
+// -- shared with the other launchers (cuda_internal.h) ------------------------------------------
+namespace detail {
+
 const char* const kNoKernels =
     "this onnxq library was built without GPU kernels (triton and torch were not importable "
     "when it was built; install them and rebuild with `python -m pip install -e .`)";
+
+std::recursive_mutex g_mutex;
 
 // -- per-device state: primary contexts, loaded functions, constant tables ----------------------
 struct Device {
@@ -68,13 +77,11 @@ struct Device {
   std::map<int, CUfunction> functions;
   std::map<int, CUdeviceptr> consts;
 };
-
-std::recursive_mutex g_mutex;  // the packed calls nest the plain ones
 std::map<int, Device> g_devices;
 
-struct Error {
-  std::string msg;
-};
+CUcontext context_of(const Device& dv) { return dv.ctx; }
+
+const AotKernel& aot_kernel(int k) { return kAotKernels[k]; }
 
 void check(CUresult r, const std::string& what) {
   if (r != 0) throw Error{what + " failed: " + err_text(driver(), r)};
@@ -98,15 +105,11 @@ Device& device(int ordinal) {  // g_mutex held
   return dv;
 }
 
-struct CtxScope {  // the device's primary context current on this thread for the call
-  explicit CtxScope(CUcontext ctx) { check(driver().cuCtxPushCurrent(ctx), "cuCtxPushCurrent"); }
-  ~CtxScope() {
-    CUcontext old = nullptr;
-    driver().cuCtxPopCurrent(&old);
-  }
-  CtxScope(const CtxScope&) = delete;
-  CtxScope& operator=(const CtxScope&) = delete;
-};
+CtxScope::CtxScope(CUcontext ctx) { check(driver().cuCtxPushCurrent(ctx), "cuCtxPushCurrent"); }
+CtxScope::~CtxScope() {
+  CUcontext old = nullptr;
+  driver().cuCtxPopCurrent(&old);
+}
 
 // The device ordinal of a device pointer; a host pointer is refused by name.
 int device_of(const void* p, const char* what) {
@@ -189,15 +192,6 @@ CUdeviceptr const_table(Device& dv, int index) {  // g_mutex held, context curre
   return p;
 }
 
-// What the launcher passes for each role.
-constexpr int kPtrRoles = 14;  // kRoleX .. kRoleDst
-struct Bind {
-  const void* ptr[kPtrRoles] = {};  // by pointer role
-  int64_t n_units = 0, n_chunks = 0, C = 0, TC = 0, inner = 1, nC = 0, sub_cols = 1;
-  int64_t count = 0, nbytes = 0;
-  int64_t n_tiles = 0, code_nbytes = 0, meta_nbytes = 0, numel = 0;  // fast path, tensor amax
-};
-
 void launch(Device& dv, int k, const Bind& b, CUstream stream) {
   const AotKernel& K = kAotKernels[k];
   CUfunction f = function(dv, k);
@@ -223,6 +217,13 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
       case kRoleCodeNBytes: s32 = static_cast<int32_t>(b.code_nbytes); break;
       case kRoleMetaNBytes: s32 = static_cast<int32_t>(b.meta_nbytes); break;
       case kRoleNumel: s32 = static_cast<int32_t>(b.numel); break;
+      case kRoleNSub: s32 = static_cast<int32_t>(b.nsub); break;
+      case kRoleSub: s32 = static_cast<int32_t>(b.sub); break;
+      case kRoleSBias: s32 = static_cast<int32_t>(b.s_bias); break;
+      case kRoleSNan: s32 = static_cast<int32_t>(b.s_nan); break;
+      case kRoleSMask: s32 = static_cast<int32_t>(b.s_mask); break;
+      case kRoleIB: s32 = static_cast<int32_t>(b.ib); break;
+      case kRoleNMap: s32 = static_cast<int32_t>(b.nmap); break;
       default: scalar = false;
     }
     if (scalar && K.div16 && p.role == kRoleNumel && s32 % 16 != 0)
@@ -253,6 +254,9 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
   } else if (K.op == kOpAmax) {
     units = b.numel;  // BLOCK * ROUNDS elements a program (it strides over the grid)
     per = K.chunk;
+  } else if (K.op == kOpCbLong) {
+    units = b.n_units * b.n_chunks;  // a chunk of a tile a program
+    per = 1;
   }
   int64_t grid = per > 0 ? (units + per - 1) / per : 0;
   if (grid <= 0) return;
@@ -325,22 +329,16 @@ void need_driver() {
   if (!d.error.empty()) throw Error{d.error};
 }
 
-// Stream-ordered scratch memory, freed on the stream when the call ends.
-struct Scratch {
-  CUdeviceptr p = 0;
-  CUstream stream = nullptr;
-  Scratch(size_t bytes, CUstream s) : stream(s) {
-    const Driver& d = driver();
-    if (!d.cuMemAllocAsync || !d.cuMemFreeAsync)
-      throw Error{"this CUDA driver has no cuMemAllocAsync (CUDA 11.2+), which NVFP4 needs"};
-    check(d.cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");
-  }
-  ~Scratch() {
-    if (p) driver().cuMemFreeAsync(p, stream);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
+Scratch::Scratch(size_t bytes, CUstream s) : stream(s) {
+  const Driver& d = driver();
+  if (!d.cuMemAllocAsync || !d.cuMemFreeAsync)
+    throw Error{"this CUDA driver has no cuMemAllocAsync (CUDA 11.2+), which NVFP4 and "
+                "packed codes need"};
+  check(d.cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");
+}
+Scratch::~Scratch() {
+  if (p) driver().cuMemFreeAsync(p, stream);
+}
 
 // The fast path (onnxq/cast/triton_fast.py: whole tiles, one pass) takes a quantization when
 // the last axis is a multiple of the tile and the library has its kernels for the input type;
@@ -636,20 +634,7 @@ std::string dequantize_packed_impl(const std::string& dtype, int ndim, const int
                          values_type, stream);
 }
 
-template <typename Fn>
-std::string guarded(Fn fn) {
-  try {
-    return fn();
-  } catch (const Error& e) {
-    return e.msg.empty() ? std::string("unknown error") : e.msg;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
-}  // namespace
+}  // namespace detail
 
 int kernel_count() { return kKernelCount; }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 namespace onnxq {
+struct Format;  // kernels.h
 namespace cuda {
 
 // Parameter roles of the generated kernel table (onnxq/cast/aot.py ROLE_IDS).
@@ -26,6 +27,7 @@ enum Role : int {
   kRoleFlagOut = 11,
   kRoleSrc = 12,
   kRoleDst = 13,
+  kRoleTable = 14,  // a codebook's float64 table (uploaded for the call)
   kRoleNUnits = 20,
   kRoleNChunks = 21,
   kRoleC = 22,
@@ -41,6 +43,14 @@ enum Role : int {
   kRoleCodeNBytes = 32,
   kRoleMetaNBytes = 33,
   kRoleNumel = 34,
+  // codebook decoding: the format's numbers (n_inst is kRoleNUnits)
+  kRoleNSub = 35,
+  kRoleSub = 36,
+  kRoleSBias = 37,
+  kRoleSNan = 38,
+  kRoleSMask = 39,
+  kRoleIB = 40,
+  kRoleNMap = 41,
 };
 
 enum Op : int {
@@ -55,7 +65,12 @@ enum Op : int {
   kOpFastValues = 7,
   kOpFastCodes = 8,
   kOpFastPacked = 9,  // codes and shift bits in the custom ops' packed layouts
-  kOpAmax = 10        // NVFP4's tensor amax for the fast path (bt: blocks per program)
+  kOpAmax = 10,       // NVFP4's tensor amax for the fast path (bt: blocks per program)
+  // codebook decoding (onnxq/cast/triton_codebook_kernels.py `_cb_dequant_kernel`), one image
+  // per block of NSUB x SUB elements a tile, for every codebook data type it holds:
+  kOpCbPlain = 11,  // tiles without subtiles
+  kOpCbSub = 12,    // tiles with subtiles
+  kOpCbLong = 13    // tiles over 1024 elements, without subtiles: a chunk of a tile a program
 };
 
 struct AotFormat {
@@ -82,6 +97,7 @@ struct AotKernel {
   int chunk;                  // stats, amax and pack kernels: elements per program
   int div16;  // compiled with Triton's divisibility hints: every pointer parameter 16-byte
               // aligned and the numel scalar a multiple of 16 (the launcher checks both)
+  int nsub_block, sub_block;  // codebook decoding: the block (0 for other kernels)
   int first_param, nparams;
   AotImage cubin[kAotArchs];
   AotImage ptx;
@@ -121,6 +137,17 @@ std::string dequantize_packed(const std::string& dtype, int ndim, const int64_t*
                               const void* q, const void* scale, const void* tenscale,
                               const void* meta_packed, void* values, int values_type,
                               void* stream);
+
+// CodebookLookup (docs/ops.md) of codebook format `f` (its table included: a generic
+// codebook's comes from the caller) on the device: Q the packed indices, scale one byte per tile
+// (exponent scales of up to 8 bits), meta_packed the mapping indices packed (null when the
+// format has no meta bits); tiles along the last axis. The table is uploaded on the stream.
+std::string lookup_packed(const Format& f, int ndim, const int64_t* shape, int axis,
+                          const void* q, const void* scale, const void* meta_packed,
+                          void* values, int values_type, void* stream);
+// Whether `lookup_packed` has kernels for format f with tiles along the last axis (whatever
+// the shape, up to the tile's length: t0 is checked at each call); "" when it has.
+std::string lookup_supported(const Format& f);
 
 // Bit packing on the device (LSB first, packing.py's stream): `count` one-byte codes of `bits`
 // (1..8) bits -> ceil(count * bits / 8) bytes, and back.

@@ -107,6 +107,21 @@ def test_generation_covers_every_specialisation(manifest: tuple[dict, bytes]) ->
             ptrs = [n for n, t in k["signature"].items() if t.startswith("*")]
             extra = ["numel"] if k["op"] == aot.OP_AMAX else []
             assert k["hints"] == ptrs + extra, k["symbol"]
+    # codebook decoding (CodebookLookup): every block for every output type, format-general
+    # (every run-time argument computed by the launcher, none recorded)
+    cb = {
+        (k["op"], k["constexprs"]["NSUB"], k["constexprs"]["SUB"], k["io_type"])
+        for k in m["kernels"]
+        if k["kernel"] == "_cb_dequant_kernel"
+    }
+    assert cb == {(op, n, s, t) for op, n, s in aot.CB_BLOCKS for t in aot.FLOATS}
+    for k in m["kernels"]:
+        if k["kernel"] == "_cb_dequant_kernel":
+            assert k["format"] is None and all(r != "value" for _, r, _ in k["roles"])
+    packing = {
+        (k["op"], k["io_type"]) for k in m["kernels"] if k["op"] in (aot.OP_PACK, aot.OP_UNPACK)
+    }
+    assert packing == {(op, w) for op in (aot.OP_PACK, aot.OP_UNPACK) for w in aot.PACK_WIDTHS}
     for k in m["kernels"]:
         for arch in ("sm_80", "sm_90"):
             off, size = k["cubin"][arch]
