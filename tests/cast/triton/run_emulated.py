@@ -1,0 +1,207 @@
+"""The library's CUDA path on the CPU (`fake_cuda`): the cases `test_cuda_emulated` checks.
+
+Run as a script in a process with ``TRITON_INTERPRET=1`` and ``ONNXQ_LIBCUDA`` naming the built
+fake driver; prints one JSON object: ``bad`` (cases whose bits differ from the reference, or
+that failed), ``refused`` (case -> the library's message), ``launches`` (case -> the kernels the
+library launched, in order) and ``errors`` (exceptions in the launch callback).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import onnxq
+
+_ = onnxq.cast
+from fake_cuda import Emulator  # noqa: E402
+
+from onnxq.cast import cuda_aot  # noqa: E402
+from onnxq.formats.datatype import datatype  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+AOT = ROOT / "ops" / "build" / "aot"
+OUT_TYPES = {0: np.float32, 1: np.float16, 2: ml_dtypes.bfloat16}
+
+# (dtype, shape, output type): blocks that fit exactly and masked ones, subtiles, meta bits
+# 0..2, index bits 3..8, t0 (the whole axis), partial last tiles, long chunked tiles
+LOOKUPS = [
+    ("cb41fi_e2m2fnuz_e8m0_t8s4", (3, 20), 0),
+    ("cb41fi_e2m2fnuz_e8m0_t32", (2, 70), 1),
+    ("cb41fi_e2m2fnuz_e8m0_t32s8", (4, 64), 2),
+    ("cb51fi_e3m3_e8m0_t64s16", (3, 100), 0),
+    ("cb30f_e2m3_e5m0_t16", (5, 37), 0),
+    ("cb40f_e2m2fnuz_e8m0_t128", (2, 130), 0),
+    ("cb40f_e2m2fnuz_e8m0_t", (3, 96), 2),
+    ("cb42feie_e2m2fnuz_e8m0_t32s8", (2, 3, 45), 1),
+    ("cb81s201_e5m4fnuz_e8m0_t32s2", (2, 64), 0),
+    ("cb40f_e2m2fnuz_e8m0_t2048", (2, 3000), 0),
+    ("cb41fi_e2m2fnuz_e8m0_t4096", (1, 700), 1),
+    ("cb41fi_e2m2fnuz_e8m0_t256s32", (2, 300), 0),
+]
+# generic codebooks: decoded with the implicit one's mappings as the table
+GENERIC = [("cb41_e2m2fnuz_e8m0_t8s4", "cb41fi_e2m2fnuz_e8m0_t8s4", (3, 24), 0)]
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view({4: np.int32, 2: np.int16}[a.dtype.itemsize])
+
+
+def _input(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-8, 8, shape))).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::11] = 0.0
+    flat[5::29] = np.nan  # NaN tiles decode to NaN
+    flat[7::31] = -np.inf
+    return x
+
+
+class Run:
+    def __init__(self) -> None:
+        m = json.loads((AOT / "manifest.json").read_text())
+        self.emu = Emulator(
+            Path(os.environ["ONNXQ_LIBCUDA"]), m, (AOT / "kernels.bin").read_bytes()
+        )
+        self.lib = cuda_aot._lib()
+        self.bad: list[str] = []
+        self.refused: dict[str, str] = {}
+        self.launches: dict[str, list[str]] = {}
+
+    def dev(self, a: np.ndarray | None) -> int | None:
+        return None if a is None else self.emu.device(np.ascontiguousarray(a))
+
+    def call(self, name: str, fn: Any, *args: Any) -> bool:
+        err = ctypes.create_string_buffer(1024)
+        first = len(self.emu.log)
+        rc = fn(*args, err, 1024)
+        self.launches[name] = self.emu.log[first:]
+        if rc != 0:
+            self.refused[name] = err.value.decode()
+        return rc == 0
+
+    def lookup(
+        self,
+        name: str,
+        code: str,
+        shape: tuple[int, ...],
+        q: Any,
+        out: int,
+        table: np.ndarray | None = None,
+    ) -> np.ndarray | None:
+        y = np.zeros(shape, OUT_TYPES[out])
+        tab = None if table is None else np.ascontiguousarray(table, np.float64)
+        ok = self.call(
+            name, self.lib.onnxq_cuda_lookup_packed, code.encode(),
+            None if tab is None else tab.ctypes.data, len(shape),
+            (ctypes.c_int64 * len(shape))(*shape), -1, self.dev(q.data), self.dev(q.scale),
+            self.dev(q.meta), self.dev(y), out, None,
+        )  # fmt: skip
+        return y if ok else None
+
+    def check(self, name: str, got: np.ndarray | None, want: np.ndarray) -> None:
+        if got is None or not np.array_equal(_bits(got), _bits(want)):
+            self.bad.append(name)
+
+
+def lookups(r: Run) -> None:
+    for i, (code, shape, out) in enumerate(LOOKUPS):
+        x = _input(shape, i)
+        q = onnxq.cast(x, code, mode="compress", backend="reference")
+        r.check(code, r.lookup(code, code, shape, q, out), onnxq.upcast(q, OUT_TYPES[out]))
+    for generic, implicit, shape, out in GENERIC:
+        x = _input(shape, 99)
+        q = onnxq.cast(x, implicit, mode="compress", backend="reference")
+        table = np.asarray(datatype(implicit).nspec.table(), np.float64)
+        name = f"{generic} (table)"
+        r.check(
+            name, r.lookup(name, generic, shape, q, out, table), onnxq.upcast(q, OUT_TYPES[out])
+        )
+
+
+def refusals(r: Run) -> None:
+    shape = (4, 64)
+    x = _input(shape, 5)
+    q = onnxq.cast(x, "cb41fi_e2m2fnuz_e8m0_t32", mode="compress", backend="reference")
+    for name, code in (
+        ("2-d tiles", "cb41fi_e2m2fnuz_e8m0_t4_t8"),
+        ("sparsity", "cb41fi_e2m2fnuz_e8m0_t32n2m4"),
+        ("wide scale", "cb41fi_e2m2fnuz_e10m0_t32"),
+        ("long tile with subtiles", "cb41fi_e2m2fnuz_e8m0_t2048s8"),
+        ("subtiles of 64", "cb41fi_e2m2fnuz_e8m0_t128s64"),
+        ("not a codebook", "mxfp4"),
+        ("generic without a table", "cb41_e2m2fnuz_e8m0_t32"),
+    ):
+        r.lookup(name, code, shape, q, 0)
+    y = np.zeros(shape, np.float32)
+    host = q.data.copy()  # never registered: host memory
+    r.call(
+        "host memory", r.lib.onnxq_cuda_lookup_packed, b"cb41fi_e2m2fnuz_e8m0_t32", None, 2,
+        (ctypes.c_int64 * 2)(*shape), -1, host.ctypes.data, r.dev(q.scale), r.dev(q.meta),
+        r.dev(y), 0, None,
+    )  # fmt: skip
+    r.call(
+        "no meta", r.lib.onnxq_cuda_lookup_packed, b"cb41fi_e2m2fnuz_e8m0_t32", None, 2,
+        (ctypes.c_int64 * 2)(*shape), -1, r.dev(q.data), r.dev(q.scale), None, r.dev(y), 0,
+        None,
+    )  # fmt: skip
+    r.call(
+        "axis 0", r.lib.onnxq_cuda_lookup_packed, b"cb41fi_e2m2fnuz_e8m0_t32", None, 2,
+        (ctypes.c_int64 * 2)(*shape), 0, r.dev(q.data), r.dev(q.scale), r.dev(q.meta),
+        r.dev(y), 0, None,
+    )  # fmt: skip
+
+
+def presets(r: Run) -> None:
+    """The preset launchers (fast, general, packing, NVFP4's amax) through the library."""
+    for i, (preset, shape) in enumerate(
+        (("mxfp4", (3, 64)), ("mxfp6e2", (3, 40)), ("nvfp4", (2, 48)), ("mx6", (2, 40)))
+    ):
+        x = _input(shape, 50 + i)
+        x[np.isnan(x) | np.isinf(x)] = 1.5
+        want = onnxq.cast(x, preset, mode="compress", backend="reference")
+        q = np.zeros(want.data.size, np.uint8)
+        scale = np.zeros(want.scale.size, np.uint8)
+        meta = None if want.meta is None else np.zeros(want.meta.size, np.uint8)
+        ts = None if want.tenscale is None else np.zeros(1, np.uint32)
+        name = f"{preset} {shape} quantize"
+        dims = (ctypes.c_int64 * 2)(*shape)
+        if r.call(
+            name, r.lib.onnxq_cuda_quantize_packed, preset.encode(), None, r.dev(x), 0, 2, dims,
+            -1, r.dev(q), r.dev(scale), r.dev(ts), r.dev(meta), None,
+        ):  # fmt: skip
+            same = np.array_equal(q, want.data) and np.array_equal(scale, want.scale.ravel())
+            if meta is not None:
+                same &= np.array_equal(meta, want.meta.ravel())
+            if ts is not None:
+                same &= int(ts[0]) == int(want.tenscale[0])
+            if not same:
+                r.bad.append(name)
+        y = np.zeros(shape, np.float32)
+        name = f"{preset} {shape} dequantize"
+        r.call(
+            name, r.lib.onnxq_cuda_dequantize_packed, preset.encode(), 2, dims, -1,
+            r.dev(want.data), r.dev(want.scale), r.dev(want.tenscale), r.dev(want.meta),
+            r.dev(y), 0, None,
+        )  # fmt: skip
+        r.check(name, y, onnxq.upcast(want))
+
+
+def main() -> None:
+    r = Run()
+    lookups(r)
+    refusals(r)
+    presets(r)
+    print(json.dumps(dict(bad=r.bad, refused=r.refused, launches=r.launches, errors=r.emu.errors)))
+
+
+if __name__ == "__main__":
+    main()

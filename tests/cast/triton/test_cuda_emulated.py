@@ -1,0 +1,125 @@
+"""The library's CUDA launchers run on the CPU: a fake driver, Triton's interpreter as the GPU.
+
+`fake_libcuda.c` stands in for libcuda.so.1 (through ``ONNXQ_LIBCUDA``): host memory as device
+memory, every launch handed to `fake_cuda.Emulator`, which runs the launched image's kernel
+(found by its bytes among the build's) in the interpreter with the parameters the library wrote.
+So the C++ of ``ops/src/cuda_launch.cc`` and ``cuda_lookup.cc`` - the kernel chosen, every
+parameter, the grid, scratch, table uploads, unpacking, the order of launches, the refusals -
+is checked bit for bit against the reference without a GPU (`run_emulated` has the cases). Only
+the images' machine code is left to the GPU tests of `test_cuda_aot`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onnxq.cast.aot_spec import FLOATS, cb_block, cb_geometry
+from onnxq.formats.datatype import datatype
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+AOT = ROOT / "ops" / "build" / "aot"
+HAVE_TRITON = all(importlib.util.find_spec(m) is not None for m in ("torch", "triton"))
+pytestmark = pytest.mark.needs_native
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    if not HAVE_TRITON:
+        pytest.skip("torch/triton not installed: the library has no GPU kernels")
+    from onnxq.cast import cuda_aot
+    from tests.cast.triton.fake_cuda import build
+
+    n, text = cuda_aot.info()
+    manifest = AOT / "manifest.json"
+    if not n or not manifest.is_file():
+        pytest.skip(f"the library embeds no GPU kernels from {AOT} ({text})")
+    if len(json.loads(manifest.read_text())["kernels"]) != n:
+        pytest.skip(f"{AOT} is not what the library embeds: rebuild it (pip install -e .)")
+    fake = build(tmp_path_factory.mktemp("fakecuda"))
+    if fake is None:
+        pytest.skip("no C compiler for the fake driver")
+    env = {k: v for k, v in os.environ.items() if k != "ONNXQ_CUDA_FAST"}
+    env.update(TRITON_INTERPRET="1", ONNXQ_LIBCUDA=str(fake))
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "run_emulated.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_launch_ran_and_every_result_is_the_reference(emulated: dict) -> None:
+    assert emulated["errors"] == []
+    assert emulated["bad"] == []
+
+
+def _expected_block(code: str, shape: tuple[int, ...], out: int) -> tuple[list[str], str]:
+    """The unpack kernels and the decode block the Python mirror (aot_spec) expects."""
+    dt = datatype(code)
+    book, tile = dt.nspec, dt.sspec.tiles[0]
+    geo = cb_geometry(
+        shape, tile.size, tile.subtile, 8, dt.sspec.scale.bias, book.index_bits, book.meta_bits
+    )
+    op, nsub, sub, _ = cb_block(geo["TC"], tile.subtile)
+    unpack = [f"unpack{book.index_bits}"] if book.index_bits < 8 else []
+    unpack += [f"unpack{book.meta_bits}"] if book.meta_bits else []
+    return unpack, f"cb{op}_{nsub}x{sub}_{FLOATS[out]}"
+
+
+def test_codebooks_take_the_block_the_generator_expects(emulated: dict) -> None:
+    # The C++ choice of kernel (cuda_lookup.cc find_block, its geometry) is the Python mirror's
+    from tests.cast.triton.run_emulated import GENERIC, LOOKUPS
+
+    cases = [(code, code, shape, out) for code, shape, out in LOOKUPS]
+    cases += [(f"{g} (table)", i, shape, out) for g, i, shape, out in GENERIC]
+    for name, code, shape, out in cases:
+        unpack, block = _expected_block(code, shape, out)
+        assert emulated["launches"][name] == [*unpack, block], name
+    # masked blocks and long tiles are among them
+    launched = {la[-1].rsplit("_", 1)[0] for la in emulated["launches"].values() if la}
+    assert {"cb12_4x8", "cb12_8x32", "cb12_16x8", "cb13_1x512", "cb11_1x1024"} <= launched
+
+
+def test_codebook_refusals_name_the_problem(emulated: dict) -> None:
+    refused = emulated["refused"]
+    want = {
+        "2-d tiles": "tiles along one axis only, not 2-D tiles",
+        "sparsity": "N:M sparsity has no CUDA kernel",
+        "wide scale": "scale codes of 10 bits have no CUDA kernel",
+        "long tile with subtiles": "tiles of 2048 elements with subtiles of 8",
+        "subtiles of 64": "tiles of 128 elements with subtiles of 64",
+        "not a codebook": "is not a codebook",
+        "generic without a table": "has no mappings of its own",
+        "host memory": "Q is not CUDA device memory",
+        "no meta": "the Meta input is required",
+        "axis 0": "along the last axis only (axis 0",
+    }
+    for case, needle in want.items():
+        assert needle in refused.get(case, ""), (case, refused.get(case))
+        assert emulated["launches"][case] == [], case  # refused before any launch
+    for case in want:
+        if case not in ("not a codebook", "generic without a table", "host memory", "no meta"):
+            assert "run this node on the CPU" in refused[case], case
+    assert set(refused) == set(want)  # every lookup and preset case ran
+
+
+def test_preset_launchers_take_the_fast_and_general_paths(emulated: dict) -> None:
+    la = emulated["launches"]
+    assert la["mxfp4 (3, 64) quantize"] == ["f9_mxfp4_float32"]  # one pass, packed layouts
+    assert la["nvfp4 (2, 48) quantize"] == ["amax1_float32", "f9_nvfp4_float32"]
+    # a last axis that is no multiple of the tile: the general kernel, then the bit packing
+    assert [s.split("_")[0] for s in la["mxfp6e2 (3, 40) quantize"]] == ["q0", "pack6"]
+    assert [s.split("_")[0] for s in la["mx6 (2, 40) quantize"]] == ["q0", "pack5", "pack1"]
+    assert [s.split("_")[0] for s in la["mx6 (2, 40) dequantize"]] == ["unpack5", "unpack1", "dq"]
