@@ -65,10 +65,11 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
     k->kind = def(op).kind;
     k->op = name;
     init_kernel(k.get(), info);
-    if (def(op).cuda) init_cuda_kernel(k.get());
+    k->on_cuda = def(op).cuda;
+    if (k->on_cuda) init_cuda_kernel(k.get());
     if (k->kind == kMatMul) init_matmul_mx(k.get(), info);
     if (k->kind == kGather) init_gather(*k);  // the table stays packed: no constant decode
-    if (!k->gpu && (k->kind == kDequantize || k->kind == kLookup))
+    if (!k->on_cuda && (k->kind == kDequantize || k->kind == kLookup))
       init_const_decode(k.get(), info);
     *kernel = k.release();
     return nullptr;
@@ -84,9 +85,11 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
 OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) noexcept {
   const Kernel& k = *static_cast<const Kernel*>(kernel);
   try {
-    if (k.gpu) {
+    if (k.on_cuda) {
       if (k.kind == kQuantize) {
         compute_cuda_quantize(k, ctx);
+      } else if (k.kind == kLookup) {
+        compute_cuda_lookup(k, ctx);
       } else {
         compute_cuda_dequantize(k, ctx);
       }
@@ -152,12 +155,13 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, bool cuda = false
   d.GetOutputCharacteristic = [](const OrtCustomOp* op, size_t i) noexcept {
     return def(op).out_char[i];
   };
-  // DequantizeMX's Shape input is read on the host, also on the CUDA execution provider.
+  // DequantizeMX's Shape input and CodebookLookup's Table are read on the host, also on the
+  // CUDA execution provider (the table goes to the device with the launch).
   d.GetInputMemoryType = [](const OrtCustomOp* op, size_t i) noexcept {
     const OpDef& o = def(op);
-    return o.cuda && o.kind == kDequantize && static_cast<int>(i) == kInShape
-               ? OrtMemTypeCPUInput
-               : OrtMemTypeDefault;
+    const bool host = (o.kind == kDequantize && static_cast<int>(i) == kInShape) ||
+                      (o.kind == kLookup && static_cast<int>(i) == kInTable);
+    return o.cuda && host ? OrtMemTypeCPUInput : OrtMemTypeDefault;
   };
   d.GetVariadicInputMinArity = [](const OrtCustomOp*) noexcept { return 1; };
   d.GetVariadicInputHomogeneity = [](const OrtCustomOp*) noexcept { return 1; };
@@ -204,7 +208,7 @@ std::vector<OpDef>& op_defs() {
         for (auto t : codes)
           defs.push_back(make_def(kGather, {ix, kU8, sc, z, t, kU8, kU8, kTF32}, {kAny}));
   defs.push_back(make_def(kGather, any_inputs(kGather), {kAny}));
-  // The same QuantizeMX / DequantizeMX for the CUDA execution provider, when the library embeds
+  // QuantizeMX / DequantizeMX / CodebookLookup for the CUDA execution provider, when the library embeds
   // GPU kernels (ONNXQ_CUDA_OPS=0 leaves them out: every node then runs on the CPU).
   const char* env = std::getenv("ONNXQ_CUDA_OPS");
   if (cuda::kernel_count() > 0 && !(env && std::string(env) == "0")) {
@@ -215,6 +219,8 @@ std::vector<OpDef>& op_defs() {
         for (auto t : codes)
           defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8, kI64}, {kAny}, true));
     defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}, true));
+    for (auto sc : codes) defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}, true));
+    defs.push_back(make_def(kLookup, any_inputs(kLookup), {kAny}, true));
   }
   return defs;
 }

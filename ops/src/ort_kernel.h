@@ -42,9 +42,10 @@ constexpr QuantizeOutputs kQOut{
     contract::output_index(kQuantize, "Meta"),     contract::output_index(kQuantize, "Mask")};
 constexpr int kOutY = contract::output_index(kDequantize, "Y");
 constexpr int kInShape = contract::input_index(kDequantize, "Shape");
+constexpr int kInTable = contract::input_index(kLookup, "Table");
 static_assert(kInX >= 0 && kQOut.q >= 0 && kQOut.scale >= 0 && kQOut.zero >= 0 &&
                   kQOut.ts >= 0 && kQOut.meta >= 0 && kQOut.mask >= 0 && kOutY >= 0 &&
-                  kInShape >= 0 && contract::output_index(kLookup, "Y") == kOutY &&
+                  kInShape >= 0 && kInTable >= 0 && contract::output_index(kLookup, "Y") == kOutY &&
                   contract::input_index(kQuantDequant, "X") == kInX &&
                   contract::output_index(kQuantDequant, "Y") == kOutY,
               "schemas.py OPS lacks an input or output the custom ops write");
@@ -62,7 +63,8 @@ struct Kernel {
   std::vector<int64_t> shape;  // Dequantize / Lookup: X's shape (the attribute; may be empty
                                // for Dequantize, whose Shape input then gives it at run time)
   int out_type = kTF32;         // ONNX element type of Y
-  const cuda::AotFormat* gpu = nullptr;  // CUDA EP registrations: the embedded kernels' format
+  bool on_cuda = false;  // registered for the CUDA execution provider
+  const cuda::AotFormat* gpu = nullptr;  // CUDA QuantizeMX / DequantizeMX: the embedded format
   // Dequantize / Lookup on the CPU: Y decoded once at session creation when every input is a
   // constant initializer (in the output type); empty: decode on every Run.
   std::vector<uint8_t> const_y;
@@ -104,6 +106,8 @@ void compute_gather(const Kernel& k, OrtKernelContext* ctx);
 void init_cuda_kernel(Kernel* k);
 void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx);
 void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx);
+// CodebookLookup: any codebook the kernels' blocks hold (cuda_lookup.cc), the Table on the host.
+void compute_cuda_lookup(const Kernel& k, OrtKernelContext* ctx);
 
 }  // namespace ort
 }  // namespace onnxq

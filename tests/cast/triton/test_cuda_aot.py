@@ -940,6 +940,51 @@ def test_misaligned_buffers_and_unwanted_meta(preset: str) -> None:
         np.testing.assert_array_equal(_bits(sbuf), c.scale)
 
 
+# Codebooks the GPU tests decode: exact and masked blocks, long tiles, meta bits 0..2
+CODEBOOKS = (
+    ("cb41fi_e2m2fnuz_e8m0_t32", (7, 96)),
+    ("cb41fi_e2m2fnuz_e8m0_t8s4", (3, 22)),
+    ("cb42feie_e2m2fnuz_e8m0_t32s8", (2, 3, 45)),
+    ("cb51fi_e3m3_e8m0_t64s16", (3, 100)),
+    ("cb40f_e2m2fnuz_e8m0_t2048", (2, 3000)),
+    ("cb81s201_e5m4fnuz_e8m0_t32s2", (4, 64)),
+)
+
+
+@gpu
+@pytest.mark.parametrize(("code", "shape"), CODEBOOKS)
+def test_codebook_lookup_equals_the_reference(code: str, shape: tuple[int, ...]) -> None:
+    """CodebookLookup's launch path: the format-general decode images (and the unpacking),
+    implicit codebooks through cuda_aot.lookup_packed, a generic one through the C ABI with its
+    table."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+    from onnxq.cast.cuda_aot import _call, _lib, _stream
+
+    x = _data(shape, 4)
+    q = onnxq.cast(x, code, mode="compress", backend="reference")
+    meta = None if q.meta is None else _to_torch(q.meta)
+    for ftype in TYPES:
+        y = cuda_aot.lookup_packed(
+            code, shape, _to_torch(q.data), _to_torch(q.scale), meta,
+            out_dtype=getattr(torch, ftype),
+        )  # fmt: skip
+        want = onnxq.upcast(q, _np_dtype(ftype))
+        np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=f"{code} {ftype}")
+    generic = "cb" + code[2:4] + code[code.index("_") :]  # the same widths, no description
+    table = np.ascontiguousarray(onnxq.datatype(code).nspec.table(), dtype=np.float64)
+    y = torch.empty(shape, dtype=torch.float32, device="cuda")
+    qd, sd = _to_torch(q.data), _to_torch(q.scale)
+    _call(
+        _lib().onnxq_cuda_lookup_packed, generic.encode(), table.ctypes.data, len(shape),
+        (ctypes.c_int64 * len(shape))(*shape), -1, qd.data_ptr(), sd.data_ptr(),
+        None if meta is None else meta.data_ptr(), y.data_ptr(), 0, _stream(y.device, None),
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(_bits(y), _ref_bits(onnxq.upcast(q)), err_msg=generic)
+
+
 def _ort_cuda() -> tuple[bool, str]:
     ok, why = _gpu_ready()
     if not ok:
@@ -984,3 +1029,32 @@ def test_onnxruntime_cuda_ops_equal_the_reference(preset: str) -> None:
     (y,) = sess.run(None, {"x": x})
     want = onnxq.cast(x, preset, backend="reference")
     np.testing.assert_array_equal(_ref_bits(y), _ref_bits(want))
+
+
+@pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
+@pytest.mark.parametrize(("code", "shape"), CODEBOOKS[:3])
+def test_onnxruntime_cuda_codebook_lookup(code: str, shape: tuple[int, ...]) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    import onnxq.runtime
+
+    x = _data(shape, 5)
+    q = onnxq.cast(x, code, mode="compress", backend="reference")
+    inits = [numpy_helper.from_array(q.data, "q"), numpy_helper.from_array(q.scale, "s")]
+    meta = ""
+    if q.meta is not None:
+        inits.append(numpy_helper.from_array(q.meta, "m"))
+        meta = "m"
+    node = helper.make_node(
+        "CodebookLookup", ["q", meta, "s"], ["y"], domain="onnxq", dtype=code, shape=list(shape)
+    )
+    graph = helper.make_graph(
+        [node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        initializer=inits,
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    sess = onnxq.runtime.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    (y,) = sess.run(None, {})
+    np.testing.assert_array_equal(_ref_bits(y), _ref_bits(onnxq.upcast(q)))
