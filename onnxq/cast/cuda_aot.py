@@ -379,6 +379,28 @@ def quantize_packed(x: Any, dtype: DataType | str, *, stream: Any = None) -> dic
     return out
 
 
+def _packed_inputs(code: str, fields: dict[str, tuple[Any, int, int]]) -> dict[str, Any]:
+    """Check the packed inputs (name -> tensor, elements, 1 for uint8 or 4 for uint32).
+
+    Returns them contiguous.
+
+    Raises:
+        ValueError: a missing input, one not on CUDA or of the wrong size.
+        TypeError: an input of the wrong type.
+    """
+    flat: dict[str, Any] = {}
+    for name, (t, size, width) in fields.items():
+        if t is None:
+            raise ValueError(f"{code}: decoding needs {name}")
+        _check(t, name)
+        if t.element_size() != width or t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be {'uint32' if width == 4 else 'uint8'}, not {t.dtype}")
+        if t.numel() != size:
+            raise ValueError(f"{name} has {t.numel()} elements, not {size}")
+        flat[name] = t.contiguous()
+    return flat
+
+
 def dequantize_packed(
     dtype: DataType | str,
     shape: tuple[int, ...],
@@ -410,16 +432,7 @@ def dequantize_packed(
         fields["meta"] = (meta, (math.prod(meta_shape) + 7) // 8, 1)
     if dt.sspec.tenscale is not None:
         fields["tenscale"] = (tenscale, 1, 4)
-    flat: dict[str, Any] = {}
-    for name, (t, size, width) in fields.items():
-        if t is None:
-            raise ValueError(f"{dt.code}: dequantizing needs {name}")
-        _check(t, name)
-        if t.element_size() != width or t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be {'uint32' if width == 4 else 'uint8'}, not {t.dtype}")
-        if t.numel() != size:
-            raise ValueError(f"{name} has {t.numel()} elements, not {size}")
-        flat[name] = t.contiguous()
+    flat = _packed_inputs(dt.code, fields)
     y = torch.empty(shape, dtype=out_dtype, device=flat["q"].device)
     arr = (ctypes.c_int64 * len(shape))(*shape)
     _call(
@@ -476,21 +489,12 @@ def lookup_packed(
     shape = tuple(shape)
     grid, sub_grid = _grid(dt, shape)
     fields = {
-        "q": (q, (math.prod(shape) * book.index_bits + 7) // 8),
-        "scale": (scale, math.prod(grid)),
+        "q": (q, (math.prod(shape) * book.index_bits + 7) // 8, 1),
+        "scale": (scale, math.prod(grid), 1),
     }
     if book.meta_bits:
-        fields["meta"] = (meta, (math.prod(sub_grid or grid) * book.meta_bits + 7) // 8)
-    flat: dict[str, Any] = {}
-    for name, (t, size) in fields.items():
-        if t is None:
-            raise ValueError(f"{dt.code}: decoding needs {name}")
-        _check(t, name)
-        if t.dtype != torch.uint8:
-            raise TypeError(f"{name} must be uint8, not {t.dtype}")
-        if t.numel() != size:
-            raise ValueError(f"{name} has {t.numel()} elements, not {size}")
-        flat[name] = t.contiguous()
+        fields["meta"] = (meta, (math.prod(sub_grid or grid) * book.meta_bits + 7) // 8, 1)
+    flat = _packed_inputs(dt.code, fields)
     table = None if book.is_implicit else np.ascontiguousarray(book.table(), dtype=np.float64)
     y = torch.empty(shape, dtype=out_dtype, device=flat["q"].device)
     _call(

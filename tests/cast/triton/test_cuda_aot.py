@@ -533,6 +533,16 @@ def test_python_wrapper_refuses_cpu_tensors_and_reports_availability() -> None:
         cuda_aot.quantize(torch.zeros(4, 32), "mxfp4")
     with pytest.raises(TypeError, match="torch tensor"):
         cuda_aot.quantize(np.zeros((4, 32), np.float32), "mxfp4")
+    # codebook decoding: CPU tensors, a data type that is no codebook, a float output it does not
+    # write, all refused before the library is called
+    code = "cb41fi_e2m2fnuz_e8m0_t32"  # 4-bit indices, 1 meta bit per tile
+    q, s, m = (torch.zeros(n, dtype=torch.uint8) for n in (64, 4, 1))
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        cuda_aot.lookup_packed(code, (4, 32), q, s, m)
+    with pytest.raises(TypeError, match="not a codebook"):
+        cuda_aot.lookup_packed("mxfp4", (4, 32), q, s, m)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        cuda_aot.lookup_packed(code, (4, 32), q, s, m, out_dtype=torch.float64)
 
 
 def test_modes_other_than_the_defaults_are_refused() -> None:
