@@ -160,39 +160,101 @@ def refusals(r: Run) -> None:
     )  # fmt: skip
 
 
+PRESETS = ("mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4")
+# the last axis a multiple of every preset's tile (the fast kernels), and not (the general ones)
+PRESET_SHAPES = ((3, 64), (3, 40))
+
+
+def _preset_input(shape: tuple[int, ...], seed: int, x_type: int) -> tuple[np.ndarray, np.ndarray]:
+    """(what the library reads, the float32 values the reference casts)."""
+    x = _input(shape, seed)
+    x[np.isnan(x)] = 1.5  # (NaN / Inf handling is the kernels', checked by the GPU tests)
+    if x_type == 2:
+        xb = x.astype(ml_dtypes.bfloat16)
+        return xb.view(np.uint16), xb.astype(np.float32)
+    return x, x
+
+
+def _quantize_packed(r: Run, name: str, preset: str, x: np.ndarray, x_type: int, want) -> None:
+    q = np.zeros(want.data.size, np.uint8)
+    scale = np.zeros(want.scale.size, np.uint8)
+    meta = None if want.meta is None else np.zeros(want.meta.size, np.uint8)
+    ts = None if want.tenscale is None else np.zeros(1, np.uint32)
+    shape = x.shape
+    if r.call(
+        name, r.lib.onnxq_cuda_quantize_packed, preset.encode(), None, r.dev(x), x_type, 2,
+        (ctypes.c_int64 * 2)(*shape), -1, r.dev(q), r.dev(scale), r.dev(ts), r.dev(meta), None,
+    ):  # fmt: skip
+        same = np.array_equal(q, want.data) and np.array_equal(scale, want.scale.ravel())
+        if meta is not None:
+            same &= np.array_equal(meta, want.meta.ravel())
+        if ts is not None:
+            same &= int(ts[0]) == int(want.tenscale[0])
+        if not same:
+            r.bad.append(name)
+    else:
+        r.bad.append(name)
+
+
+def _quantize_unpacked(r: Run, name: str, preset: str, x: np.ndarray, xr: np.ndarray) -> None:
+    """Values and codes in one call (the general kernel writes both; the fast path two passes)."""
+    want = onnxq.cast(xr, preset, mode="actual", backend="reference")
+    values = np.zeros_like(x)
+    codes = np.zeros(x.shape, np.uint8)
+    scale = np.zeros(want.scale.size, np.uint8)
+    meta = None if want.meta is None else np.zeros(want.meta.size, np.uint8)
+    ts = None if want.tenscale is None else np.zeros(1, np.uint32)
+    if not r.call(
+        name, r.lib.onnxq_cuda_quantize, preset.encode(), None, r.dev(x), 0, 2,
+        (ctypes.c_int64 * 2)(*x.shape), -1, r.dev(values), r.dev(codes), r.dev(scale), r.dev(ts),
+        r.dev(meta), None,
+    ):  # fmt: skip
+        r.bad.append(name)
+        return
+    same = np.array_equal(_bits(values), _bits(onnxq.cast(xr, preset, backend="reference")))
+    same &= np.array_equal(codes, want.data.astype(np.uint8))
+    same &= np.array_equal(scale, want.scale.ravel())
+    if meta is not None:
+        same &= np.array_equal(meta, want.meta.ravel())
+    if ts is not None:
+        same &= int(ts[0]) == int(want.tenscale[0])
+    if not same:
+        r.bad.append(name)
+
+
 def presets(r: Run) -> None:
-    """The preset launchers (fast, general, packing, NVFP4's amax) through the library."""
-    for i, (preset, shape) in enumerate(
-        (("mxfp4", (3, 64)), ("mxfp6e2", (3, 40)), ("nvfp4", (2, 48)), ("mx6", (2, 40)))
-    ):
-        x = _input(shape, 50 + i)
-        x[np.isnan(x) | np.isinf(x)] = 1.5
-        want = onnxq.cast(x, preset, mode="compress", backend="reference")
-        q = np.zeros(want.data.size, np.uint8)
-        scale = np.zeros(want.scale.size, np.uint8)
-        meta = None if want.meta is None else np.zeros(want.meta.size, np.uint8)
-        ts = None if want.tenscale is None else np.zeros(1, np.uint32)
-        name = f"{preset} {shape} quantize"
-        dims = (ctypes.c_int64 * 2)(*shape)
-        if r.call(
-            name, r.lib.onnxq_cuda_quantize_packed, preset.encode(), None, r.dev(x), 0, 2, dims,
-            -1, r.dev(q), r.dev(scale), r.dev(ts), r.dev(meta), None,
-        ):  # fmt: skip
-            same = np.array_equal(q, want.data) and np.array_equal(scale, want.scale.ravel())
-            if meta is not None:
-                same &= np.array_equal(meta, want.meta.ravel())
-            if ts is not None:
-                same &= int(ts[0]) == int(want.tenscale[0])
-            if not same:
-                r.bad.append(name)
-        y = np.zeros(shape, np.float32)
-        name = f"{preset} {shape} dequantize"
-        r.call(
-            name, r.lib.onnxq_cuda_dequantize_packed, preset.encode(), 2, dims, -1,
-            r.dev(want.data), r.dev(want.scale), r.dev(want.tenscale), r.dev(want.meta),
-            r.dev(y), 0, None,
-        )  # fmt: skip
-        r.check(name, y, onnxq.upcast(want))
+    """The preset launchers through the library: every preset, the fast and the general
+    kernels (by shape, by ONNXQ_CUDA_FAST=0, by a misaligned input), float32 and bfloat16
+    input, packed and unpacked layouts, NVFP4's tensor amax, dequantize with unpacking."""
+    for i, preset in enumerate(PRESETS):
+        for shape in PRESET_SHAPES:
+            tag = f"{preset} {shape}"
+            for x_type in (0, 2):
+                x, xr = _preset_input(shape, 50 + i, x_type)
+                want = onnxq.cast(xr, preset, mode="compress", backend="reference")
+                _quantize_packed(r, f"{tag} quantize {x_type}", preset, x, x_type, want)
+            x, xr = _preset_input(shape, 50 + i, 0)
+            want = onnxq.cast(xr, preset, mode="compress", backend="reference")
+            _quantize_unpacked(r, f"{tag} unpacked", preset, x, xr)
+            if shape[-1] % 32 == 0:
+                os.environ["ONNXQ_CUDA_FAST"] = "0"  # read at each call
+                _quantize_packed(r, f"{tag} quantize general", preset, x, 0, want)
+                del os.environ["ONNXQ_CUDA_FAST"]
+                # 4 bytes into a buffer: not 16-byte aligned, so the general kernels
+                buf = np.zeros(x.size + 4, np.float32)
+                off = (16 - buf.ctypes.data % 16) % 16 // 4 + 1
+                xm = buf[off : off + x.size].reshape(shape)
+                xm[...] = x
+                _quantize_packed(r, f"{tag} quantize misaligned", preset, xm, 0, want)
+            for out in (0, 2):
+                y = np.zeros(shape, OUT_TYPES[out])
+                name = f"{tag} dequantize {out}"
+                r.call(
+                    name, r.lib.onnxq_cuda_dequantize_packed, preset.encode(), 2,
+                    (ctypes.c_int64 * 2)(*shape), -1, r.dev(want.data), r.dev(want.scale),
+                    r.dev(want.tenscale), r.dev(want.meta), r.dev(y), out, None,
+                )  # fmt: skip
+                r.check(name, y, onnxq.upcast(want, OUT_TYPES[out]))
 
 
 def main() -> None:

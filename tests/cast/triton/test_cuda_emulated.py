@@ -115,11 +115,29 @@ def test_codebook_refusals_name_the_problem(emulated: dict) -> None:
     assert set(refused) == set(want)  # every lookup and preset case ran
 
 
-def test_preset_launchers_take_the_fast_and_general_paths(emulated: dict) -> None:
-    la = emulated["launches"]
-    assert la["mxfp4 (3, 64) quantize"] == ["f9_mxfp4_float32"]  # one pass, packed layouts
-    assert la["nvfp4 (2, 48) quantize"] == ["amax1_float32", "f9_nvfp4_float32"]
-    # a last axis that is no multiple of the tile: the general kernel, then the bit packing
-    assert [s.split("_")[0] for s in la["mxfp6e2 (3, 40) quantize"]] == ["q0", "pack6"]
-    assert [s.split("_")[0] for s in la["mx6 (2, 40) quantize"]] == ["q0", "pack5", "pack1"]
-    assert [s.split("_")[0] for s in la["mx6 (2, 40) dequantize"]] == ["unpack5", "unpack1", "dq"]
+def _kinds(symbols: list[str]) -> list[str]:
+    """The kernels' kinds (images are shared, so a symbol names the first kernel of its image)."""
+    return [sym.split("_")[0].rstrip("0123456789") for sym in symbols]
+
+
+@pytest.mark.parametrize(
+    "preset", ["mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4"]
+)
+def test_preset_launchers_take_the_fast_and_general_paths(emulated: dict, preset: str) -> None:
+    dt = datatype(preset)
+    amax, stats = (["amax"], ["stats"]) if dt.sspec.tenscale is not None else ([], [])
+    packs = int(dt.nspec.bits < 8) + int(bool(dt.sspec.tiles[0].subtile))
+    la = {
+        name: _kinds(v) for name, v in emulated["launches"].items() if name.startswith(preset + " ")
+    }
+    fast, odd = f"{preset} (3, 64)", f"{preset} (3, 40)"
+    # a last axis that is a multiple of the tile: one pass writes the packed layouts
+    assert la[f"{fast} quantize 0"] == la[f"{fast} quantize 2"] == [*amax, "f"]
+    assert la[f"{fast} unpacked"] == [*amax, "f", "f"]  # values, then codes
+    # the general kernel (ONNXQ_CUDA_FAST=0, a misaligned input, a last axis of 40), packing
+    general = [*stats, "q", *["pack"] * packs]
+    assert la[f"{fast} quantize general"] == la[f"{fast} quantize misaligned"] == general
+    assert la[f"{odd} quantize 0"] == la[f"{odd} quantize 2"] == general
+    assert la[f"{odd} unpacked"] == [*stats, "q"]  # values and codes in one pass
+    for name in (f"{fast} dequantize 0", f"{odd} dequantize 2"):
+        assert la[name] == [*["unpack"] * packs, "dq"]
