@@ -25,6 +25,7 @@ kernel's program sizes (``ONNXQ_TRITON_CB_CONFIG``), 8192^2 kernels.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 import traceback
@@ -278,6 +279,65 @@ def c_library_path(iters: int) -> list[dict[str, Any]]:
     return rows
 
 
+# CodebookLookup through the C library (its format-general decode blocks; docs/gpu.md)
+LOOKUP_CODEBOOKS = ("cb41fi_e2m2fnuz_e8m0_t32", "cb42feie_e2m2fnuz_e8m0_t32s8")
+
+
+def _random_packed(code: str, n: int) -> tuple[Any, Any, Any]:
+    """Random packed CodebookLookup inputs for ``n`` elements: Q, Scale (2^-17 .. 2^12), Meta."""
+    from onnxq.formats.datatype import datatype
+
+    dt = datatype(code)
+    book, tile = dt.nspec, dt.sspec.tiles[0]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rand = functools.partial(torch.randint, dtype=torch.uint8, device="cuda", generator=gen)
+    q = rand(0, 256, (n * book.index_bits // 8,))
+    scale = rand(110, 140, (n // tile.size,))
+    units = n // (tile.subtile or tile.size)
+    meta = rand(0, 256, (-(-units * book.meta_bits // 8),)) if book.meta_bits else None
+    return q, scale, meta
+
+
+def c_library_lookup(iters: int) -> list[dict[str, Any]]:
+    """CodebookLookup's decode on the C library's CUDA path (`cuda_aot.lookup_packed`), 8192^2.
+
+    The packed inputs are random bytes of the right sizes (every byte a valid index, meta or
+    scale code): the decode's work does not depend on the values, and a reference cast of 2^26
+    elements would take minutes.
+    """
+    try:
+        from onnxq.cast import cuda_aot
+
+        ok, why = cuda_aot.available()
+    except Exception as err:
+        ok, why = False, str(err)
+    if not ok:
+        print(f"C library CUDA lookup: {why}")
+        return []
+    shape = (8192, 8192)
+    rows = []
+    for code in LOOKUP_CODEBOOKS:
+        q, scale, meta = _random_packed(code, shape[0] * shape[1])
+        in_bytes = sum(t.numel() for t in (q, scale, meta) if t is not None)
+        for dtype in (torch.bfloat16, torch.float32):
+            row: dict[str, Any] = {"format": code, "dtype": str(dtype).split(".")[-1]}
+            try:
+                y = torch.empty(shape, dtype=dtype, device="cuda")
+                out_bytes = y.numel() * y.element_size()
+                copy_ms = bench(y.clone, iters)
+                decode = functools.partial(
+                    cuda_aot.lookup_packed, code, shape, q, scale, meta, out_dtype=dtype
+                )
+                ms = bench(decode, iters)
+                row["frac_copy"] = (in_bytes + out_bytes) / ms / (2 * out_bytes / copy_ms)
+                row["ms"] = ms
+            except Exception as err:
+                row["error"] = str(err)[:200]
+            print(f"C library CUDA lookup: {json.dumps(row)}", flush=True)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", required=True)
@@ -359,6 +419,7 @@ def main() -> None:
         del x
         torch.cuda.empty_cache()
     results["c_library"] = c_library_path(args.iters)
+    results["c_library_lookup"] = c_library_lookup(args.iters)
     results["seconds"] = time.time() - t_start
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
@@ -439,6 +500,20 @@ def summary(results: dict[str, Any]) -> str:
             gen = r.get("general_frac_copy")
             gen = f"{gen:.2f}" if gen is not None else r.get("general_error")
             lines.append(f"| {r['format']} | {r['dtype']} | {fast} | {gen} |")
+    rows = results.get("c_library_lookup") or []
+    if rows:
+        lines += [
+            "",
+            "CodebookLookup on the C library's CUDA path (`cuda_aot.lookup_packed`, 8192x8192, "
+            "bytes read + written), x copy:",
+            "",
+            "| codebook | output | x copy | ms |",
+            "|---|---|---|---|",
+        ]
+        for r in rows:
+            frac = f"{r['frac_copy']:.2f}" if "frac_copy" in r else r.get("error")
+            ms = f"{r['ms']:.3f}" if "ms" in r else ""
+            lines.append(f"| {r['format']} | {r['dtype']} | {frac} | {ms} |")
     return "\n".join(lines) + "\n"
 
 
