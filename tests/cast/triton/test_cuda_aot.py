@@ -1043,7 +1043,10 @@ def test_onnxruntime_cuda_ops_equal_the_reference(preset: str) -> None:
 
 @pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
 @pytest.mark.parametrize(("code", "shape"), CODEBOOKS[:3])
-def test_onnxruntime_cuda_codebook_lookup(code: str, shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize("generic", [False, True])
+def test_onnxruntime_cuda_codebook_lookup(code: str, shape: tuple[int, ...], generic: bool) -> None:
+    """CodebookLookup on the CUDA provider; generic: the same widths without a description,
+    the mappings as the Table input (read from host memory)."""
     from onnx import TensorProto, helper, numpy_helper
 
     import onnxq.runtime
@@ -1055,8 +1058,14 @@ def test_onnxruntime_cuda_codebook_lookup(code: str, shape: tuple[int, ...]) -> 
     if q.meta is not None:
         inits.append(numpy_helper.from_array(q.meta, "m"))
         meta = "m"
+    inputs, dtype = ["q", meta, "s"], code
+    if generic:
+        table = np.asarray(onnxq.datatype(code).nspec.table(), dtype=np.float32)
+        inits.append(numpy_helper.from_array(table, "table"))
+        inputs.append("table")
+        dtype = "cb" + code[2:4] + code[code.index("_") :]
     node = helper.make_node(
-        "CodebookLookup", ["q", meta, "s"], ["y"], domain="onnxq", dtype=code, shape=list(shape)
+        "CodebookLookup", inputs, ["y"], domain="onnxq", dtype=dtype, shape=list(shape)
     )
     graph = helper.make_graph(
         [node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
