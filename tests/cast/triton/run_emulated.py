@@ -8,10 +8,13 @@ library launched, in order) and ``errors`` (exceptions in the launch callback).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,7 @@ class Run:
         self.bad: list[str] = []
         self.refused: dict[str, str] = {}
         self.launches: dict[str, list[str]] = {}
+        self.tensors: list[Any] = []  # registered torch buffers (kept alive)
 
     def dev(self, a: np.ndarray | None) -> int | None:
         return None if a is None else self.emu.device(np.ascontiguousarray(a))
@@ -256,11 +260,99 @@ def presets(r: Run) -> None:
                 r.check(name, y, onnxq.upcast(want, OUT_TYPES[out]))
 
 
+@contextlib.contextmanager
+def _cpu_as_cuda(r: Run) -> Iterator[None]:
+    """`onnxq.cast.cuda_aot`'s wrappers on CPU tensors: what they allocate is registered as
+    device memory, the CUDA checks and the stream query are skipped (the fake driver is the
+    only CUDA here)."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    saved = (torch.empty, torch.empty_like, torch.zeros, cuda_aot._check, cuda_aot._stream)
+
+    def registered(make: Any) -> Any:
+        def alloc(*args: Any, **kwargs: Any) -> Any:
+            kwargs.pop("device", None)
+            t = make(*args, **kwargs)
+            r.emu.lib.fake_register(t.data_ptr(), max(t.numel() * t.element_size(), 1))
+            r.tensors.append(t)
+            return t
+
+        return alloc
+
+    torch.empty, torch.empty_like, torch.zeros = (registered(f) for f in saved[:3])
+    cuda_aot._check = lambda t, name: None
+    cuda_aot._stream = lambda device, stream: 0
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like, torch.zeros, cuda_aot._check, cuda_aot._stream = saved
+
+
+def wrappers(r: Run) -> None:
+    """The Python wrappers of `onnxq.cast.cuda_aot` (argument order, sizes, layouts)."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    def dev(a: np.ndarray | None) -> Any:
+        if a is None:
+            return None
+        a = np.ascontiguousarray(a)
+        r.dev(a)
+        return torch.from_numpy(a)
+
+    def bits(t: Any) -> np.ndarray:
+        return _bits(t.view(torch.int16 if t.element_size() == 2 else torch.int32).numpy())
+
+    implicit = "cb42feie_e2m2fnuz_e8m0_t32s8"
+    generic = datatype("cb42_e2m2fnuz_e8m0_t32s8")
+    generic = dataclasses.replace(
+        generic, nspec=generic.nspec.add_mappings(datatype(implicit).nspec.magnitudes())
+    )
+    shape = (3, 45)
+    q = onnxq.cast(_input(shape, 70), implicit, mode="compress", backend="reference")
+    with _cpu_as_cuda(r):
+        for name, dt in (
+            ("wrapper lookup implicit", implicit),
+            ("wrapper lookup generic", generic),
+        ):
+            y = cuda_aot.lookup_packed(
+                dt, shape, dev(q.data), dev(q.scale), dev(q.meta), out_dtype=torch.bfloat16
+            )
+            if not np.array_equal(bits(y), _bits(onnxq.upcast(q, ml_dtypes.bfloat16))):
+                r.bad.append(name)
+        for preset, shp in (("mx6", (3, 64)), ("nvfp4", (3, 40))):
+            x = _input(shp, 71)
+            want = onnxq.cast(x, preset, mode="compress", backend="reference")
+            got = cuda_aot.quantize_packed(dev(x), preset)
+            fields = {"q": want.data, "scale": want.scale, "meta": want.meta}
+            fields["tenscale"] = want.tenscale
+            same = all(
+                np.array_equal(got[k].numpy().ravel(), np.ravel(v).view(got[k].numpy().dtype))
+                for k, v in fields.items()
+                if v is not None
+            )
+            y = cuda_aot.dequantize_packed(
+                preset, shp, dev(want.data), dev(want.scale), tenscale=dev(want.tenscale),
+                meta=dev(want.meta),
+            )  # fmt: skip
+            same &= np.array_equal(bits(y), _bits(onnxq.upcast(want)))
+            unpacked = cuda_aot.quantize(dev(x), preset)
+            same &= np.array_equal(
+                bits(unpacked["values"]), _bits(onnxq.cast(x, preset, backend="reference"))
+            )
+            if not same:
+                r.bad.append(f"wrappers {preset}")
+
+
 def main() -> None:
     r = Run()
     lookups(r)
     refusals(r)
     presets(r)
+    wrappers(r)
     print(json.dumps(dict(bad=r.bad, refused=r.refused, launches=r.launches, errors=r.emu.errors)))
 
 
