@@ -188,15 +188,20 @@ def _quantize_packed(r: Run, name: str, preset: str, x: np.ndarray, x_type: int,
         name, r.lib.onnxq_cuda_quantize_packed, preset.encode(), None, r.dev(x), x_type, 2,
         (ctypes.c_int64 * 2)(*shape), -1, r.dev(q), r.dev(scale), r.dev(ts), r.dev(meta), None,
     ):  # fmt: skip
-        same = np.array_equal(q, want.data) and np.array_equal(scale, want.scale.ravel())
-        if meta is not None:
-            same &= np.array_equal(meta, want.meta.ravel())
-        if ts is not None:
-            same &= int(ts[0]) == int(want.tenscale[0])
-        if not same:
+        if not (np.array_equal(q, want.data) and _fields_match(want, scale, meta, ts)):
             r.bad.append(name)
     else:
         r.bad.append(name)
+
+
+def _fields_match(want: Any, scale: np.ndarray, meta: Any, ts: Any) -> bool:
+    """Scale, meta and tensor scale as the reference's QTensor ``want`` has them."""
+    same = np.array_equal(scale, want.scale.ravel())
+    if meta is not None:
+        same &= np.array_equal(meta, want.meta.ravel())
+    if ts is not None:
+        same &= int(ts[0]) == int(want.tenscale[0])
+    return bool(same)
 
 
 def _quantize_unpacked(r: Run, name: str, preset: str, x: np.ndarray, xr: np.ndarray) -> None:
@@ -216,12 +221,7 @@ def _quantize_unpacked(r: Run, name: str, preset: str, x: np.ndarray, xr: np.nda
         return
     same = np.array_equal(_bits(values), _bits(onnxq.cast(xr, preset, backend="reference")))
     same &= np.array_equal(codes, want.data.astype(np.uint8))
-    same &= np.array_equal(scale, want.scale.ravel())
-    if meta is not None:
-        same &= np.array_equal(meta, want.meta.ravel())
-    if ts is not None:
-        same &= int(ts[0]) == int(want.tenscale[0])
-    if not same:
+    if not (same and _fields_match(want, scale, meta, ts)):
         r.bad.append(name)
 
 
