@@ -597,7 +597,10 @@ def _cb_specs(consts: list[bytes]) -> list[KernelSpec]:
                 rec = _record_cb_dequant(tcb, dt, shape, ftype)
                 if [la.kernel.fn.__name__ for la in rec] != ["_cb_dequant_kernel"]:
                     raise GenerationError(f"{dt.code}: expected one _cb_dequant_kernel launch")
-                geo = cb_geometry(shape, tile, sub, 8, dt.sspec.scale.bias, 4, 1)
+                book, sc = dt.nspec, dt.sspec.scale
+                geo = cb_geometry(
+                    shape, tile, sub, sc.bits, sc.bias, book.index_bits, book.meta_bits
+                )
                 d.append(_describe(rec[0], geo, consts, tenscale=False))
             _same(d[0], d[1], f"{dt.code} decoding")
             sig, ce, opts, roles = d[0]

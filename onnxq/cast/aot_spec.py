@@ -226,7 +226,7 @@ def cb_block(tile: int, sub: int) -> tuple[int, int, int, int] | None:
     """The codebook block for tiles of ``tile`` elements (subtiles of ``sub``, 0: none).
 
     Returns (op, NSUB, SUB, n_chunks), or None when no compiled block holds such tiles. The
-    launcher (``ops/src/cuda_launch.cc``, `cb_plan`) chooses the same.
+    launcher (``ops/src/cuda_lookup.cc``, `find_block`) chooses the same.
     """
     nsub = tile // sub if sub else 1
     if tile > CB_MAX_TILE:
@@ -248,7 +248,7 @@ def cb_geometry(
     """`_cb_dequant_kernel`'s run-time arguments for codebook tiles along the last axis.
 
     ``tile`` the data type's tile (0: the whole axis), ``sub`` its subtile (0: none); the
-    launcher (``ops/src/cuda_launch.cc``, `cb_plan`) computes the same. Raises KeyError where
+    launcher (``ops/src/cuda_lookup.cc``, `plan`) computes the same. Raises KeyError where
     no compiled block holds the tile (`aot_spec.cb_block`).
     """
     C = shape[-1]
@@ -273,7 +273,7 @@ def cb_geometry(
         sub_cols=-(-C // sub) if sub else 1,
         n_chunks=block[3],
         s_bias=scale_bias,
-        s_nan=(1 << scale_bits) - 1,
+        s_nan=(1 << scale_bits) - 1,  # an exponent scale: all its bits are exponent bits
         s_mask=(1 << scale_bits) - 1,
         ib=ib,
         nmap=1 << mb,

@@ -81,6 +81,13 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info);
 // given (int64, 1-D, every dim >= 0, the non-zero dims' product at most 2^40; equal to the
 // attribute when both are given), else the attribute. An OpError on any other Shape.
 std::vector<int64_t> node_shape(const Kernel& k, const In& shape_input);
+// Tile grid shape (layout.Tiling.tile_grid): X's shape with the tiled dims replaced by counts.
+std::vector<int64_t> grid_shape(const Geometry& g, const std::vector<int64_t>& shape, int axis,
+                                int64_t rows, int64_t cols);
+// CodebookLookup's Format: the dtype's, or (a Table input given) the dtype's widths with the
+// Table's mappings, made in *table_fmt; an OpError for a bad Table, or none for a generic
+// codebook.
+const Format& lookup_format(const Kernel& k, const In& table, Format* table_fmt);
 // The axis in [0, ndim); an OpError naming `x` and its shape otherwise.
 int normal_axis(int64_t axis, size_t ndim, const std::vector<int64_t>& shape, const char* x);
 // DequantizeMX and CodebookLookup on the CPU: decodes Y into Kernel::const_y when every input

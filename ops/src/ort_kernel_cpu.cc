@@ -146,8 +146,6 @@ int normal_axis(int64_t axis, size_t ndim, const std::vector<int64_t>& shape, co
   return static_cast<int>(axis < 0 ? axis + n : axis);
 }
 
-namespace {
-
 // Tile grid shape (layout.Tiling.tile_grid): X's shape with the tiled dims replaced by counts.
 std::vector<int64_t> grid_shape(const Geometry& g, const std::vector<int64_t>& shape, int axis,
                                 int64_t rows, int64_t cols) {
@@ -158,6 +156,8 @@ std::vector<int64_t> grid_shape(const Geometry& g, const std::vector<int64_t>& s
   if (g.kind == 2) out[axis == ndim - 1 ? ndim - 2 : ndim - 1] = rows;
   return out;
 }
+
+namespace {
 
 template <typename T>
 std::vector<T> buffer(int64_t n) {
@@ -325,11 +325,10 @@ namespace {
 // Input `slot` of the node, by its contract name (the Run's or the constant initializers').
 using InputFn = std::function<In(int slot, const char* name)>;
 
-// The node's Format: the dtype's, or the one the Table input gives a generic codebook.
-const Format& node_format(const Kernel& k, const Slots& s, const InputFn& get,
-                          Format* table_fmt) {
+}  // namespace
+
+const Format& lookup_format(const Kernel& k, const In& table, Format* table_fmt) {
   const Format* fp = &k.fmt;
-  In table = s.table >= 0 ? get(s.table, "Table") : In{};
   if (table) {
     int maps = 1 << k.parsed.fmt.cb_meta_bits, width = 1 << k.parsed.fmt.cb_index_bits;
     if (table.type != kTF32)
@@ -348,6 +347,14 @@ const Format& node_format(const Kernel& k, const Slots& s, const InputFn& get,
                   "(2^meta_bits x 2^index_bits floats) is required");
   }
   return *fp;
+}
+
+namespace {
+
+// The node's Format: the dtype's, or the one the Table input gives a generic codebook.
+const Format& node_format(const Kernel& k, const Slots& s, const InputFn& get,
+                          Format* table_fmt) {
+  return lookup_format(k, s.table >= 0 ? get(s.table, "Table") : In{}, table_fmt);
 }
 
 // Checks every input against docs/ops.md and decodes Y into the buffer y_out() gives.

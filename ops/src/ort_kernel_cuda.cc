@@ -153,32 +153,11 @@ void compute_cuda_lookup(const Kernel& k, OrtKernelContext* ctx) {
   if (axis != static_cast<int>(shape.size()) - 1)
     throw OpError("the CUDA kernels tile along the last axis only (axis " +
                   std::to_string(k.axis) + " of X " + shape_str(shape) + ")");
-  // The format: the dtype's, or with the Table input's values (as on the CPU)
-  Format with_table;
-  const Format* f = &k.fmt;
-  if (In table = input(ctx, kInTable, "Table")) {
-    const int64_t maps = int64_t(1) << k.parsed.fmt.cb_meta_bits;
-    const int64_t width = int64_t(1) << k.parsed.fmt.cb_index_bits;
-    if (table.type != kTF32 || table.shape != std::vector<int64_t>{maps, width})
-      throw OpError("input Table must be float of shape " + shape_str({maps, width}) +
-                    " (2^meta_bits x 2^index_bits) for dtype '" + k.parsed.code + "', got " +
-                    type_name(table.type) + " " + shape_str(table.shape));
-    const float* tv = static_cast<const float*>(table.data);
-    std::vector<double> values(tv, tv + table.count);
-    std::string e = to_format(k.parsed, &values, &with_table);
-    if (!e.empty()) throw OpError("dtype '" + k.parsed.code + "' with the Table input: " + e);
-    f = &with_table;
-  } else if (!k.fmt_ready) {
-    throw OpError("dtype '" + k.parsed.code + "' is a generic codebook: the Table input " +
-                  "(2^meta_bits x 2^index_bits floats) is required");
-  }
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  const int64_t C = shape.back(), rows = C ? count / C : 0, sub = f->sub[1];
-  const int64_t tile = f->tile[0] ? f->tile[0] : C;
-  std::vector<int64_t> grid = shape;
-  grid.back() = tile ? (C + tile - 1) / tile : 0;
-  const int64_t nmeta = sub ? rows * ((C + sub - 1) / sub) : rows * grid.back();
+  Format with_table;  // the Table input read and checked as on the CPU
+  const Format& f = lookup_format(k, input(ctx, kInTable, "Table"), &with_table);
+  Geometry g;
+  std::string e = make_geometry(f, shape, axis, &g);
+  if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
   auto need = [&](int index, const char* name, const std::vector<int64_t>& want) {
     In in = input(ctx, index, name);
     if (!in) throw OpError(std::string("input ") + name + " is required by dtype '" +
@@ -190,18 +169,18 @@ void compute_cuda_lookup(const Kernel& k, OrtKernelContext* ctx) {
     return in;
   };
   using contract::input_index;
-  In q = need(input_index(kLookup, "Q"), "Q", {packed_nbytes(count, f->cb_ib)});
-  In scale = need(input_index(kLookup, "Scale"), "Scale", grid);
+  In q = need(input_index(kLookup, "Q"), "Q", {packed_nbytes(g.size, f.cb_ib)});
+  In scale = need(input_index(kLookup, "Scale"), "Scale", grid_shape(g, shape, axis, g.nR, g.nC));
   const void* meta = nullptr;
-  if (f->cb_mb)
-    meta = need(input_index(kLookup, "Meta"), "Meta", {packed_nbytes(nmeta, f->cb_mb)}).data;
+  if (f.cb_mb)
+    meta = need(input_index(kLookup, "Meta"), "Meta", {packed_nbytes(g.meta_count(), f.cb_mb)})
+               .data;
   void* y =
       output(ctx, kOutY, "Y", shape, k.out_type, "output_type " + std::to_string(k.out_type));
   if (!y) throw OpError("output Y is missing");
-  if (count == 0) return;  // an empty Y
-  std::string e = cuda::lookup_packed(*f, static_cast<int>(shape.size()), shape.data(), -1,
-                                      q.data, scale.data, meta, y, float_kind(k.out_type),
-                                      gpu_stream(ctx));
+  if (g.size == 0) return;  // an empty Y
+  e = cuda::lookup_packed(f, static_cast<int>(shape.size()), shape.data(), -1, q.data,
+                          scale.data, meta, y, float_kind(k.out_type), gpu_stream(ctx));
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
 }
 
