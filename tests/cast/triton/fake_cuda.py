@@ -69,7 +69,6 @@ class Emulator:
             ctypes.POINTER(ctypes.c_uint64),
         ]
         self.lib.fake_register.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
-        self.lib.fake_unregister.argtypes = [ctypes.c_uint64]
         self.images: dict[bytes, dict[str, Any]] = {}
         for k in manifest["kernels"]:
             off, size = k["cubin"]["sm_90"]
@@ -87,12 +86,6 @@ class Emulator:
         addr = a.ctypes.data
         assert self.lib.fake_register(addr, max(a.nbytes, 1)) == 0
         return addr
-
-    def release(self) -> None:
-        """Unregister every array registered with `device`."""
-        for a in self._kept:
-            self.lib.fake_unregister(a.ctypes.data)
-        self._kept.clear()
 
     def _tensor(self, addr: int, ptype: str) -> Any:
         import torch

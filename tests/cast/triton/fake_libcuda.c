@@ -26,7 +26,6 @@ static struct {
 typedef int (*launch_fn)(const void* image, uint64_t image_size, const char* name,
                          unsigned grid, void** params);
 static launch_fn g_launch;
-static int g_launches;
 
 typedef struct {
   const void* image;
@@ -54,12 +53,7 @@ static int find_block(CUdeviceptr p) {
 
 /* -- the test's side -------------------------------------------------------------------------- */
 void fake_set_launch(launch_fn fn) { g_launch = fn; }
-int fake_launches(void) { return g_launches; }
 int fake_register(CUdeviceptr base, uint64_t size) { return add_block(base, size, 0); }
-void fake_unregister(CUdeviceptr base) {
-  int i = find_block(base);
-  if (i >= 0 && !g_blocks[i].owned) g_blocks[i].base = 0;
-}
 /* The device block holding p: its base and size, or 0. */
 int fake_find(CUdeviceptr p, CUdeviceptr* base, uint64_t* size) {
   int i = find_block(p);
@@ -127,7 +121,6 @@ CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigne
                         unsigned bz, unsigned shared, void* stream, void** params, void** extra) {
   const fake_function* f = (const fake_function*)fn;
   if (gy != 1 || gz != 1 || by != 1 || bz != 1 || extra || !g_launch) return 1;
-  ++g_launches;
   return g_launch(f->image, elf_size((const unsigned char*)f->image), f->name, gx, params);
 }
 static CUresult alloc(CUdeviceptr* p, size_t bytes) {
