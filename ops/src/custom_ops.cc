@@ -46,12 +46,21 @@ constexpr uint32_t kMinApi = 16;
 
 struct OpDef : OrtCustomOp {
   OpKind kind;
-  bool cuda = false;  // registered for the CUDA execution provider
+  bool cuda = false;  // the CUDA kernels (ort_kernel_cuda.cc)
+  const char* provider = "CPUExecutionProvider";  // the execution provider they run on
   TypeList inputs, outputs;
   std::vector<OrtCustomOpInputOutputCharacteristic> in_char, out_char;
 };
 
 const OpDef& def(const OrtCustomOp* op) { return *static_cast<const OpDef*>(op); }
+
+// ONNXQ_CUDA_OPS_ON_CPU_PROVIDER=1 is for tests only: the CUDA kernels are registered for the
+// CPU execution provider in place of the CPU ones, so that a CPU-only onnxruntime runs them
+// on a stand-in driver (tests/cast/triton/run_emulated_ort.py, docs/gpu.md).
+bool cuda_kernels_on_cpu_provider() {
+  const char* env = std::getenv("ONNXQ_CUDA_OPS_ON_CPU_PROVIDER");
+  return env && std::string(env) == "1";
+}
 
 OrtStatus* error_status(const std::string& op, const std::string& msg) {
   return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("[" + op + "] " + msg).c_str());
@@ -126,6 +135,7 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, bool cuda = false
   d.version = g_version;
   d.kind = kind;
   d.cuda = cuda;
+  if (cuda && !cuda_kernels_on_cpu_provider()) d.provider = "CUDAExecutionProvider";
   d.inputs = std::move(inputs);
   d.outputs = std::move(outputs);
   // onnxruntime checks the first input, which every op's schema requires; the kernel checks
@@ -142,9 +152,7 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, bool cuda = false
                              ? INPUT_OUTPUT_REQUIRED
                              : INPUT_OUTPUT_OPTIONAL);
   d.GetName = [](const OrtCustomOp* op) noexcept { return op_name(def(op).kind); };
-  d.GetExecutionProviderType = [](const OrtCustomOp* op) noexcept -> const char* {
-    return def(op).cuda ? "CUDAExecutionProvider" : "CPUExecutionProvider";
-  };
+  d.GetExecutionProviderType = [](const OrtCustomOp* op) noexcept { return def(op).provider; };
   d.GetInputType = [](const OrtCustomOp* op, size_t i) noexcept { return def(op).inputs[i]; };
   d.GetInputTypeCount = [](const OrtCustomOp* op) noexcept { return def(op).inputs.size(); };
   d.GetOutputType = [](const OrtCustomOp* op, size_t i) noexcept { return def(op).outputs[i]; };
@@ -182,15 +190,24 @@ std::vector<OpDef>& op_defs() {
   static std::vector<OpDef> defs;
   if (!defs.empty()) return defs;
   const TypeList codes = {kU8, kU16, kU32};
-  for (auto x : {kTF32, kTF16, kTBF16, kAny})
-    defs.push_back(make_def(kQuantize, {x}, {kU8, kAny, kAny, kAny, kU8, kU8}));
-  for (auto sc : codes)
-    for (auto z : codes)
-      for (auto t : codes)
-        defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8, kI64}, {kAny}));
-  defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}));
-  for (auto sc : codes) defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}));
-  defs.push_back(make_def(kLookup, any_inputs(kLookup), {kAny}));
+  const char* env = std::getenv("ONNXQ_CUDA_OPS");
+  const bool cuda = cuda::kernel_count() > 0 && !(env && std::string(env) == "0");
+  // QuantizeMX / DequantizeMX / CodebookLookup: on the CPU, and (when the library embeds GPU
+  // kernels; ONNXQ_CUDA_OPS=0 leaves them out) on the CUDA execution provider.
+  for (bool on_cuda : {false, true}) {
+    if (on_cuda ? !cuda : cuda && cuda_kernels_on_cpu_provider()) continue;
+    for (auto x : {kTF32, kTF16, kTBF16, kAny})
+      defs.push_back(make_def(kQuantize, {x}, {kU8, kAny, kAny, kAny, kU8, kU8}, on_cuda));
+    for (auto sc : codes)
+      for (auto z : codes)
+        for (auto t : codes)
+          defs.push_back(
+              make_def(kDequantize, {kU8, sc, z, t, kU8, kU8, kI64}, {kAny}, on_cuda));
+    defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}, on_cuda));
+    for (auto sc : codes)
+      defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}, on_cuda));
+    defs.push_back(make_def(kLookup, any_inputs(kLookup), {kAny}, on_cuda));
+  }
   // Y is X's type: onnxruntime infers it from these (no declared output type needed).
   for (auto x : {kTF32, kTF16, kTBF16}) defs.push_back(make_def(kQuantDequant, {x}, {x}));
   defs.push_back(make_def(kQuantDequant, {kAny}, {kAny}));
@@ -208,20 +225,6 @@ std::vector<OpDef>& op_defs() {
         for (auto t : codes)
           defs.push_back(make_def(kGather, {ix, kU8, sc, z, t, kU8, kU8, kTF32}, {kAny}));
   defs.push_back(make_def(kGather, any_inputs(kGather), {kAny}));
-  // QuantizeMX / DequantizeMX / CodebookLookup for the CUDA execution provider, when the library embeds
-  // GPU kernels (ONNXQ_CUDA_OPS=0 leaves them out: every node then runs on the CPU).
-  const char* env = std::getenv("ONNXQ_CUDA_OPS");
-  if (cuda::kernel_count() > 0 && !(env && std::string(env) == "0")) {
-    for (auto x : {kTF32, kTF16, kTBF16, kAny})
-      defs.push_back(make_def(kQuantize, {x}, {kU8, kAny, kAny, kAny, kU8, kU8}, true));
-    for (auto sc : codes)
-      for (auto z : codes)
-        for (auto t : codes)
-          defs.push_back(make_def(kDequantize, {kU8, sc, z, t, kU8, kU8, kI64}, {kAny}, true));
-    defs.push_back(make_def(kDequantize, any_inputs(kDequantize), {kAny}, true));
-    for (auto sc : codes) defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}, true));
-    defs.push_back(make_def(kLookup, any_inputs(kLookup), {kAny}, true));
-  }
   return defs;
 }
 

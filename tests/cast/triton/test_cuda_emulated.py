@@ -31,7 +31,7 @@ pytestmark = pytest.mark.needs_native
 
 
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not HAVE_TRITON:
         pytest.skip("torch/triton not installed: the library has no GPU kernels")
     from onnxq.cast import cuda_aot
@@ -46,10 +46,15 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     fake = build(tmp_path_factory.mktemp("fakecuda"))
     if fake is None:
         pytest.skip("no C compiler for the fake driver")
+    return fake
+
+
+def _run(script: str, fake: Path, **env_vars: str) -> tuple[dict, str]:
+    """The script's JSON result and its stderr, run on the fake driver."""
     env = {k: v for k, v in os.environ.items() if k != "ONNXQ_CUDA_FAST"}
-    env.update(TRITON_INTERPRET="1", ONNXQ_LIBCUDA=str(fake))
+    env.update(TRITON_INTERPRET="1", ONNXQ_LIBCUDA=str(fake), **env_vars)
     proc = subprocess.run(
-        [sys.executable, str(HERE / "run_emulated.py")],
+        [sys.executable, str(HERE / script)],
         capture_output=True,
         text=True,
         env=env,
@@ -57,7 +62,18 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def emulated(fake_driver: Path) -> dict:
+    return _run("run_emulated.py", fake_driver)[0]
+
+
+@pytest.fixture(scope="module")
+def emulated_ort(fake_driver: Path) -> tuple[dict, str]:
+    pytest.importorskip("onnxruntime")
+    return _run("run_emulated_ort.py", fake_driver, ONNXQ_CUDA_OPS_ON_CPU_PROVIDER="1")
 
 
 def test_every_launch_ran_and_every_result_is_the_reference(emulated: dict) -> None:
@@ -141,3 +157,33 @@ def test_preset_launchers_take_the_fast_and_general_paths(emulated: dict, preset
     assert la[f"{odd} unpacked"] == [*stats, "q"]  # values and codes in one pass
     for name in (f"{fast} dequantize 0", f"{odd} dequantize 2"):
         assert la[name] == [*["unpack"] * packs, "dq"]
+
+
+# -- onnxruntime's CUDA provider kernels (ort_kernel_cuda.cc), run by a CPU onnxruntime -------
+
+
+def test_onnxruntime_cuda_kernels_equal_the_reference(emulated_ort: tuple[dict, str]) -> None:
+    from tests.cast.triton.run_emulated import PRESETS
+
+    result, _ = emulated_ort
+    assert result["errors"] == []
+    assert result["bad"] == []
+    ran = [name for name in result["launches"] if name not in result["refused"]]
+    # every preset quantized (float32, bfloat16) and decoded (three output types) on both
+    # shapes, four codebooks: each through the kernels
+    assert len([n for n in ran if " quantize " in n]) == len(PRESETS) * 2 * 2
+    assert len([n for n in ran if " dequantize " in n]) == len(PRESETS) * 2 * 3
+    assert len([n for n in ran if n.startswith("ort lookup ")]) == 4
+    assert all(result["launches"][n] for n in ran)
+
+
+@pytest.mark.parametrize("preset", ["mxfp8e4", "mx6", "nvfp4"])
+def test_onnxruntime_cuda_quantize_takes_the_fast_and_general_kernels(
+    emulated_ort: tuple[dict, str], preset: str
+) -> None:
+    la = {n: _kinds(v) for n, v in emulated_ort[0]["launches"].items()}
+    amax, stats = (["amax"], ["stats"]) if preset == "nvfp4" else ([], [])
+    packs = {"mxfp8e4": 0, "mx6": 2, "nvfp4": 1}[preset]
+    for x_type in (0, 2):
+        assert la[f"ort {preset} (3, 64) quantize {x_type}"] == [*amax, "f"]
+        assert la[f"ort {preset} (3, 40) quantize {x_type}"] == [*stats, "q", *["pack"] * packs]
