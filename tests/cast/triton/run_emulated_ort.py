@@ -37,7 +37,6 @@ from run_emulated import (  # noqa: E402
     PRESET_SHAPES,
     PRESETS,
     Run,
-    _bits,
     _input,
     _preset_input,
 )
@@ -100,7 +99,7 @@ class OrtRun:
                 providers=["CPUExecutionProvider"],
             )  # fmt: skip
             binding = sess.io_binding()
-            for n, a in device.items():
+            for a in device.values():
                 self.r.dev(a)
             for n, a in {**device, **host}.items():
                 binding.bind_ortvalue_input(n, _ortvalue(a))
