@@ -52,6 +52,9 @@ Driver load_driver() {
   resolve(d.handle, "cuMemFreeAsync", &d.cuMemFreeAsync);
   resolve(d.handle, "cuMemsetD32Async", &d.cuMemsetD32Async);
   resolve(d.handle, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync);  // codebook tables
+  // the custom ops' host fallback (cuda_copy.cc)
+  resolve(d.handle, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync);
+  resolve(d.handle, "cuStreamSynchronize", &d.cuStreamSynchronize);
   CUresult r = d.cuInit(0);
   if (r != 0) {
     d.error = "cuInit failed: " + err_text(d, r);

@@ -149,6 +149,14 @@ std::string lookup_packed(const Format& f, int ndim, const int64_t* shape, int a
 // the shape, up to the tile's length: t0 is checked at each call); "" when it has.
 std::string lookup_supported(const Format& f);
 
+// Copies between device and host memory on `stream`, for the custom ops' host fallback
+// (ort_kernel_cuda.cc, cuda_copy.cc): copy_to_host returns once the bytes are on the host (the
+// stream's earlier work included); copy_to_device queues the copy, and synchronize (the device
+// of the pointer `on`) waits for the stream, after which the host buffer may go.
+std::string copy_to_host(void* host, const void* device, size_t bytes, void* stream);
+std::string copy_to_device(void* device, const void* host, size_t bytes, void* stream);
+std::string synchronize(const void* on, void* stream);
+
 // Bit packing on the device (LSB first, packing.py's stream): `count` one-byte codes of `bits`
 // (1..8) bits -> ceil(count * bits / 8) bytes, and back.
 std::string pack_bits(const void* codes, int64_t count, int bits, void* packed, void* stream);

@@ -75,7 +75,7 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*,
     k->op = name;
     init_kernel(k.get(), info);
     k->on_cuda = def(op).cuda;
-    if (k->on_cuda) init_cuda_kernel(k.get());
+    if (k->on_cuda) init_cuda_kernel(k.get(), info);
     if (k->kind == kMatMul) init_matmul_mx(k.get(), info);
     if (k->kind == kGather) init_gather(*k);  // the table stays packed: no constant decode
     if (!k->on_cuda && (k->kind == kDequantize || k->kind == kLookup))
@@ -95,13 +95,7 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) noexcept {
   const Kernel& k = *static_cast<const Kernel*>(kernel);
   try {
     if (k.on_cuda) {
-      if (k.kind == kQuantize) {
-        compute_cuda_quantize(k, ctx);
-      } else if (k.kind == kLookup) {
-        compute_cuda_lookup(k, ctx);
-      } else {
-        compute_cuda_dequantize(k, ctx);
-      }
+      compute_cuda(k, ctx);
     } else if (k.kind == kQuantize) {
       compute_quantize(k, ctx);
     } else if (k.kind == kQuantDequant) {
@@ -167,9 +161,7 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, bool cuda = false
   // CUDA execution provider (the table goes to the device with the launch).
   d.GetInputMemoryType = [](const OrtCustomOp* op, size_t i) noexcept {
     const OpDef& o = def(op);
-    const bool host = (o.kind == kDequantize && static_cast<int>(i) == kInShape) ||
-                      (o.kind == kLookup && static_cast<int>(i) == kInTable);
-    return o.cuda && host ? OrtMemTypeCPUInput : OrtMemTypeDefault;
+    return o.cuda && reads_on_host(o.kind, i) ? OrtMemTypeCPUInput : OrtMemTypeDefault;
   };
   d.GetVariadicInputMinArity = [](const OrtCustomOp*) noexcept { return 1; };
   d.GetVariadicInputHomogeneity = [](const OrtCustomOp*) noexcept { return 1; };

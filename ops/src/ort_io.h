@@ -70,6 +70,31 @@ In constant_input(const OrtKernelInfo* info, size_t index);
 void* output(OrtKernelContext* ctx, size_t index, const char* name,
              const std::vector<int64_t>& shape, int want_type, const std::string& why);
 
+// Bytes per element of an ONNX tensor type whose elements are plain numbers (0 for others).
+int64_t element_bytes(int onnx_type);
+
+// While an IoRedirect is installed on a thread (IoRedirectScope), input() and output() there
+// hand the kernel what it returns instead of onnxruntime's buffers: the CUDA provider's host
+// fallback (ort_kernel_cuda.cc) runs the CPU kernels unchanged on host copies this way.
+// Neither is called for tensors without bytes.
+struct IoRedirect {
+  virtual ~IoRedirect() = default;
+  // The data to read for input `index` (`in` as onnxruntime gives it).
+  virtual const void* input(size_t index, const In& in) = 0;
+  // The buffer to write for output `index`, whose `bytes` onnxruntime allocated at `data`.
+  virtual void* output(size_t index, void* data, int64_t bytes) = 0;
+};
+class IoRedirectScope {
+ public:
+  explicit IoRedirectScope(IoRedirect* redirect);
+  ~IoRedirectScope();
+  IoRedirectScope(const IoRedirectScope&) = delete;
+  IoRedirectScope& operator=(const IoRedirectScope&) = delete;
+
+ private:
+  IoRedirect* saved_;
+};
+
 // The kernels' ParallelFor on the session's intra-op thread pool (API 17+), else our own pool.
 ParallelFor session_parallel_for(OrtKernelContext* ctx);
 

@@ -4,6 +4,7 @@
 // from onnxq/graph/schemas.py (onnxq_op_contract.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -50,6 +51,13 @@ static_assert(kInX >= 0 && kQOut.q >= 0 && kQOut.scale >= 0 && kQOut.zero >= 0 &
                   contract::output_index(kQuantDequant, "Y") == kOutY,
               "schemas.py OPS lacks an input or output the custom ops write");
 
+// Inputs read in host memory also on the CUDA execution provider (GetInputMemoryType):
+// DequantizeMX's Shape and CodebookLookup's Table.
+inline bool reads_on_host(OpKind kind, size_t index) {
+  return (kind == kDequantize && index == static_cast<size_t>(kInShape)) ||
+         (kind == kLookup && index == static_cast<size_t>(kInTable));
+}
+
 struct MmxLarge;  // ort_kernel_mmx_large.h
 
 struct Kernel {
@@ -65,6 +73,11 @@ struct Kernel {
   int out_type = kTF32;         // ONNX element type of Y
   bool on_cuda = false;  // registered for the CUDA execution provider
   const cuda::AotFormat* gpu = nullptr;  // CUDA QuantizeMX / DequantizeMX: the embedded format
+  // CUDA: why the device kernels cannot run this node ("" when they can); it then runs the
+  // CPU kernel on host copies (ort_kernel_cuda.cc), with one warning in the session's log.
+  std::string host_reason;
+  std::string node;  // CUDA: the node's name, for the host fallback's warning
+  mutable std::atomic<bool> warned{false};  // CUDA: the host fallback's warning was logged
   // Dequantize / Lookup on the CPU: Y decoded once at session creation when every input is a
   // constant initializer (in the output type); empty: decode on every Run.
   std::vector<uint8_t> const_y;
@@ -109,12 +122,12 @@ void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx);
 void init_gather(const Kernel& k);
 void compute_gather(const Kernel& k, OrtKernelContext* ctx);
 
-// The CUDA execution provider's registrations: refuses what the embedded kernels cannot run.
-void init_cuda_kernel(Kernel* k);
-void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx);
-void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx);
-// CodebookLookup: any codebook the kernels' blocks hold (cuda_lookup.cc), the Table on the host.
-void compute_cuda_lookup(const Kernel& k, OrtKernelContext* ctx);
+// QuantizeMX / DequantizeMX / CodebookLookup on the CUDA execution provider: the embedded
+// kernels on the session's compute stream; a node they cannot run (its format, modes or axis)
+// runs the CPU kernel on host copies of its tensors, with a warning in the session's log
+// (ONNXQ_CUDA_HOST_FALLBACK=0: refused when the session is created instead).
+void init_cuda_kernel(Kernel* k, const OrtKernelInfo* info);
+void compute_cuda(const Kernel& k, OrtKernelContext* ctx);
 
 }  // namespace ort
 }  // namespace onnxq

@@ -1,5 +1,7 @@
 // The custom ops on the CUDA execution provider (ort_kernel.h, cuda_launch.h, docs/gpu.md).
 #include <cstdint>
+#include <cstdlib>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -10,14 +12,15 @@ namespace ort {
 
 // -- the CUDA execution provider (cuda_launch.h, docs/gpu.md) ------------------------------
 // The same ops on the session's compute stream with the Triton kernels compiled ahead of time:
-// formats the library embeds, tiles along the last axis, the default modes. Anything else is
-// refused when the session creates the kernel, naming what to do instead.
+// formats the library embeds, tiles along the last axis, the default modes. A node they cannot
+// run takes the CPU kernel on host copies of its tensors (below), with one warning.
 
 namespace {
 
-// CodebookLookup: the format's structure (tiles, scale, widths) decides; a generic codebook's
-// values come with the Table input at each Run, so zeros stand in for them here.
-void init_cuda_lookup(const Kernel& k) {
+// Why the device kernels cannot run this CodebookLookup ("" when they can): the format's
+// structure (tiles, scale, widths) decides; a generic codebook's values come with the Table
+// input at each Run, so zeros stand in for them here.
+std::string lookup_reason(const Kernel& k) {
   Format probe;
   const Format* f = &k.fmt;
   if (!k.fmt_ready) {
@@ -28,34 +31,81 @@ void init_cuda_lookup(const Kernel& k) {
     f = &probe;
   }
   std::string e = cuda::lookup_supported(*f);
-  if (!e.empty()) throw OpError("dtype '" + k.parsed.code + "': " + e);
-  if (k.axis != -1 && k.axis != static_cast<int64_t>(k.shape.size()) - 1)
-    throw OpError("the CUDA kernels tile along the last axis only (axis " +
-                  std::to_string(k.axis) + "); run this node on the CPU execution provider");
+  if (!e.empty()) return "dtype '" + k.parsed.code + "': " + e.substr(0, e.find("; run this node"));
+  return "";
+}
+
+std::string axis_reason(int64_t axis) {
+  return "the CUDA kernels tile along the last axis only (axis " + std::to_string(axis) + ")";
+}
+
+// Why the device kernels cannot run the node, as far as its attributes tell ("" when they can;
+// X's rank may be known at Run only).
+std::string init_reason(Kernel* k) {
+  const int64_t last = static_cast<int64_t>(k->shape.size()) - 1;
+  const bool axis_known = !k->shape.empty() && k->axis != -1;
+  if (k->kind == kLookup) {
+    std::string why = lookup_reason(*k);
+    return why.empty() && axis_known && k->axis != last ? axis_reason(k->axis) : why;
+  }
+  k->gpu = cuda::find_format(k->parsed.code);
+  if (!k->gpu)
+    return "dtype '" + k->parsed.code + "' has no CUDA kernel in this library (" +
+           cuda::describe() + ")";
+  if (k->kind == kQuantize && (k->modes.round_mode != 0 || k->modes.scale_mode != 0 ||
+                               k->modes.nan_policy != 0 || k->modes.full_int_range))
+    return "the CUDA kernels are compiled for the default modes (round even, scale floor, nan "
+           "element, symmetric ints)";
+  if (axis_known && k->axis != last) return axis_reason(k->axis);
+  return "";
+}
+
+std::string node_name(const OrtKernelInfo* info) {
+  size_t size = 0;
+  if (OrtStatus* st = g_api->KernelInfo_GetNodeName(info, nullptr, &size)) {
+    g_api->ReleaseStatus(st);
+    return "";
+  }
+  std::string name(size, '\0');
+  if (OrtStatus* st = g_api->KernelInfo_GetNodeName(info, name.data(), &size)) {
+    g_api->ReleaseStatus(st);
+    return "";
+  }
+  name.resize(size ? size - 1 : 0);
+  return name;
+}
+
+// The host fallback's warning, once per node, in the session's log.
+void warn_host_fallback(const Kernel& k, const OrtLogger* logger, const std::string& why) {
+  if (k.warned.exchange(true) || !logger) return;
+  const std::string node = k.node.empty() ? "an unnamed node" : "node '" + k.node + "'";
+  const std::string msg =
+      "[" + k.op + "] " + node + " runs on the CPU with host copies of its tensors, " +
+      "slower than the GPU kernels (a copy each way and a stream synchronisation a run): " +
+      why + ". ONNXQ_CUDA_HOST_FALLBACK=0 refuses such nodes instead.";
+  OrtStatus* st = g_api->Logger_LogMessage(logger, ORT_LOGGING_LEVEL_WARNING, msg.c_str(),
+                                           __FILE__, __LINE__, __func__);
+  if (st) g_api->ReleaseStatus(st);
+}
+
+bool host_fallback_allowed() {
+  const char* env = std::getenv("ONNXQ_CUDA_HOST_FALLBACK");
+  return !(env && std::string(env) == "0");
 }
 
 }  // namespace
 
-void init_cuda_kernel(Kernel* k) {
-  if (k->kind == kLookup) {
-    init_cuda_lookup(*k);
-    return;
-  }
-  k->gpu = cuda::find_format(k->parsed.code);
-  const char* where = "; run this node on the CPU execution provider (or quantize it to a format "
-                      "that has CUDA kernels)";
-  if (!k->gpu)
-    throw OpError("dtype '" + k->parsed.code + "' has no CUDA kernel in this library (" +
-                  cuda::describe() + ")" + where);
-  if (k->kind == kQuantize && (k->modes.round_mode != 0 || k->modes.scale_mode != 0 ||
-                               k->modes.nan_policy != 0 || k->modes.full_int_range))
-    throw OpError("the CUDA kernels are compiled for the default modes (round even, scale floor, "
-                  "nan element, symmetric ints)" + std::string(where));
-  // (Without the attribute, X's rank is known at Run only: compute_cuda_dequantize checks it.)
-  if (k->kind == kDequantize && k->axis != -1 && !k->shape.empty() &&
-      k->axis != static_cast<int64_t>(k->shape.size()) - 1)
-    throw OpError("the CUDA kernels tile along the last axis only (axis " +
-                  std::to_string(k->axis) + ")" + where);
+void init_cuda_kernel(Kernel* k, const OrtKernelInfo* info) {
+  k->node = node_name(info);
+  std::string why = init_reason(k);
+  if (why.empty()) return;
+  if (!host_fallback_allowed())
+    throw OpError(why + "; ONNXQ_CUDA_HOST_FALLBACK=0 refuses to run it on the CPU (unset it, "
+                  "or quantize the node to a format and modes with CUDA kernels)");
+  k->host_reason = why;
+  const OrtLogger* logger = nullptr;
+  if (OrtStatus* st = g_api->KernelInfo_GetLogger(info, &logger)) g_api->ReleaseStatus(st);
+  warn_host_fallback(*k, logger, why);
 }
 
 namespace {
@@ -79,19 +129,7 @@ int64_t gpu_meta_count(const cuda::AotFormat& F, const std::vector<int64_t>& sha
   return rows * ((shape.back() + F.sub - 1) / F.sub);
 }
 
-}  // namespace
-
-void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx) {
-  In x = input(ctx, kInX, "X");
-  if (!x) throw OpError("input X is missing");
-  if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
-    throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type));
-  if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
-  if (x.count == 0) throw OpError("cannot cast an empty tensor of shape " + shape_str(x.shape));
-  int axis = normal_axis(k.axis, x.shape.size(), x.shape, "X");
-  if (axis != static_cast<int>(x.shape.size()) - 1)
-    throw OpError("the CUDA kernels tile along the last axis only (axis " +
-                  std::to_string(k.axis) + " of X " + shape_str(x.shape) + ")");
+void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, int axis) {
   const cuda::AotFormat& F = *k.gpu;
   const std::string why = "dtype '" + k.parsed.code + "'";
   void* q = output(ctx, kQOut.q, "Q", {packed_nbytes(x.count, F.code_bits)}, kU8, why);
@@ -112,14 +150,9 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx) {
   if (!e.empty()) throw OpError(e);
 }
 
-void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx) {
+void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx,
+                             const std::vector<int64_t>& shape) {
   const cuda::AotFormat& F = *k.gpu;
-  // X's shape: the Shape input (in host memory, GetInputMemoryType) or the attribute.
-  const std::vector<int64_t> shape = node_shape(k, input(ctx, kInShape, "Shape"));
-  int axis = normal_axis(k.axis, shape.size(), shape, "X's shape");
-  if (axis != static_cast<int>(shape.size()) - 1)
-    throw OpError("the CUDA kernels tile along the last axis only (axis " +
-                  std::to_string(k.axis) + " of X " + shape_str(shape) + ")");
   int64_t count = 1;
   for (int64_t d : shape) count *= d;
   auto need = [&](size_t index, const char* name, int type, const std::vector<int64_t>& want) {
@@ -149,10 +182,7 @@ void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx) {
 
 void compute_cuda_lookup(const Kernel& k, OrtKernelContext* ctx) {
   const std::vector<int64_t>& shape = k.shape;  // the attribute (required for this op)
-  int axis = normal_axis(k.axis, shape.size(), shape, "X's shape");
-  if (axis != static_cast<int>(shape.size()) - 1)
-    throw OpError("the CUDA kernels tile along the last axis only (axis " +
-                  std::to_string(k.axis) + " of X " + shape_str(shape) + ")");
+  const int axis = static_cast<int>(shape.size()) - 1;  // the last (init_cuda_kernel)
   Format with_table;  // the Table input read and checked as on the CPU
   const Format& f = lookup_format(k, input(ctx, kInTable, "Table"), &with_table);
   Geometry g;
@@ -182,6 +212,114 @@ void compute_cuda_lookup(const Kernel& k, OrtKernelContext* ctx) {
   e = cuda::lookup_packed(f, static_cast<int>(shape.size()), shape.data(), -1, q.data,
                           scale.data, meta, y, float_kind(k.out_type), gpu_stream(ctx));
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
+}
+
+// -- the host fallback ------------------------------------------------------------------------
+// The CPU kernel runs unchanged (IoRedirect, ort_io.h): each input in device memory is copied
+// to the host on the compute stream (which waits for the kernels that wrote it), each output
+// is written to a host buffer, and at the end the outputs are copied to the device and the
+// stream synchronised, so the host buffers can go.
+
+class HostCopies final : public IoRedirect {
+ public:
+  HostCopies(OpKind kind, void* stream) : kind_(kind), stream_(stream) {}
+  ~HostCopies() override {
+    if (queued_) cuda::synchronize(queued_, stream_);  // an exception left copies queued
+  }
+
+  const void* input(size_t index, const In& in) override {
+    if (reads_on_host(kind_, index)) return in.data;  // Shape, Table: already on the host
+    const int64_t bytes = in.count * element_bytes(in.type);
+    if (bytes <= 0)
+      throw OpError("input " + std::to_string(index) + " of type " + type_name(in.type) +
+                    " cannot be copied to the host");
+    inputs_.emplace_back(static_cast<size_t>(bytes));
+    std::string e = cuda::copy_to_host(inputs_.back().data(), in.data, inputs_.back().size(),
+                                       stream_);
+    if (!e.empty()) throw OpError("copying an input to the host: " + e);
+    return inputs_.back().data();
+  }
+
+  void* output(size_t, void* data, int64_t bytes) override {
+    outputs_.push_back({data, std::vector<uint8_t>(static_cast<size_t>(bytes))});
+    return outputs_.back().host.data();
+  }
+
+  // Queues every output's copy to the device and waits for them.
+  void finish() {
+    for (const Out& o : outputs_) {
+      std::string e = cuda::copy_to_device(o.device, o.host.data(), o.host.size(), stream_);
+      if (!e.empty()) throw OpError("copying an output to the device: " + e);
+      queued_ = o.device;
+    }
+    if (!queued_) return;
+    std::string e = cuda::synchronize(queued_, stream_);
+    queued_ = nullptr;
+    if (!e.empty()) throw OpError("waiting for the copies to the device: " + e);
+  }
+
+ private:
+  struct Out {
+    void* device;
+    std::vector<uint8_t> host;
+  };
+  OpKind kind_;
+  void* stream_;
+  std::deque<std::vector<uint8_t>> inputs_;  // a deque: earlier buffers never move
+  std::deque<Out> outputs_;
+  const void* queued_ = nullptr;  // a device pointer of the copies queued, until they finish
+};
+
+void compute_on_host(const Kernel& k, OrtKernelContext* ctx) {
+  HostCopies copies(k.kind, gpu_stream(ctx));
+  {
+    IoRedirectScope redirect(&copies);
+    if (k.kind == kQuantize) {
+      compute_quantize(k, ctx);
+    } else {
+      compute_dequantize(k, ctx);  // DequantizeMX and CodebookLookup
+    }
+  }
+  copies.finish();
+}
+
+// The node's reason at Run for the host fallback, where X's rank decides ("" when the device
+// kernels run it); the axis of the device kernels in *axis.
+std::string run_reason(const Kernel& k, int64_t ndim, const std::vector<int64_t>& shape,
+                       const char* x, int* axis) {
+  *axis = normal_axis(k.axis, static_cast<size_t>(ndim), shape, x);
+  return *axis == ndim - 1 ? "" : axis_reason(k.axis);
+}
+
+}  // namespace
+
+void compute_cuda(const Kernel& k, OrtKernelContext* ctx) {
+  if (!k.host_reason.empty()) return compute_on_host(k, ctx);
+  std::string why;
+  int axis = -1;
+  if (k.kind == kQuantize) {
+    In x = input(ctx, kInX, "X");
+    if (!x) throw OpError("input X is missing");
+    if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
+      throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type));
+    if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
+    if (x.count == 0) return compute_on_host(k, ctx);  // empty outputs: nothing to launch
+    why = run_reason(k, static_cast<int64_t>(x.shape.size()), x.shape, "X", &axis);
+    if (why.empty()) return compute_cuda_quantize(k, ctx, x, axis);
+  } else if (k.kind == kDequantize) {
+    // X's shape: the Shape input (in host memory, GetInputMemoryType) or the attribute.
+    const std::vector<int64_t> shape = node_shape(k, input(ctx, kInShape, "Shape"));
+    why = run_reason(k, static_cast<int64_t>(shape.size()), shape, "X's shape", &axis);
+    if (why.empty()) return compute_cuda_dequantize(k, ctx, shape);
+  } else {
+    return compute_cuda_lookup(k, ctx);  // its shape is an attribute: init_cuda_kernel decided
+  }
+  if (!host_fallback_allowed())
+    throw OpError(why + "; ONNXQ_CUDA_HOST_FALLBACK=0 refuses to run it on the CPU");
+  const OrtLogger* logger = nullptr;
+  if (OrtStatus* st = g_api->KernelContext_GetLogger(ctx, &logger)) g_api->ReleaseStatus(st);
+  warn_host_fallback(k, logger, why);
+  compute_on_host(k, ctx);
 }
 
 }  // namespace ort

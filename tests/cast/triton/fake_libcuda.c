@@ -23,6 +23,9 @@ static struct {
   int owned; /* allocated here (freed by cuMemFree*Async) */
 } g_blocks[kMaxBlocks];
 
+/* Bytes copied device -> host and host -> device, and stream synchronisations (fake_counts). */
+static uint64_t g_counts[3];
+
 typedef int (*launch_fn)(const void* image, uint64_t image_size, const char* name,
                          unsigned grid, void** params);
 static launch_fn g_launch;
@@ -62,6 +65,8 @@ int fake_find(CUdeviceptr p, CUdeviceptr* base, uint64_t* size) {
   *size = g_blocks[i].size;
   return 1;
 }
+
+void fake_counts(uint64_t out[3]) { memcpy(out, g_counts, sizeof g_counts); }
 
 /* The size of an ELF image (a cubin): its section or program headers, whichever come last,
  * end it. */
@@ -145,7 +150,20 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   return 0;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, void* stream) {
-  return cuMemcpyHtoD_v2(dst, src, n);
+  CUresult r = cuMemcpyHtoD_v2(dst, src, n);
+  if (r == 0) g_counts[1] += n;
+  return r;
+}
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, void* stream) {
+  if (n == 0) return 0;
+  if (find_block(src) < 0 || find_block(src + n - 1) < 0) return 1;
+  memcpy(dst, (const void*)(uintptr_t)src, n);
+  g_counts[0] += n;
+  return 0;
+}
+CUresult cuStreamSynchronize(void* stream) {
+  ++g_counts[2];
+  return 0;
 }
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void* stream) {
   if (find_block(dst) < 0 || (n && find_block(dst + 4 * n - 1) < 0)) return 1;

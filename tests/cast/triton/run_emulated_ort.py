@@ -17,7 +17,9 @@ Run as a script with ``TRITON_INTERPRET=1``, ``ONNXQ_LIBCUDA`` and
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,15 @@ class OrtRun:
         self.r = Run()
         self.options = ort.SessionOptions()
         self.options.register_custom_ops_library(runtime.library_path())
-        self.options.log_severity_level = 3
+        self.options.log_severity_level = 2  # the host fallback's warnings (stderr)
+        self.copies: dict[str, list[int]] = {}  # case -> bytes to host, to device, syncs
+        self.sizes: dict[str, list[int]] = {}  # case -> bytes of device inputs, of outputs
+        self.r.emu.lib.fake_counts.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+
+    def _counts(self) -> list[int]:
+        c = (ctypes.c_uint64 * 3)()
+        self.r.emu.lib.fake_counts(c)
+        return list(c)
 
     def run(
         self,
@@ -84,15 +94,18 @@ class OrtRun:
         device: dict[str, np.ndarray],
         host: dict[str, np.ndarray],
         outputs: dict[str, np.ndarray],
+        runs: int = 1,
     ) -> bool:
-        """Runs the graph with `device` inputs and `outputs` in registered buffers, `host`
-        inputs in plain memory; False (the message in `refused`) when onnxruntime refuses."""
+        """Runs the graph `runs` times (the outputs zeroed before each) with `device` inputs
+        and `outputs` in registered buffers, `host` inputs in plain memory; False (the message
+        in `refused`) when onnxruntime refuses."""
         elem = {np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16}
         types = {
             n: elem.get(a.dtype) or helper.np_dtype_to_tensor_dtype(a.dtype)
             for n, a in outputs.items()
         }
-        first = len(self.r.emu.log)
+        first, counts = len(self.r.emu.log), self._counts()
+        print(f"== {name}", file=sys.stderr, flush=True)  # the log's warnings follow
         try:
             sess = ort.InferenceSession(
                 _model(nodes, {**device, **host}, types), self.options,
@@ -106,13 +119,20 @@ class OrtRun:
             for n, a in outputs.items():
                 self.r.dev(a)
                 binding.bind_ortvalue_output(n, _ortvalue(a))
-            sess.run_with_iobinding(binding)
+            for _ in range(runs):
+                for a in outputs.values():
+                    a[...] = 0
+                sess.run_with_iobinding(binding)
             return True
         except Exception as err:  # onnxruntime raises its own exception types
             self.r.refused[name] = str(err)
             return False
         finally:
             self.r.launches[name] = self.r.emu.log[first:]
+            self.copies[name] = [b - a for a, b in zip(counts, self._counts(), strict=True)]
+            # what a host fallback copies each run: the device inputs, the outputs
+            in_bytes = sum(a.nbytes for a in device.values())
+            self.sizes[name] = [in_bytes * runs, sum(a.nbytes for a in outputs.values()) * runs]
 
 
 def _ortvalue(a: np.ndarray) -> Any:
@@ -121,7 +141,7 @@ def _ortvalue(a: np.ndarray) -> Any:
         v = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.uint16), ONNX_OUT[2])
     else:
         v = ort.OrtValue.ortvalue_from_numpy(a)
-    if v.data_ptr() != a.ctypes.data:
+    if a.size and v.data_ptr() != a.ctypes.data:
         raise RuntimeError("onnxruntime copied a bound buffer")
     return v
 
@@ -166,21 +186,29 @@ def _fields(q: Any) -> dict[str, np.ndarray]:
 
 
 def dequantize(
-    o: OrtRun, name: str, dt: str, shape: tuple[int, ...], q: Any, out: int, shape_input: bool
+    o: OrtRun,
+    name: str,
+    dt: str,
+    shape: tuple[int, ...],
+    q: Any,
+    out: int,
+    shape_input: bool,
+    axis: int = -1,
+    runs: int = 1,
 ) -> None:
     fields = _fields(q)
     names = [n if n in fields else "" for n in Q_OUTPUTS]
-    attrs: dict[str, Any] = dict(dtype=dt, output_type=ONNX_OUT[out])
+    attrs: dict[str, Any] = dict(dtype=dt, output_type=ONNX_OUT[out], axis=axis)
     host = {}
     if shape_input:
         names.append("shape")
         host["shape"] = np.asarray(shape, np.int64)
     else:
         attrs["shape"] = list(shape)
-    node = helper.make_node("DequantizeMX", names, ["y"], domain="onnxq", **attrs)
+    node = helper.make_node("DequantizeMX", names, ["y"], name, domain="onnxq", **attrs)
     y = np.zeros(shape, NP_OUT[out])
     device = {n: _registered(a) for n, a in fields.items()}
-    if o.run(name, [node], device, host, {"y": y}):
+    if o.run(name, [node], device, host, {"y": y}, runs):
         o.r.check(name, y, onnxq.upcast(q, NP_OUT[out]))
 
 
@@ -191,45 +219,107 @@ def lookups(o: OrtRun) -> None:
     cases += [(g, i, shape, out, True) for g, i, shape, out in GENERIC]
     for n, (dtype, implicit, shape, out, generic) in enumerate(cases):
         q = onnxq.cast(_input(shape, 90 + n), implicit, mode="compress", backend="reference")
-        device = {"q": _registered(q.data), "scale": _registered(q.scale)}
-        if q.meta is not None:
-            device["meta"] = _registered(q.meta)
-        host = {}
-        inputs = ["q", "meta" if q.meta is not None else "", "scale"]
-        if generic:
-            host["table"] = np.asarray(datatype(implicit).nspec.table(), np.float32)
-            inputs.append("table")
-        node = helper.make_node(
-            "CodebookLookup", inputs, ["y"], domain="onnxq", dtype=dtype, shape=list(shape),
-            output_type=ONNX_OUT[out],
-        )  # fmt: skip
-        y = np.zeros(shape, NP_OUT[out])
-        name = f"ort lookup {dtype}"
-        if o.run(name, [node], device, host, {"y": y}):
-            o.r.check(name, y, onnxq.upcast(q, NP_OUT[out]))
+        table = np.asarray(datatype(implicit).nspec.table(), np.float32) if generic else None
+        lookup(o, f"ort lookup {dtype}", dtype, shape, q, out, table)
 
 
-def refusals(o: OrtRun) -> None:
-    """What the CUDA kernels cannot run is refused when the session is made, before a launch."""
+def lookup(
+    o: OrtRun,
+    name: str,
+    dtype: str,
+    shape: tuple[int, ...],
+    q: Any,
+    out: int,
+    table: np.ndarray | None = None,
+    runs: int = 1,
+) -> None:
+    """One CodebookLookup node (a generic codebook's `table` as its Table input)."""
+    device = {"q": _registered(q.data), "scale": _registered(q.scale)}
+    if q.meta is not None:
+        device["meta"] = _registered(q.meta)
+    host = {}
+    inputs = ["q", "meta" if q.meta is not None else "", "scale"]
+    if table is not None:
+        host["table"] = table
+        inputs.append("table")
+    node = helper.make_node(
+        "CodebookLookup", inputs, ["y"], name, domain="onnxq", dtype=dtype, shape=list(shape),
+        output_type=ONNX_OUT[out],
+    )  # fmt: skip
+    y = np.zeros(shape, NP_OUT[out])
+    if o.run(name, [node], device, host, {"y": y}, runs):
+        o.r.check(name, y, onnxq.upcast(q, NP_OUT[out]))
+
+
+# (case, QuantizeMX attributes, the reference's cast arguments): nodes the device kernels
+# cannot run (2-D tiles, a codebook, a mode, an axis known at Run only)
+HOST_QUANTIZE = [
+    ("host 2-d tiles", dict(dtype="int8_e8m0_t8_t4"), dict()),
+    ("host codebook quantize", dict(dtype="cb41fi_e2m2fnuz_e8m0_t32"), dict()),
+    ("host round away", dict(dtype="mxfp8e4", round_mode="away"), dict(round_mode="away")),
+    ("host axis 0", dict(dtype="mxfp8e4", axis=0), dict(axis=0)),
+]
+
+
+def host_fallback(o: OrtRun) -> None:
+    """Nodes the device kernels cannot run take the CPU kernel on host copies: the results
+    are the reference's, and the copies and synchronisations show in the driver's counts."""
+    shape = (4, 64)
+    x = _input(shape, 7)
+    for name, attrs, cast_args in HOST_QUANTIZE:
+        want = onnxq.cast(x, attrs["dtype"], mode="compress", backend="reference", **cast_args)
+        fields = _fields(want)
+        outs = {n: np.zeros(a.shape, a.dtype) for n, a in fields.items()}
+        names = [n if n in fields else "" for n in Q_OUTPUTS]
+        node = helper.make_node("QuantizeMX", ["x"], names, name, domain="onnxq", **attrs)
+        if o.run(name, [node], {"x": _registered(x)}, {}, outs, runs=2):
+            if not all(np.array_equal(outs[n], fields[n]) for n in fields):
+                o.r.bad.append(name)
+    q = onnxq.cast(x, "int8_e8m0_t8_t4", mode="compress", backend="reference")
+    dequantize(o, "host dequantize 2-d tiles", "int8_e8m0_t8_t4", shape, q, 2, False, runs=2)
+    # the axis of a DequantizeMX fed its Shape is known at Run only
+    q = onnxq.cast(x, "mxfp4", mode="compress", backend="reference", axis=0)
+    dequantize(o, "host dequantize axis 0", "mxfp4", shape, q, 0, True, axis=0, runs=2)
+    for code in ("cb41fi_e2m2fnuz_e8m0_t4_t8", "cb41fi_e2m2fnuz_e8m0_t128s64"):
+        q = onnxq.cast(x, code, mode="compress", backend="reference")
+        lookup(o, f"host lookup {code}", code, shape, q, 0, runs=2)
+
+
+def empty(o: OrtRun) -> None:
+    """An empty X: the outputs an X of its shape gives (the CPU op's), nothing launched."""
+    node = helper.make_node("QuantizeMX", ["x"], ["q", "scale", "", "ts"], domain="onnxq",
+                            dtype="nvfp4")  # fmt: skip
+    outs = {"q": np.zeros(0, np.uint8), "scale": np.zeros((0, 4), np.uint8)}
+    outs["ts"] = np.full(1, 7, np.uint32)  # the op writes code 0 there
+    if o.run("empty x", [node], {"x": np.zeros((0, 64), np.float32)}, {}, outs):
+        if outs["ts"][0] != 0:
+            o.r.bad.append("empty x")
+
+
+def strict(o: OrtRun) -> None:
+    """ONNXQ_CUDA_HOST_FALLBACK=0: the same nodes are refused, at session creation where the
+    attributes tell, else at Run."""
     x = _registered(_input((4, 64), 7))
-    for name, attrs in (
-        ("ort 2-d tiles", dict(dtype="int8_e8m0_t8_t4")),
-        ("ort axis 0", dict(dtype="mxfp8e4", axis=0)),
-        ("ort round away", dict(dtype="mxfp8e4", round_mode="away")),
-        ("ort codebook quantize", dict(dtype="cb41fi_e2m2fnuz_e8m0_t32")),
-    ):
-        node = helper.make_node("QuantizeMX", ["x"], ["q", "scale"], domain="onnxq", **attrs)
-        outs = {"q": np.zeros(256, np.uint8), "scale": np.zeros((4, 2), np.uint8)}
-        o.run(name, [node], {"x": x}, {}, outs)
+    os.environ["ONNXQ_CUDA_HOST_FALLBACK"] = "0"  # read when each kernel is made
+    try:
+        for name, attrs, _ in HOST_QUANTIZE:
+            node = helper.make_node("QuantizeMX", ["x"], ["q", "scale"], domain="onnxq", **attrs)
+            outs = {"q": np.zeros(256, np.uint8), "scale": np.zeros((4, 2), np.uint8)}
+            o.run(name.replace("host", "strict"), [node], {"x": x}, {}, outs)
+    finally:
+        del os.environ["ONNXQ_CUDA_HOST_FALLBACK"]
 
 
 def main() -> None:
     o = OrtRun()
     quantize_dequantize(o)
     lookups(o)
-    refusals(o)
+    host_fallback(o)
+    empty(o)
+    strict(o)
     r = o.r
-    print(json.dumps(dict(bad=r.bad, refused=r.refused, launches=r.launches, errors=r.emu.errors)))
+    result = dict(bad=r.bad, refused=r.refused, launches=r.launches, errors=r.emu.errors)
+    print(json.dumps(dict(result, copies=o.copies, sizes=o.sizes)))
 
 
 if __name__ == "__main__":

@@ -1077,3 +1077,42 @@ def test_onnxruntime_cuda_codebook_lookup(code: str, shape: tuple[int, ...], gen
     sess = onnxq.runtime.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     (y,) = sess.run(None, {})
     np.testing.assert_array_equal(_ref_bits(y), _ref_bits(onnxq.upcast(q)))
+
+
+@pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
+@pytest.mark.parametrize(
+    ("dtype", "attrs"),
+    [("int8_e8m0_t8_t4", {}), ("mxfp8e4", {"round_mode": "away"}), ("mxfp4", {"axis": 0})],
+)
+def test_onnxruntime_cuda_host_fallback(dtype: str, attrs: dict) -> None:
+    """Nodes the GPU kernels cannot run (2-D tiles, a mode, axis 0) run the CPU op on host
+    copies of their tensors: the reference's bits on the CUDA provider too."""
+    from onnx import TensorProto, helper
+
+    import onnxq.runtime
+
+    shape = [8, 64]
+    dt = onnxq.datatype(dtype)
+    ts = "t" if dt.sspec.tenscale is not None else ""
+    meta = "m" if dt.sspec.tiles[0].subtile else ""
+    axis = attrs.get("axis", -1)
+    nodes = [
+        helper.make_node("QuantizeMX", ["x"], ["q", "s", "", ts, meta], domain="onnxq",
+                         dtype=dtype, **attrs),
+        helper.make_node("DequantizeMX", ["q", "s", "", ts, meta], ["y"], domain="onnxq",
+                         dtype=dtype, shape=shape, axis=axis),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    sess = onnxq.runtime.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    x = _data(tuple(shape), 4)
+    (y,) = sess.run(None, {"x": x})
+    want = onnxq.cast(x, dtype, backend="reference", **attrs)
+    np.testing.assert_array_equal(_ref_bits(y), _ref_bits(want))

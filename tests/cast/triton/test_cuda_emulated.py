@@ -168,7 +168,7 @@ def test_onnxruntime_cuda_kernels_equal_the_reference(emulated_ort: tuple[dict, 
     result, _ = emulated_ort
     assert result["errors"] == []
     assert result["bad"] == []
-    ran = [name for name in result["launches"] if name not in result["refused"]]
+    ran = [n for n in result["launches"] if n.startswith("ort ") and n not in result["refused"]]
     # every preset quantized (float32, bfloat16) and decoded (three output types) on both
     # shapes, four codebooks: each through the kernels
     assert len([n for n in ran if " quantize " in n]) == len(PRESETS) * 2 * 2
@@ -187,3 +187,80 @@ def test_onnxruntime_cuda_quantize_takes_the_fast_and_general_kernels(
     for x_type in (0, 2):
         assert la[f"ort {preset} (3, 64) quantize {x_type}"] == [*amax, "f"]
         assert la[f"ort {preset} (3, 40) quantize {x_type}"] == [*stats, "q", *["pack"] * packs]
+
+
+def _log_sections(log: str) -> dict[str, str]:
+    """The onnxruntime log of each case (run_emulated_ort prints "== case" before each)."""
+    sections: dict[str, str] = {}
+    name = ""
+    for line in log.splitlines():
+        if line.startswith("== "):
+            name = line[3:]
+            sections[name] = ""
+        elif name:
+            sections[name] += line + "\n"
+    return sections
+
+
+HOST_REASONS = {
+    "host 2-d tiles": "dtype 'int8_e8m0_t8_t4' has no CUDA kernel in this library",
+    "host codebook quantize": "dtype 'cb41fi_e2m2fnuz_e8m0_t32' has no CUDA kernel",
+    "host round away": "the CUDA kernels are compiled for the default modes",
+    "host axis 0": "the CUDA kernels tile along the last axis only (axis 0)",
+    "host dequantize 2-d tiles": "dtype 'int8_e8m0_t8_t4' has no CUDA kernel",
+    "host dequantize axis 0": "the CUDA kernels tile along the last axis only (axis 0)",
+    "host lookup cb41fi_e2m2fnuz_e8m0_t4_t8": "tiles along one axis only, not 2-D tiles",
+    "host lookup cb41fi_e2m2fnuz_e8m0_t128s64": "tiles of 128 elements with subtiles of 64",
+}
+
+
+def test_nodes_the_kernels_cannot_run_take_the_cpu_kernel_on_host_copies(
+    emulated_ort: tuple[dict, str],
+) -> None:
+    result, log = emulated_ort
+    sections = _log_sections(log)
+    assert sorted(n for n in result["launches"] if n.startswith("host ")) == sorted(HOST_REASONS)
+    for name, reason in HOST_REASONS.items():
+        assert name not in result["refused"], (name, result["refused"].get(name))
+        assert name not in result["bad"]  # the reference's bits (test above: bad is empty)
+        assert result["launches"][name] == [], name  # no kernel: the CPU kernel ran
+        # both runs copied every device input to the host and every output back, each
+        # followed by a synchronisation
+        to_host, to_device, syncs = result["copies"][name]
+        assert [to_host, to_device] == result["sizes"][name], name
+        assert syncs >= 4, name
+        # one warning, at the first run at the latest, naming the node and the reason
+        warnings = [ln for ln in sections[name].splitlines() if "with host copies" in ln]
+        assert len(warnings) == 1, (name, sections[name])
+        assert f"node '{name}' runs on the CPU" in warnings[0], warnings[0]
+        assert reason in warnings[0], warnings[0]
+        assert "ONNXQ_CUDA_HOST_FALLBACK=0" in warnings[0]
+    # the device kernels' nodes copy nothing to the host
+    for name in result["launches"]:
+        if name.startswith("ort "):
+            assert result["copies"][name][0] == 0, name
+            assert "host copies" not in sections[name], name
+
+
+def test_host_fallback_off_refuses_the_same_nodes(emulated_ort: tuple[dict, str]) -> None:
+    result, _ = emulated_ort
+    strict = {n for n in result["launches"] if n.startswith("strict ")}
+    assert len(strict) == 4
+    for name in strict:
+        reason = HOST_REASONS[name.replace("strict", "host")]
+        message = result["refused"][name]
+        assert reason in message and "ONNXQ_CUDA_HOST_FALLBACK=0 refuses" in message, message
+        assert result["launches"][name] == [] and result["copies"][name] == [0, 0, 0], name
+    # where the attributes tell, before any Run (the session is not made)
+    assert "initialization" in result["refused"]["strict round away"]
+
+
+def test_an_empty_x_gives_the_cpu_ops_outputs_without_a_launch(
+    emulated_ort: tuple[dict, str],
+) -> None:
+    result, log = emulated_ort
+    assert "empty x" not in result["refused"] and "empty x" not in result["bad"]
+    # NVFP4 of a (0, 64) X: Q and Scale have no bytes; TenScale's uint32 (code 0) is the only
+    # output copied to the device, then one synchronisation; no warning (nothing to speed up)
+    assert result["launches"]["empty x"] == [] and result["copies"]["empty x"] == [0, 4, 1]
+    assert "host copies" not in _log_sections(log)["empty x"]
