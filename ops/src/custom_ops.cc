@@ -184,8 +184,9 @@ std::vector<OpDef>& op_defs() {
   const TypeList codes = {kU8, kU16, kU32};
   const char* env = std::getenv("ONNXQ_CUDA_OPS");
   const bool cuda = cuda::kernel_count() > 0 && !(env && std::string(env) == "0");
-  // QuantizeMX / DequantizeMX / CodebookLookup: on the CPU, and (when the library embeds GPU
-  // kernels; ONNXQ_CUDA_OPS=0 leaves them out) on the CUDA execution provider.
+  // QuantizeMX / DequantizeMX / CodebookLookup / QuantizeDequantizeMX: on the CPU, and (when
+  // the library embeds GPU kernels; ONNXQ_CUDA_OPS=0 leaves them out) on the CUDA execution
+  // provider.
   for (bool on_cuda : {false, true}) {
     if (on_cuda ? !cuda : cuda && cuda_kernels_on_cpu_provider()) continue;
     for (auto x : {kTF32, kTF16, kTBF16, kAny})
@@ -199,10 +200,11 @@ std::vector<OpDef>& op_defs() {
     for (auto sc : codes)
       defs.push_back(make_def(kLookup, {kU8, kU8, sc, kTF32}, {kAny}, on_cuda));
     defs.push_back(make_def(kLookup, any_inputs(kLookup), {kAny}, on_cuda));
+    // Y is X's type: onnxruntime infers it from these (no declared output type needed).
+    for (auto x : {kTF32, kTF16, kTBF16})
+      defs.push_back(make_def(kQuantDequant, {x}, {x}, on_cuda));
+    defs.push_back(make_def(kQuantDequant, {kAny}, {kAny}, on_cuda));
   }
-  // Y is X's type: onnxruntime infers it from these (no declared output type needed).
-  for (auto x : {kTF32, kTF16, kTBF16}) defs.push_back(make_def(kQuantDequant, {x}, {x}));
-  defs.push_back(make_def(kQuantDequant, {kAny}, {kAny}));
   // MatMulMX: float32 A, Bias and Y (its kernel refuses other output types).
   for (auto sc : codes)
     for (auto z : codes)

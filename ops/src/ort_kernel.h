@@ -122,10 +122,10 @@ void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx);
 void init_gather(const Kernel& k);
 void compute_gather(const Kernel& k, OrtKernelContext* ctx);
 
-// QuantizeMX / DequantizeMX / CodebookLookup on the CUDA execution provider: the embedded
-// kernels on the session's compute stream; a node they cannot run (its format, modes or axis)
-// runs the CPU kernel on host copies of its tensors, with a warning in the session's log
-// (ONNXQ_CUDA_HOST_FALLBACK=0: refused when the session is created instead).
+// QuantizeMX / DequantizeMX / CodebookLookup / QuantizeDequantizeMX on the CUDA execution
+// provider: the embedded kernels on the session's compute stream; a node they cannot run (its
+// format, modes or axis) runs the CPU kernel on host copies of its tensors, with a warning in
+// the session's log (ONNXQ_CUDA_HOST_FALLBACK=0: refused when the session is created instead).
 void init_cuda_kernel(Kernel* k, const OrtKernelInfo* info);
 void compute_cuda(const Kernel& k, OrtKernelContext* ctx);
 

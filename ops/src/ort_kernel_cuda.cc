@@ -52,8 +52,9 @@ std::string init_reason(Kernel* k) {
   if (!k->gpu)
     return "dtype '" + k->parsed.code + "' has no CUDA kernel in this library (" +
            cuda::describe() + ")";
-  if (k->kind == kQuantize && (k->modes.round_mode != 0 || k->modes.scale_mode != 0 ||
-                               k->modes.nan_policy != 0 || k->modes.full_int_range))
+  const Modes& m = k->modes;
+  if ((k->kind == kQuantize || k->kind == kQuantDequant) &&
+      (m.round_mode != 0 || m.scale_mode != 0 || m.nan_policy != 0 || m.full_int_range))
     return "the CUDA kernels are compiled for the default modes (round even, scale floor, nan "
            "element, symmetric ints)";
   if (axis_known && k->axis != last) return axis_reason(k->axis);
@@ -148,6 +149,16 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, 
       x.shape.data(), axis, q, scale, F.tenscale_bits ? ts : nullptr, nmeta ? meta : nullptr,
       gpu_stream(ctx));
   if (!e.empty()) throw OpError(e);
+}
+
+// QuantizeDequantizeMX: the virtual cast, values only (the kernels' values output).
+void compute_cuda_quant_dequant(const Kernel& k, OrtKernelContext* ctx, const In& x, int axis) {
+  void* y = output(ctx, kOutY, "Y", x.shape, x.type, "input X of type " + type_name(x.type));
+  if (!y) throw OpError("output Y is missing");
+  std::string e = cuda::quantize(k.parsed.code, x.data, float_kind(x.type),
+                                 static_cast<int>(x.shape.size()), x.shape.data(), axis, y,
+                                 nullptr, nullptr, nullptr, nullptr, gpu_stream(ctx));
+  if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
 }
 
 void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx,
@@ -276,6 +287,8 @@ void compute_on_host(const Kernel& k, OrtKernelContext* ctx) {
     IoRedirectScope redirect(&copies);
     if (k.kind == kQuantize) {
       compute_quantize(k, ctx);
+    } else if (k.kind == kQuantDequant) {
+      compute_quant_dequant(k, ctx);
     } else {
       compute_dequantize(k, ctx);  // DequantizeMX and CodebookLookup
     }
@@ -297,7 +310,7 @@ void compute_cuda(const Kernel& k, OrtKernelContext* ctx) {
   if (!k.host_reason.empty()) return compute_on_host(k, ctx);
   std::string why;
   int axis = -1;
-  if (k.kind == kQuantize) {
+  if (k.kind == kQuantize || k.kind == kQuantDequant) {
     In x = input(ctx, kInX, "X");
     if (!x) throw OpError("input X is missing");
     if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
@@ -305,7 +318,8 @@ void compute_cuda(const Kernel& k, OrtKernelContext* ctx) {
     if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
     if (x.count == 0) return compute_on_host(k, ctx);  // empty outputs: nothing to launch
     why = run_reason(k, static_cast<int64_t>(x.shape.size()), x.shape, "X", &axis);
-    if (why.empty()) return compute_cuda_quantize(k, ctx, x, axis);
+    if (why.empty() && k.kind == kQuantize) return compute_cuda_quantize(k, ctx, x, axis);
+    if (why.empty()) return compute_cuda_quant_dequant(k, ctx, x, axis);
   } else if (k.kind == kDequantize) {
     // X's shape: the Shape input (in host memory, GetInputMemoryType) or the attribute.
     const std::vector<int64_t> shape = node_shape(k, input(ctx, kInShape, "Shape"));

@@ -171,8 +171,17 @@ def quantize_dequantize(o: OrtRun) -> None:
                 if o.run(name, [node], {"x": _registered(x)}, {}, outs):
                     if not all(np.array_equal(outs[n], fields[n]) for n in fields):
                         o.r.bad.append(name)
+                qdq(o, f"ort {tag} qdq {x_type}", preset, x)
             for out, shape_input in ((0, False), (2, True), (1, False)):
                 dequantize(o, f"ort {tag} dequantize {out}", preset, shape, want, out, shape_input)
+
+
+def qdq(o: OrtRun, name: str, dt: str, x: np.ndarray, runs: int = 1) -> None:
+    """QuantizeDequantizeMX (the fused activation cast): Y, of X's type, the reference's."""
+    node = helper.make_node("QuantizeDequantizeMX", ["x"], ["y"], name, domain="onnxq", dtype=dt)
+    y = np.zeros(x.shape, x.dtype)
+    if o.run(name, [node], {"x": _registered(x)}, {}, {"y": y}, runs):
+        o.r.check(name, y, onnxq.cast(x, dt, backend="reference"))
 
 
 def _fields(q: Any) -> dict[str, np.ndarray]:
@@ -275,6 +284,7 @@ def host_fallback(o: OrtRun) -> None:
         if o.run(name, [node], {"x": _registered(x)}, {}, outs, runs=2):
             if not all(np.array_equal(outs[n], fields[n]) for n in fields):
                 o.r.bad.append(name)
+    qdq(o, "host qdq 2-d tiles", "int8_e8m0_t8_t4", x, runs=2)
     q = onnxq.cast(x, "int8_e8m0_t8_t4", mode="compress", backend="reference")
     dequantize(o, "host dequantize 2-d tiles", "int8_e8m0_t8_t4", shape, q, 2, False, runs=2)
     # the axis of a DequantizeMX fed its Shape is known at Run only

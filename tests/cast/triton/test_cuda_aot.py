@@ -1116,3 +1116,29 @@ def test_onnxruntime_cuda_host_fallback(dtype: str, attrs: dict) -> None:
     (y,) = sess.run(None, {"x": x})
     want = onnxq.cast(x, dtype, backend="reference", **attrs)
     np.testing.assert_array_equal(_ref_bits(y), _ref_bits(want))
+
+
+@pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
+@pytest.mark.parametrize("preset", PRESETS)
+def test_onnxruntime_cuda_quant_dequant_equals_the_reference(preset: str) -> None:
+    """QuantizeDequantizeMX (the activations' fused cast) on the CUDA provider."""
+    from onnx import TensorProto, helper
+
+    import onnxq.runtime
+
+    shape = [6, 40]  # a last axis the fast kernels do not take for tiles of 32: the general
+    node = helper.make_node("QuantizeDequantizeMX", ["x"], ["y"], domain="onnxq", dtype=preset)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
+    )
+    sess = onnxq.runtime.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    x = _data(tuple(shape), 6)
+    (y,) = sess.run(None, {"x": x})
+    want = onnxq.cast(x, preset, backend="reference")
+    np.testing.assert_array_equal(_ref_bits(y), _ref_bits(want))

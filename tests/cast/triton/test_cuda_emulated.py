@@ -173,12 +173,13 @@ def test_onnxruntime_cuda_kernels_equal_the_reference(emulated_ort: tuple[dict, 
     # shapes, four codebooks: each through the kernels
     assert len([n for n in ran if " quantize " in n]) == len(PRESETS) * 2 * 2
     assert len([n for n in ran if " dequantize " in n]) == len(PRESETS) * 2 * 3
+    assert len([n for n in ran if " qdq " in n]) == len(PRESETS) * 2 * 2
     assert len([n for n in ran if n.startswith("ort lookup ")]) == 4
     assert all(result["launches"][n] for n in ran)
 
 
 @pytest.mark.parametrize("preset", ["mxfp8e4", "mx6", "nvfp4"])
-def test_onnxruntime_cuda_quantize_takes_the_fast_and_general_kernels(
+def test_onnxruntime_cuda_quantize_and_qdq_take_the_fast_and_general_kernels(
     emulated_ort: tuple[dict, str], preset: str
 ) -> None:
     la = {n: _kinds(v) for n, v in emulated_ort[0]["launches"].items()}
@@ -187,6 +188,9 @@ def test_onnxruntime_cuda_quantize_takes_the_fast_and_general_kernels(
     for x_type in (0, 2):
         assert la[f"ort {preset} (3, 64) quantize {x_type}"] == [*amax, "f"]
         assert la[f"ort {preset} (3, 40) quantize {x_type}"] == [*stats, "q", *["pack"] * packs]
+        # QuantizeDequantizeMX: the values kernel alone
+        assert la[f"ort {preset} (3, 64) qdq {x_type}"] == [*amax, "f"]
+        assert la[f"ort {preset} (3, 40) qdq {x_type}"] == [*stats, "q"]
 
 
 def _log_sections(log: str) -> dict[str, str]:
@@ -207,6 +211,7 @@ HOST_REASONS = {
     "host codebook quantize": "dtype 'cb41fi_e2m2fnuz_e8m0_t32' has no CUDA kernel",
     "host round away": "the CUDA kernels are compiled for the default modes",
     "host axis 0": "the CUDA kernels tile along the last axis only (axis 0)",
+    "host qdq 2-d tiles": "dtype 'int8_e8m0_t8_t4' has no CUDA kernel",
     "host dequantize 2-d tiles": "dtype 'int8_e8m0_t8_t4' has no CUDA kernel",
     "host dequantize axis 0": "the CUDA kernels tile along the last axis only (axis 0)",
     "host lookup cb41fi_e2m2fnuz_e8m0_t4_t8": "tiles along one axis only, not 2-D tiles",
