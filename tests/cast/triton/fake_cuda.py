@@ -58,6 +58,16 @@ def build(out_dir: Path) -> Path | None:
     return so
 
 
+def build_allocator(out_dir: Path, include: Path) -> Path:
+    """Compile fake_ort_allocator.c against onnxruntime's C API headers in ``include``."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    so = Path(out_dir) / "libfakeortalloc.so"
+    src = HERE / "fake_ort_allocator.c"
+    cmd = [str(cc), "-shared", "-fPIC", "-O1", "-Wall", f"-I{include}", "-o", str(so), str(src)]
+    subprocess.run([*cmd, "-ldl"], check=True, capture_output=True)
+    return so
+
+
 class Emulator:
     """The fake driver's launch callback: each launch replayed in Triton's interpreter."""
 

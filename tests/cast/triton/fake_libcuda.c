@@ -23,6 +23,12 @@ static struct {
   int owned; /* allocated here (freed by cuMemFree*Async) */
 } g_blocks[kMaxBlocks];
 
+/* fake_any_memory(1): every pointer counts as device memory for pointer queries and copies
+ * (a real model's initializers live in onnxruntime's own buffers); launches still see only
+ * the blocks (fake_cuda.Emulator bounds each kernel argument by its block). */
+static int g_any_memory;
+void fake_any_memory(int on) { g_any_memory = on; }
+
 /* Bytes copied device -> host and host -> device, and stream synchronisations (fake_counts). */
 static uint64_t g_counts[3];
 
@@ -103,7 +109,7 @@ CUresult cuCtxPopCurrent_v2(void** ctx) {
   return 0;
 }
 CUresult cuPointerGetAttribute(void* out, int attr, CUdeviceptr p) {
-  if (find_block(p) < 0) return 1; /* CUDA_ERROR_INVALID_VALUE: not device memory */
+  if (find_block(p) < 0 && !g_any_memory) return 1; /* CUDA_ERROR_INVALID_VALUE: not device memory */
   if (attr == 2) *(unsigned*)out = 2; /* CU_MEMORYTYPE_DEVICE */
   else if (attr == 9) *(int*)out = 0;  /* device ordinal */
   else return 1;
@@ -129,8 +135,11 @@ CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigne
   return g_launch(f->image, elf_size((const unsigned char*)f->image), f->name, gx, params);
 }
 static CUresult alloc(CUdeviceptr* p, size_t bytes) {
-  void* m = calloc(bytes ? bytes : 1, 1);
+  /* 256-byte aligned, as cuMemAlloc's (onnxruntime's vector kernels expect at least 64) */
+  size_t size = ((bytes ? bytes : 1) + 255) / 256 * 256;
+  void* m = aligned_alloc(256, size);
   if (!m) return 2;
+  memset(m, 0, size);
   *p = (CUdeviceptr)(uintptr_t)m;
   return add_block(*p, bytes ? bytes : 1, 1);
 }
@@ -143,9 +152,12 @@ CUresult cuMemFreeAsync(CUdeviceptr p, void* stream) {
   free((void*)(uintptr_t)p);
   return 0;
 }
+static int in_blocks(CUdeviceptr p, size_t n) {
+  return g_any_memory || (find_block(p) >= 0 && find_block(p + n - 1) >= 0);
+}
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   if (n == 0) return 0;
-  if (find_block(dst) < 0 || find_block(dst + n - 1) < 0) return 1;
+  if (!in_blocks(dst, n)) return 1;
   memcpy((void*)(uintptr_t)dst, src, n);
   return 0;
 }
@@ -156,7 +168,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, void* 
 }
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, void* stream) {
   if (n == 0) return 0;
-  if (find_block(src) < 0 || find_block(src + n - 1) < 0) return 1;
+  if (!in_blocks(src, n)) return 1;
   memcpy(dst, (const void*)(uintptr_t)src, n);
   g_counts[0] += n;
   return 0;

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from onnxq.cast.aot_spec import FLOATS, cb_block, cb_geometry
@@ -49,12 +50,12 @@ def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fake
 
 
-def _run(script: str, fake: Path, **env_vars: str) -> tuple[dict, str]:
+def _run(script: str, fake: Path, *args: str, **env_vars: str) -> tuple[dict, str]:
     """The script's JSON result and its stderr, run on the fake driver."""
     env = {k: v for k, v in os.environ.items() if k != "ONNXQ_CUDA_FAST"}
     env.update(TRITON_INTERPRET="1", ONNXQ_LIBCUDA=str(fake), **env_vars)
     proc = subprocess.run(
-        [sys.executable, str(HERE / script)],
+        [sys.executable, str(HERE / script), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -269,3 +270,66 @@ def test_an_empty_x_gives_the_cpu_ops_outputs_without_a_launch(
     # output copied to the device, then one synchronisation; no warning (nothing to speed up)
     assert result["launches"]["empty x"] == [] and result["copies"]["empty x"] == [0, 4, 1]
     assert "host copies" not in _log_sections(log)["empty x"]
+
+
+# -- a real model through the CUDA provider's kernels (run_emulated_model.py) -----------------
+
+MODEL_CASES = [
+    # the activations fused into QuantizeDequantizeMX (the default), one pass each
+    dict(model="minilm", weights="mxfp4", activations="mxfp8e4", fuse=True),
+    # QuantizeMX -> DequantizeMX pairs: packed codes and shift bits between two launches (the
+    # weights stored as float values: a packed embedding table along its last axis would
+    # launch on onnxruntime's initializer memory, outside the fake driver's blocks)
+    dict(model="minilm", weights="bfp16", activations="mx6", fuse=False, weight_storage="fake"),
+]
+
+
+def _ort_headers() -> Path | None:
+    """onnxruntime's C API headers (the build fetches them into ops/build/ort)."""
+    for folder in (
+        os.environ.get("ONNXRUNTIME_INCLUDE_DIR"),
+        ROOT / "ops/build/ort/root/usr/include/onnxruntime",
+    ):
+        if folder and (Path(folder) / "onnxruntime_c_api.h").is_file():
+            return Path(folder)
+    return None
+
+
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: f"{c['activations']}-fuse{c['fuse']}")
+def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
+    fake_driver: Path, case: dict, tmp_path: Path
+) -> None:
+    pytest.importorskip("onnxruntime")
+    from onnxq import runtime
+    from tests.cast.triton.fake_cuda import build_allocator
+    from tests.cast.triton.run_emulated_model import quantized
+    from tests.models.real import MissingModelError, example_inputs, model_path
+
+    try:
+        model_path(case["model"])
+    except MissingModelError as err:
+        pytest.skip(str(err))
+    include = _ort_headers()
+    if include is None:
+        pytest.skip("no onnxruntime C API headers (built with the library into ops/build/ort)")
+    want = runtime.session(
+        quantized(case), providers=["CPUExecutionProvider"], decode_weights="run"
+    ).run(None, example_inputs(case["model"]))
+    np.savez(tmp_path / "want.npz", *want)
+    arg = dict(
+        case, allocator=str(build_allocator(tmp_path, include)), want=str(tmp_path / "want.npz")
+    )
+    result, log = _run(
+        "run_emulated_model.py", fake_driver, json.dumps(arg), ONNXQ_CUDA_OPS_ON_CPU_PROVIDER="1"
+    )
+    assert result["errors"] == []
+    assert len(result["same"]) == len(want) and all(result["same"]), result["same"]
+    kinds = _kinds(result["kernels"])
+    if case["fuse"]:  # each activation along the last axis: one fast values pass
+        assert kinds.count("f") >= 10, kinds
+    else:  # each pair: the fast packed quantize, then unpacking and the decode
+        assert kinds.count("f") >= 10 and kinds.count("dq") == kinds.count("f"), kinds
+    # the rest (packed weights tiled along their first axis, attention's keys along axis 2)
+    # took the host fallback, each with its one warning
+    warnings = [ln for ln in log.splitlines() if "with host copies" in ln]
+    assert warnings and all("along the last axis only" in w for w in warnings), warnings
