@@ -6,8 +6,9 @@ kernel (`triton_fast._fast_kernel`, and `_amax_kernel` for NVFP4's tensor amax) 
 axis is a multiple of the tile, through the general kernels otherwise; dequantize and the bit
 packing through the general ones. This module compiles them at build time:
 
-1. For each specialisation (`PRESETS` x input/output float types, tiles along the last axis,
-   the default modes: round even, scale floor, nan element), the host functions
+1. For each specialisation (`PRESETS` x input/output float types, tiles along the last axis
+   and, for the general kernels, along an axis with elements after it; the default modes:
+   round even, scale floor, nan element), the host functions
    `triton.quantize` / `triton.dequantize` / `triton_fast.quantize` are called on small CPU
    tensors with their kernels replaced by recorders. The recorded launch gives every
    constexpr value and the type of every pointer argument, so nothing of the kernels'

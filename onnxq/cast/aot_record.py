@@ -26,10 +26,12 @@ from onnxq.cast.aot_spec import (
     ELEMS_PER_PROGRAM,
     FAST_OPS,
     FLOATS,
+    INNER_OPS,
     OP_AMAX,
     OP_CB_LONG,
     OP_CB_SUB,
     OP_DEQUANT,
+    OP_DEQUANT_INNER,
     OP_PACK,
     OP_QUANT_BOTH,
     OP_QUANT_CODES,
@@ -83,7 +85,7 @@ def _recording(tm: Any) -> Iterator[list[_Launch]]:
             setattr(tm, n, fn)
 
 
-def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str):
+def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str, axis: int):
     import torch
 
     from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
@@ -93,7 +95,7 @@ def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: 
         tm.quantize(
             x,
             dt,
-            axis=-1,
+            axis=axis,
             round_mode=RoundMode.EVEN,
             scale_mode=ScaleMode.FLOOR,
             nan_policy=NanPolicy.ELEMENT,
@@ -145,10 +147,10 @@ def _record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: s
     return launches
 
 
-def _record_dequant(tm: Any, dt: Any, shape: tuple[int, ...], out_type: str):
+def _record_dequant(tm: Any, dt: Any, shape: tuple[int, ...], out_type: str, axis: int):
     import torch
 
-    p = tm.plan(shape, dt, -1)
+    p = tm.plan(shape, dt, axis)
     code_t = torch.uint8 if dt.nspec.bits <= 8 else torch.uint16
     codes = torch.zeros(shape, dtype=code_t)
     s = dt.sspec
@@ -163,7 +165,7 @@ def _record_dequant(tm: Any, dt: Any, shape: tuple[int, ...], out_type: str):
         tm.dequantize(
             dt,
             shape,
-            -1,
+            axis,
             codes,
             scale=scale,
             tenscale=tenscale,
@@ -290,6 +292,10 @@ def _same(a: tuple, b: tuple, what: str) -> None:
 
 
 _SHAPES = ((512, 96), (3, 5, 40))  # recorded and compared; the first is the one compiled
+# Tiles along axis 1 with elements after it (the general kernels' LAST=False compile)
+_INNER_SHAPES = ((4, 96, 7), (3, 40, 2, 5))
+# (operation, shapes, axis) of the general kernels: tiles along the last axis, along another
+_VARIANTS = ((False, _SHAPES, -1), (True, _INNER_SHAPES, 1))
 _FAST_SHAPES = ((512, 96), (3, 5, 64))  # the last axis a multiple of every preset's tile
 
 
@@ -330,28 +336,37 @@ def _named(launches: list[_Launch], kernel: str) -> list[_Launch]:
 def _quant_specs(
     tm: Any, dt: Any, info: FormatInfo, fi: int, k: int, consts: list[bytes]
 ) -> list[KernelSpec]:
-    """The general quantize kernel for one format and input type: values, codes, both."""
+    """The general quantize kernel for one format and input type: values, codes, both.
+
+    Each for tiles along the last axis and along an axis with elements after it.
+    """
     preset, ftype, has_ts = info.preset, FLOATS[k], info.tenscale_bits > 0
     specs = []
     quants = ((OP_QUANT_VALUES, "values"), (OP_QUANT_CODES, "codes"), (OP_QUANT_BOTH, "both"))
-    for op, want in quants:
-        rec = [_record_quant(tm, dt, shape, ftype, want) for shape in _SHAPES]
-        mains = [_named(r, "_quant_kernel") for r in rec]
-        if [len(m) for m in mains] != [1, 1]:
-            raise GenerationError(f"{preset}: expected one _quant_kernel launch")
-        extra = [la.kernel.fn.__name__ for la in rec[0] if la not in mains[0]]
-        if extra != (["_stats_kernel"] if has_ts else []):
-            raise GenerationError(f"{preset}: unexpected launches {extra}")
-        d = [
-            _describe(m[0], info.geometry(shape), consts, tenscale=has_ts)
-            for m, shape in zip(mains, _SHAPES, strict=True)
-        ]
-        _same(d[0], d[1], f"{preset} quantize")
-        sig, ce, opts, roles = d[0]
-        _set_bt(ce)
-        specs.append(
-            KernelSpec(f"q{op}_{preset}_{ftype}", "_quant_kernel", op, fi, k, sig, ce, opts, roles)
-        )
+    for inner, shapes, axis in _VARIANTS:
+        for op, want in quants:
+            rec = [_record_quant(tm, dt, shape, ftype, want, axis) for shape in shapes]
+            mains = [_named(r, "_quant_kernel") for r in rec]
+            if [len(m) for m in mains] != [1, 1]:
+                raise GenerationError(f"{preset}: expected one _quant_kernel launch")
+            extra = [la.kernel.fn.__name__ for la in rec[0] if la not in mains[0]]
+            if extra != (["_stats_kernel"] if has_ts else []):
+                raise GenerationError(f"{preset}: unexpected launches {extra}")
+            d = [
+                _describe(m[0], info.geometry(shape, axis), consts, tenscale=has_ts)
+                for m, shape in zip(mains, shapes, strict=True)
+            ]
+            _same(d[0], d[1], f"{preset} quantize")
+            sig, ce, opts, roles = d[0]
+            if ce.get("LAST") == inner:
+                raise GenerationError(f"{preset}: LAST = {ce.get('LAST')} for axis {axis}")
+            _set_bt(ce)
+            op = INNER_OPS[op] if inner else op
+            specs.append(
+                KernelSpec(
+                    f"q{op}_{preset}_{ftype}", "_quant_kernel", op, fi, k, sig, ce, opts, roles
+                )
+            )
     return specs
 
 
@@ -406,7 +421,7 @@ def _stats_spec(tm: Any, dt: Any, k: int, consts: list[bytes]) -> KernelSpec:
     ftype = FLOATS[k]
     d = []
     for size in (1 << 16, 3 * (1 << 16) + 5):
-        st = _named(_record_quant(tm, dt, (size,), ftype, "values"), "_stats_kernel")
+        st = _named(_record_quant(tm, dt, (size,), ftype, "values", -1), "_stats_kernel")
         if len(st) != 1:
             raise GenerationError("expected one _stats_kernel launch (tensor amax)")
         tile = st[0].kwargs.get("TILE", 0)
@@ -420,24 +435,29 @@ def _stats_spec(tm: Any, dt: Any, k: int, consts: list[bytes]) -> KernelSpec:
     )
 
 
-def _dequant_spec(
+def _dequant_specs(
     tm: Any, dt: Any, info: FormatInfo, fi: int, k: int, consts: list[bytes]
-) -> KernelSpec:
-    """The dequantize kernel for one format and output type."""
+) -> list[KernelSpec]:
+    """The dequantize kernel for one format and output type, both kinds of axis."""
     preset, ftype, has_ts = info.preset, FLOATS[k], info.tenscale_bits > 0
-    rec = [_record_dequant(tm, dt, shape, ftype) for shape in _SHAPES]
-    if [len(r) for r in rec] != [1, 1]:
-        raise GenerationError(f"{preset}: expected one _dequant_kernel launch")
-    d = [
-        _describe(r[0], info.geometry(shape), consts, tenscale=has_ts)
-        for r, shape in zip(rec, _SHAPES, strict=True)
-    ]
-    _same(d[0], d[1], f"{preset} dequantize")
-    sig, ce, opts, roles = d[0]
-    _set_bt(ce)
-    return KernelSpec(
-        f"dq_{preset}_{ftype}", "_dequant_kernel", OP_DEQUANT, fi, k, sig, ce, opts, roles
-    )
+    specs = []
+    for inner, shapes, axis in _VARIANTS:
+        rec = [_record_dequant(tm, dt, shape, ftype, axis) for shape in shapes]
+        if [len(r) for r in rec] != [1, 1]:
+            raise GenerationError(f"{preset}: expected one _dequant_kernel launch")
+        d = [
+            _describe(r[0], info.geometry(shape, axis), consts, tenscale=has_ts)
+            for r, shape in zip(rec, shapes, strict=True)
+        ]
+        _same(d[0], d[1], f"{preset} dequantize")
+        sig, ce, opts, roles = d[0]
+        if ce.get("LAST") == inner:
+            raise GenerationError(f"{preset}: LAST = {ce.get('LAST')} for axis {axis}")
+        _set_bt(ce)
+        op = OP_DEQUANT_INNER if inner else OP_DEQUANT
+        sym = f"dq{'i' if inner else ''}_{preset}_{ftype}"
+        specs.append(KernelSpec(sym, "_dequant_kernel", op, fi, k, sig, ce, opts, roles))
+    return specs
 
 
 def specialisations(
@@ -470,7 +490,7 @@ def specialisations(
             if has_ts and k not in stats_done:
                 stats_done.add(k)
                 kernels.append(_stats_spec(tm, dt, k, consts))
-            kernels.append(_dequant_spec(tm, dt, info, fi, k, consts))
+            kernels.extend(_dequant_specs(tm, dt, info, fi, k, consts))
     kernels.extend(_cb_specs(consts))
     kernels.extend(_pack_specs())
     return formats, kernels, consts

@@ -44,6 +44,15 @@ CB_BLOCKS = (
     (OP_CB_LONG, 1, 512),
 )
 CB_MAX_TILE = 1024  # tiles up to this many elements are whole in a program (not OP_CB_LONG)
+# The general kernels for tiles along an axis with elements after it (inner > 1: LAST=False),
+# such as NCHW activations tiled along the channels: the same kernels, another compile
+OP_QUANT_VALUES_INNER, OP_QUANT_CODES_INNER, OP_QUANT_BOTH_INNER, OP_DEQUANT_INNER = 14, 15, 16, 17
+INNER_OPS = {
+    OP_QUANT_VALUES: OP_QUANT_VALUES_INNER,
+    OP_QUANT_CODES: OP_QUANT_CODES_INNER,
+    OP_QUANT_BOTH: OP_QUANT_BOTH_INNER,
+    OP_DEQUANT: OP_DEQUANT_INNER,
+}
 PACK_WIDTHS = tuple(range(1, 8))  # bit packing kernels: codebook indices (2..7), meta (1..4)
 
 # Parameter roles: what the launcher passes for each kernel parameter (ops/src/cuda_launch.h).
@@ -155,9 +164,9 @@ class FormatInfo:
     scale_bits: int
     tenscale_bits: int  # 0: none
 
-    def geometry(self, shape: tuple[int, ...]) -> dict[str, int]:
-        """The quantize / dequantize kernels' scalar arguments for ``shape`` (last axis)."""
-        return _geometry(shape, self.tile, self.sub)
+    def geometry(self, shape: tuple[int, ...], axis: int = -1) -> dict[str, int]:
+        """The quantize / dequantize kernels' scalar arguments (tiles along ``axis``)."""
+        return _geometry(shape, self.tile, self.sub, axis)
 
 
 def _fast_geometry(shape: tuple[int, ...], f: FormatInfo, packed: bool) -> dict[str, int]:
@@ -207,16 +216,17 @@ class KernelSpec:
         )
 
 
-def _geometry(shape: tuple[int, ...], tile: int, sub: int) -> dict[str, int]:
-    C = shape[-1]
-    rows = math.prod(shape[:-1])
+def _geometry(shape: tuple[int, ...], tile: int, sub: int, axis: int = -1) -> dict[str, int]:
+    a = axis % len(shape)
+    C = shape[a]
+    outer, inner = math.prod(shape[:a]), math.prod(shape[a + 1 :])
     nC = -(-C // tile)
     return dict(
-        n_units=rows * nC,
+        n_units=outer * nC * inner,
         n_chunks=1,
         C=C,
         TC=tile,
-        inner=1,
+        inner=inner,
         nC=nC,
         sub_cols=-(-C // sub) if sub else 1,
     )

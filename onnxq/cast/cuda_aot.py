@@ -8,11 +8,11 @@ users reach that launch path (the same one the onnxruntime CUDA ops and C/C++ ho
 `quantize` and `dequantize` take and return torch CUDA tensors and queue the work on the
 current torch stream (or ``stream``).
 
-Covered: the presets the library embeds (`formats`), float32/float16/bfloat16, tiles along the
-last axis, the default modes; and `lookup_packed` decodes codebooks (CodebookLookup: implicit
-and generic, exponent scales up to 8 bits, 1-D tiles along the last axis). Anything else
-raises; `onnxq.cast` with ``backend="triton"`` or the CPU engines do the rest. docs/gpu.md
-has the design.
+Covered: the presets the library embeds (`formats`), float32/float16/bfloat16, tiles along any
+axis (``axis=``; the fast kernel where it is the last), the default modes; and `lookup_packed`
+decodes codebooks (CodebookLookup: implicit and generic, exponent scales up to 8 bits, 1-D
+tiles along the last axis). Anything else raises; `onnxq.cast` with ``backend="triton"`` or
+the CPU engines do the rest. docs/gpu.md has the design.
 """
 
 from __future__ import annotations
@@ -154,16 +154,21 @@ def _as_datatype(dtype: DataType | str) -> DataType:
     return dtype if isinstance(dtype, DataType) else datatype(dtype)
 
 
-def _grid(dt: DataType, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    """Scale grid and MX shift-bit grid of tiles along the last axis."""
+def _grid(
+    dt: DataType, shape: tuple[int, ...], axis: int = -1
+) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Scale grid and MX shift-bit grid of tiles along ``axis``."""
     s = dt.sspec
     if s is None or len(s.tiles) != 1:
         raise NotImplementedError(f"{dt.code}: the CUDA path has 1-D tile formats only")
+    if not -len(shape) <= axis < len(shape):
+        raise ValueError(f"axis {axis} is out of range for a tensor of shape {shape}")
+    a = axis % len(shape)
     tile = s.tiles[0]
-    C = shape[-1]
+    C = shape[a]
     size = tile.size or C
-    grid = (*shape[:-1], -(-C // size))
-    meta = (*shape[:-1], -(-C // tile.subtile)) if tile.subtile else None
+    grid = (*shape[:a], -(-C // size), *shape[a + 1 :])
+    meta = (*shape[:a], -(-C // tile.subtile), *shape[a + 1 :]) if tile.subtile else None
     return grid, meta
 
 
@@ -194,11 +199,12 @@ def quantize(
     x: Any,
     dtype: DataType | str,
     *,
+    axis: int = -1,
     want_values: bool = True,
     want_codes: bool = True,
     stream: Any = None,
 ) -> dict[str, Any]:
-    """Quantize a CUDA tensor along its last axis with the library's kernels.
+    """Quantize a CUDA tensor, tiles along ``axis``, with the library's kernels.
 
     Returns:
         ``values`` (x's dtype and shape, when asked) and, when asked, ``codes`` (uint8, x's
@@ -225,7 +231,7 @@ def quantize(
     shape = tuple(x.shape)
     if not shape:
         raise ValueError("0-D tensors have no axis to tile")
-    grid, meta_shape = _grid(dt, shape)
+    grid, meta_shape = _grid(dt, shape, axis)
     dev = x.device
     out: dict[str, Any] = {}
     values = torch.empty_like(x) if want_values else None
@@ -250,7 +256,7 @@ def quantize(
         kinds[x.dtype],
         len(shape),
         arr,
-        -1,
+        axis,
         ptr(values),
         ptr(codes),
         ptr(scale),
@@ -277,6 +283,7 @@ def dequantize(
     tenscale: Any = None,
     meta: Any = None,
     out_dtype: Any = None,
+    axis: int = -1,
     stream: Any = None,
 ) -> Any:
     """Values of unpacked codes (the layouts `quantize` returns) as a CUDA tensor.
@@ -296,7 +303,7 @@ def dequantize(
     dt = _as_datatype(dtype)
     _check(codes, "codes")
     shape = tuple(codes.shape)
-    grid, meta_shape = _grid(dt, shape)
+    grid, meta_shape = _grid(dt, shape, axis)
     fields = {"codes": (codes, shape), "scale": (scale, grid)}
     if meta_shape is not None:
         fields["meta"] = (meta, meta_shape)
@@ -320,7 +327,7 @@ def dequantize(
         dt.code.encode(),
         len(shape),
         arr,
-        -1,
+        axis,
         flat["codes"].data_ptr(),
         flat["scale"].data_ptr(),
         flat["tenscale"].data_ptr() if "tenscale" in flat else None,
@@ -332,7 +339,9 @@ def dequantize(
     return y
 
 
-def quantize_packed(x: Any, dtype: DataType | str, *, stream: Any = None) -> dict[str, Any]:
+def quantize_packed(
+    x: Any, dtype: DataType | str, *, axis: int = -1, stream: Any = None
+) -> dict[str, Any]:
     """Quantize to the custom ops' layouts (``onnxq.cast(..., mode="compress")``'s fields).
 
     ``q``: codes bit-packed (uint8 1-D); ``scale``: uint8 tile grid; ``meta``: shift bits
@@ -350,7 +359,7 @@ def quantize_packed(x: Any, dtype: DataType | str, *, stream: Any = None) -> dic
     dt = _as_datatype(dtype)
     x = x.contiguous()
     shape = tuple(x.shape)
-    grid, meta_shape = _grid(dt, shape)
+    grid, meta_shape = _grid(dt, shape, axis)
     dev = x.device
     out = {
         "q": torch.empty((x.numel() * dt.nspec.bits + 7) // 8, dtype=torch.uint8, device=dev),
@@ -369,7 +378,7 @@ def quantize_packed(x: Any, dtype: DataType | str, *, stream: Any = None) -> dic
         kinds[x.dtype],
         len(shape),
         arr,
-        -1,
+        axis,
         out["q"].data_ptr(),
         out["scale"].data_ptr(),
         out["tenscale"].data_ptr() if "tenscale" in out else None,
@@ -410,6 +419,7 @@ def dequantize_packed(
     tenscale: Any = None,
     meta: Any = None,
     out_dtype: Any = None,
+    axis: int = -1,
     stream: Any = None,
 ) -> Any:
     """Values of the custom ops' layouts (`quantize_packed`) as a CUDA tensor of ``shape``.
@@ -425,7 +435,7 @@ def dequantize_packed(
         raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
     dt = _as_datatype(dtype)
     shape = tuple(shape)
-    grid, meta_shape = _grid(dt, shape)
+    grid, meta_shape = _grid(dt, shape, axis)
     n = math.prod(shape)
     fields = {"q": (q, (n * dt.nspec.bits + 7) // 8, 1), "scale": (scale, math.prod(grid), 1)}
     if meta_shape is not None:
@@ -440,7 +450,7 @@ def dequantize_packed(
         dt.code.encode(),
         len(shape),
         arr,
-        -1,
+        axis,
         flat["q"].data_ptr(),
         flat["scale"].data_ptr(),
         flat["tenscale"].data_ptr() if "tenscale" in flat else None,

@@ -116,7 +116,8 @@ ONNXQ_API int32_t onnxq_unpack_bits(const uint8_t* stream, int64_t stream_bytes,
  * (onnxq/cast/aot.py: cubin for sm_80 and sm_90, PTX for newer GPUs) and launched through the
  * CUDA driver, which is loaded with dlopen at the first call: the library loads and its CPU
  * functions work on machines without CUDA. Formats are named by preset or data type code
- * (the embedded ones: onnxq_cuda_info); tiles run along the last axis; modes are the defaults.
+ * (the embedded ones: onnxq_cuda_info); tiles run along any axis (the fast kernels take the
+ * last); modes are the defaults.
  * Every pointer is CUDA device memory on one device (host memory is refused); work is queued on
  * `stream` (a CUstream; NULL is the legacy default stream) and not waited for, so a kernel fault
  * shows at the caller's next synchronisation. Layouts are those of onnxq_quantize with one byte
@@ -129,7 +130,7 @@ ONNXQ_API int32_t onnxq_cuda_available(char* err, size_t errlen);
 /* Number of embedded kernels (0: built without them); a description (or why none) in out. */
 ONNXQ_API int32_t onnxq_cuda_info(char* out, size_t outlen);
 
-/* Quantize x (float type x_type) of shape[ndim] along the last axis (axis -1 or ndim - 1).
+/* Quantize x (float type x_type) of shape[ndim], tiles along `axis` (-ndim .. ndim - 1).
  * values (x_type, x's shape) and codes may each be NULL, not both; with codes, scale is required
  * and meta too for MX9/MX6-style formats, tenscale is optional. modes may be NULL (defaults);
  * other modes are refused. */

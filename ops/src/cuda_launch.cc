@@ -294,25 +294,45 @@ struct Geometry {
 
 Geometry geometry(const AotFormat& F, int ndim, const int64_t* shape, int axis) {
   if (ndim < 1 || !shape) throw Error{"the tensor needs a shape of rank 1 or more"};
-  if (axis != -1 && axis != ndim - 1)
-    throw Error{"the CUDA kernels tile along the last axis only (axis " + std::to_string(axis) +
-                " of a rank-" + std::to_string(ndim) + " tensor); use the Triton or CPU engines"};
+  if (axis < -ndim || axis >= ndim)
+    throw Error{"axis " + std::to_string(axis) + " is out of range for a rank-" +
+                std::to_string(ndim) + " tensor"};
+  const int a = axis < 0 ? axis + ndim : axis;
   Geometry g;
+  int64_t inner = 1;
   for (int i = 0; i < ndim; ++i) {
     if (shape[i] < 0) throw Error{"negative dimension in the shape"};
     g.numel *= shape[i];
     if (g.numel >= (int64_t(1) << 31))
       throw Error{"tensors of 2^31 elements or more are not supported by the CUDA kernels"};
+    if (i > a) inner *= shape[i];
   }
-  int64_t C = shape[ndim - 1];
+  // Units are tiles: (elements before the axis) x (tiles along it) x (elements after it).
+  int64_t C = shape[a];
   g.b.C = C;
   g.b.TC = F.tile;
   g.b.nC = C ? (C + F.tile - 1) / F.tile : 0;
   g.b.n_units = C ? (g.numel / C) * g.b.nC : 0;
   g.b.n_chunks = 1;
-  g.b.inner = 1;
+  g.b.inner = inner;
   g.b.sub_cols = F.sub ? (C + F.sub - 1) / F.sub : 1;
   return g;
+}
+
+// The general kernel of `op` for the geometry: the LAST=False compile where elements follow
+// the tiled axis (its operation number is the inner variant's).
+int general_op(int op, const Geometry& g) {
+  if (g.b.inner == 1) return op;
+  switch (op) {
+    case kOpQuantValues:
+      return kOpQuantValuesInner;
+    case kOpQuantCodes:
+      return kOpQuantCodesInner;
+    case kOpQuantBoth:
+      return kOpQuantBothInner;
+    default:
+      return kOpDequantInner;
+  }
 }
 
 const AotFormat& format_for(const std::string& dtype) {
@@ -379,7 +399,8 @@ bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, boo
                   bool codes, bool packed, std::initializer_list<const void*> ptrs, int* kv,
                   int* kc) {
   *kv = *kc = -1;
-  if (!fast_enabled() || F.tile < 1 || g.b.C % F.tile != 0 || !aligned16(ptrs)) return false;
+  if (!fast_enabled() || F.tile < 1 || g.b.inner != 1 || g.b.C % F.tile != 0 || !aligned16(ptrs))
+    return false;
   if (F.tenscale_bits && (g.numel % 16 != 0 || amax_kernel(x_type, g.numel) < 0)) return false;
   if (packed) {  // 8-bit codes without shift bits: the packed layouts are the unpacked ones
     const bool same = F.code_bits == 8 && !F.sub;
@@ -415,10 +436,11 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
   const bool fast = fast_kernels(F, fi, g, x_type, values, codes, packed,
                                  {x, values, codes, scale, tenscale, meta}, &fv, &fc);
   if (packed && !fast) throw Error{"packed quantize without its fast kernel (internal error)"};
-  int kv = values && !fast ? find_kernel(fi, kOpQuantValues, x_type) : -1;
-  int kc = codes && !fast ? find_kernel(fi, kOpQuantCodes, x_type) : -1;
+  int kv = values && !fast ? find_kernel(fi, general_op(kOpQuantValues, g), x_type) : -1;
+  int kc = codes && !fast ? find_kernel(fi, general_op(kOpQuantCodes, g), x_type) : -1;
   if (!fast && ((values && kv < 0) || (codes && kc < 0)))
-    throw Error{std::string("no CUDA kernel for ") + F.preset + " with " + kTypes[x_type] + " input"};
+    throw Error{std::string("no CUDA kernel for ") + F.preset + " with " + kTypes[x_type] +
+                " input" + (g.b.inner > 1 ? " tiled along a non-last axis" : "")};
   CUstream s = static_cast<CUstream>(stream);
   std::lock_guard<std::recursive_mutex> lock(g_mutex);
   Device& dv = device(dev);
@@ -490,7 +512,7 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
     b.ptr[kRoleTop] = in;
     b.ptr[kRoleTsCode] = tenscale ? tenscale : reinterpret_cast<void*>(base);
   }
-  int kb = values && codes ? find_kernel(fi, kOpQuantBoth, x_type) : -1;
+  int kb = values && codes ? find_kernel(fi, general_op(kOpQuantBoth, g), x_type) : -1;
   if (kb >= 0) {
     launch(dv, kb, b, s);  // one pass writes both
   } else {
@@ -519,10 +541,10 @@ std::string dequantize_impl(const std::string& dtype, int ndim, const int64_t* s
   same_device(tenscale, "tenscale", dev);
   same_device(meta, "meta", dev);
   int fi = static_cast<int>(&F - kAotFormats);
-  int k = find_kernel(fi, kOpDequant, values_type);
+  int k = find_kernel(fi, general_op(kOpDequant, g), values_type);
   if (k < 0)
     throw Error{std::string("no CUDA kernel for ") + F.preset + " with " + kTypes[values_type] +
-                " output"};
+                " output" + (g.b.inner > 1 ? " tiled along a non-last axis" : "")};
   std::lock_guard<std::recursive_mutex> lock(g_mutex);
   Device& dv = device(dev);
   CtxScope scope(dv.ctx);

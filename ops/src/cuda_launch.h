@@ -70,7 +70,12 @@ enum Op : int {
   // per block of NSUB x SUB elements a tile, for every codebook data type it holds:
   kOpCbPlain = 11,  // tiles without subtiles
   kOpCbSub = 12,    // tiles with subtiles
-  kOpCbLong = 13    // tiles over 1024 elements, without subtiles: a chunk of a tile a program
+  kOpCbLong = 13,   // tiles over 1024 elements, without subtiles: a chunk of a tile a program
+  // the general kernels for tiles along an axis with elements after it (LAST=False)
+  kOpQuantValuesInner = 14,
+  kOpQuantCodesInner = 15,
+  kOpQuantBothInner = 16,
+  kOpDequantInner = 17
 };
 
 struct AotFormat {
@@ -113,9 +118,10 @@ const AotFormat* find_format(const std::string& dtype);
 // Whether the driver loads, has a device and the library has kernels; else *why says what not.
 bool available(std::string* why);
 
-// Quantize (tiles along the last axis, default modes) on `stream` (a CUstream; null: the
-// legacy default stream): the fast kernel (onnxq/cast/triton_fast.py) when the last axis is a
-// multiple of the tile, else the general kernels (ONNXQ_CUDA_FAST=0: always the general ones). x, values: float type x_type (0 float32, 1 float16, 2 bfloat16);
+// Quantize (tiles along `axis`, default modes) on `stream` (a CUstream; null: the legacy
+// default stream): the fast kernel (onnxq/cast/triton_fast.py) when the tiles run along the
+// last axis and it is a multiple of the tile, else the general kernels (ONNXQ_CUDA_FAST=0:
+// always the general ones). x, values: float type x_type (0 float32, 1 float16, 2 bfloat16);
 // codes: one byte per element; scale: one byte per tile; tenscale: uint32 [1]; meta: one
 // byte per subtile. values or codes may be null (not both); with codes, scale (and meta for
 // MX formats) are required. "" on success, else the message.

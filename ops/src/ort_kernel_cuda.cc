@@ -36,17 +36,17 @@ std::string lookup_reason(const Kernel& k) {
 }
 
 std::string axis_reason(int64_t axis) {
-  return "the CUDA kernels tile along the last axis only (axis " + std::to_string(axis) + ")";
+  return "the CUDA kernels decode codebooks along the last axis only (axis " +
+         std::to_string(axis) + ")";
 }
 
-// Why the device kernels cannot run the node, as far as its attributes tell ("" when they can;
-// X's rank may be known at Run only).
+// Why the device kernels cannot run the node ("" when they can). Presets tile along any axis;
+// codebooks along the last (CodebookLookup's shape is an attribute: known here).
 std::string init_reason(Kernel* k) {
-  const int64_t last = static_cast<int64_t>(k->shape.size()) - 1;
-  const bool axis_known = !k->shape.empty() && k->axis != -1;
   if (k->kind == kLookup) {
+    const int64_t last = static_cast<int64_t>(k->shape.size()) - 1;
     std::string why = lookup_reason(*k);
-    return why.empty() && axis_known && k->axis != last ? axis_reason(k->axis) : why;
+    return why.empty() && k->axis != -1 && k->axis != last ? axis_reason(k->axis) : why;
   }
   k->gpu = cuda::find_format(k->parsed.code);
   if (!k->gpu)
@@ -57,7 +57,6 @@ std::string init_reason(Kernel* k) {
       (m.round_mode != 0 || m.scale_mode != 0 || m.nan_policy != 0 || m.full_int_range))
     return "the CUDA kernels are compiled for the default modes (round even, scale floor, nan "
            "element, symmetric ints)";
-  if (axis_known && k->axis != last) return axis_reason(k->axis);
   return "";
 }
 
@@ -117,17 +116,19 @@ void* gpu_stream(OrtKernelContext* ctx) {
   return stream;
 }
 
-std::vector<int64_t> gpu_grid(const cuda::AotFormat& F, std::vector<int64_t> shape) {
-  int64_t C = shape.back();
-  shape.back() = (C + F.tile - 1) / F.tile;
+// The scale grid: X's shape with the tiled axis's length replaced by its tile count.
+std::vector<int64_t> gpu_grid(const cuda::AotFormat& F, std::vector<int64_t> shape, int axis) {
+  shape[axis] = (shape[axis] + F.tile - 1) / F.tile;
   return shape;
 }
 
-int64_t gpu_meta_count(const cuda::AotFormat& F, const std::vector<int64_t>& shape) {
+// Shift bits: one per subtile (tiles along `axis` cut into subtiles of F.sub), or none.
+int64_t gpu_meta_count(const cuda::AotFormat& F, const std::vector<int64_t>& shape, int axis) {
   if (!F.sub) return 0;
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-  return rows * ((shape.back() + F.sub - 1) / F.sub);
+  int64_t others = 1;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (static_cast<int>(i) != axis) others *= shape[i];
+  return others * ((shape[axis] + F.sub - 1) / F.sub);
 }
 
 void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, int axis) {
@@ -135,12 +136,12 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, 
   const std::string why = "dtype '" + k.parsed.code + "'";
   void* q = output(ctx, kQOut.q, "Q", {packed_nbytes(x.count, F.code_bits)}, kU8, why);
   if (!q) throw OpError("output Q is missing");
-  void* scale = output(ctx, kQOut.scale, "Scale", gpu_grid(F, x.shape), kU8, why);
+  void* scale = output(ctx, kQOut.scale, "Scale", gpu_grid(F, x.shape, axis), kU8, why);
   if (!scale) throw OpError("output Scale is missing");
   output(ctx, kQOut.zero, "Zero", {0}, 0, why);
   void* ts = output(ctx, kQOut.ts, "TenScale", {F.tenscale_bits ? 1 : 0},
                     F.tenscale_bits ? kU32 : 0, why);
-  int64_t nmeta = gpu_meta_count(F, x.shape);
+  int64_t nmeta = gpu_meta_count(F, x.shape, axis);
   void* meta =
       output(ctx, kQOut.meta, "Meta", {nmeta ? packed_nbytes(nmeta, 1) : 0}, kU8, why);
   output(ctx, kQOut.mask, "Mask", {0}, kU8, why);
@@ -162,7 +163,7 @@ void compute_cuda_quant_dequant(const Kernel& k, OrtKernelContext* ctx, const In
 }
 
 void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx,
-                             const std::vector<int64_t>& shape) {
+                             const std::vector<int64_t>& shape, int axis) {
   const cuda::AotFormat& F = *k.gpu;
   int64_t count = 1;
   for (int64_t d : shape) count *= d;
@@ -177,16 +178,16 @@ void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx,
     return in;
   };
   In q = need(0, "Q", kU8, {packed_nbytes(count, F.code_bits)});
-  In scale = need(1, "Scale", kU8, gpu_grid(F, shape));
+  In scale = need(1, "Scale", kU8, gpu_grid(F, shape, axis));
   const void* ts = F.tenscale_bits ? need(3, "TenScale", kU32, {1}).data : nullptr;
-  int64_t nmeta = gpu_meta_count(F, shape);
+  int64_t nmeta = gpu_meta_count(F, shape, axis);
   const void* meta = nmeta ? need(4, "Meta", kU8, {packed_nbytes(nmeta, 1)}).data : nullptr;
   void* y =
       output(ctx, kOutY, "Y", shape, k.out_type, "output_type " + std::to_string(k.out_type));
   if (!y) throw OpError("output Y is missing");
   if (count == 0) return;  // an empty Y
   std::string e = cuda::dequantize_packed(
-      k.parsed.code, static_cast<int>(shape.size()), shape.data(), -1, q.data, scale.data, ts,
+      k.parsed.code, static_cast<int>(shape.size()), shape.data(), axis, q.data, scale.data, ts,
       meta, y, float_kind(k.out_type), gpu_stream(ctx));
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
 }
@@ -296,44 +297,26 @@ void compute_on_host(const Kernel& k, OrtKernelContext* ctx) {
   copies.finish();
 }
 
-// The node's reason at Run for the host fallback, where X's rank decides ("" when the device
-// kernels run it); the axis of the device kernels in *axis.
-std::string run_reason(const Kernel& k, int64_t ndim, const std::vector<int64_t>& shape,
-                       const char* x, int* axis) {
-  *axis = normal_axis(k.axis, static_cast<size_t>(ndim), shape, x);
-  return *axis == ndim - 1 ? "" : axis_reason(k.axis);
-}
-
 }  // namespace
 
 void compute_cuda(const Kernel& k, OrtKernelContext* ctx) {
   if (!k.host_reason.empty()) return compute_on_host(k, ctx);
-  std::string why;
-  int axis = -1;
-  if (k.kind == kQuantize || k.kind == kQuantDequant) {
-    In x = input(ctx, kInX, "X");
-    if (!x) throw OpError("input X is missing");
-    if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
-      throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type));
-    if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
-    if (x.count == 0) return compute_on_host(k, ctx);  // empty outputs: nothing to launch
-    why = run_reason(k, static_cast<int64_t>(x.shape.size()), x.shape, "X", &axis);
-    if (why.empty() && k.kind == kQuantize) return compute_cuda_quantize(k, ctx, x, axis);
-    if (why.empty()) return compute_cuda_quant_dequant(k, ctx, x, axis);
-  } else if (k.kind == kDequantize) {
+  if (k.kind == kLookup) return compute_cuda_lookup(k, ctx);
+  if (k.kind == kDequantize) {
     // X's shape: the Shape input (in host memory, GetInputMemoryType) or the attribute.
     const std::vector<int64_t> shape = node_shape(k, input(ctx, kInShape, "Shape"));
-    why = run_reason(k, static_cast<int64_t>(shape.size()), shape, "X's shape", &axis);
-    if (why.empty()) return compute_cuda_dequantize(k, ctx, shape);
-  } else {
-    return compute_cuda_lookup(k, ctx);  // its shape is an attribute: init_cuda_kernel decided
+    const int axis = normal_axis(k.axis, shape.size(), shape, "X's shape");
+    return compute_cuda_dequantize(k, ctx, shape, axis);
   }
-  if (!host_fallback_allowed())
-    throw OpError(why + "; ONNXQ_CUDA_HOST_FALLBACK=0 refuses to run it on the CPU");
-  const OrtLogger* logger = nullptr;
-  if (OrtStatus* st = g_api->KernelContext_GetLogger(ctx, &logger)) g_api->ReleaseStatus(st);
-  warn_host_fallback(k, logger, why);
-  compute_on_host(k, ctx);
+  In x = input(ctx, kInX, "X");  // QuantizeMX, QuantizeDequantizeMX
+  if (!x) throw OpError("input X is missing");
+  if (x.type != kTF32 && x.type != kTF16 && x.type != kTBF16)
+    throw OpError("input X must be float, float16 or bfloat16, got " + type_name(x.type));
+  if (x.shape.empty()) throw OpError("input X is a 0-D scalar; reshape it to (1,)");
+  if (x.count == 0) return compute_on_host(k, ctx);  // empty outputs: nothing to launch
+  const int axis = normal_axis(k.axis, x.shape.size(), x.shape, "X");
+  if (k.kind == kQuantize) return compute_cuda_quantize(k, ctx, x, axis);
+  compute_cuda_quant_dequant(k, ctx, x, axis);
 }
 
 }  // namespace ort

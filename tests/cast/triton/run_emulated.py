@@ -178,15 +178,18 @@ def _preset_input(shape: tuple[int, ...], seed: int, x_type: int) -> tuple[np.nd
     return x, x
 
 
-def _quantize_packed(r: Run, name: str, preset: str, x: np.ndarray, x_type: int, want) -> None:
+def _quantize_packed(
+    r: Run, name: str, preset: str, x: np.ndarray, x_type: int, want, axis: int = -1
+) -> None:
     q = np.zeros(want.data.size, np.uint8)
     scale = np.zeros(want.scale.size, np.uint8)
     meta = None if want.meta is None else np.zeros(want.meta.size, np.uint8)
     ts = None if want.tenscale is None else np.zeros(1, np.uint32)
     shape = x.shape
     if r.call(
-        name, r.lib.onnxq_cuda_quantize_packed, preset.encode(), None, r.dev(x), x_type, 2,
-        (ctypes.c_int64 * 2)(*shape), -1, r.dev(q), r.dev(scale), r.dev(ts), r.dev(meta), None,
+        name, r.lib.onnxq_cuda_quantize_packed, preset.encode(), None, r.dev(x), x_type,
+        len(shape), (ctypes.c_int64 * len(shape))(*shape), axis, r.dev(q), r.dev(scale),
+        r.dev(ts), r.dev(meta), None,
     ):  # fmt: skip
         if not (np.array_equal(q, want.data) and _fields_match(want, scale, meta, ts)):
             r.bad.append(name)
@@ -204,22 +207,25 @@ def _fields_match(want: Any, scale: np.ndarray, meta: Any, ts: Any) -> bool:
     return bool(same)
 
 
-def _quantize_unpacked(r: Run, name: str, preset: str, x: np.ndarray, xr: np.ndarray) -> None:
+def _quantize_unpacked(
+    r: Run, name: str, preset: str, x: np.ndarray, xr: np.ndarray, axis: int = -1
+) -> None:
     """Values and codes in one call (the general kernel writes both; the fast path two passes)."""
-    want = onnxq.cast(xr, preset, mode="actual", backend="reference")
+    want = onnxq.cast(xr, preset, mode="actual", backend="reference", axis=axis)
     values = np.zeros_like(x)
     codes = np.zeros(x.shape, np.uint8)
     scale = np.zeros(want.scale.size, np.uint8)
     meta = None if want.meta is None else np.zeros(want.meta.size, np.uint8)
     ts = None if want.tenscale is None else np.zeros(1, np.uint32)
     if not r.call(
-        name, r.lib.onnxq_cuda_quantize, preset.encode(), None, r.dev(x), 0, 2,
-        (ctypes.c_int64 * 2)(*x.shape), -1, r.dev(values), r.dev(codes), r.dev(scale), r.dev(ts),
-        r.dev(meta), None,
+        name, r.lib.onnxq_cuda_quantize, preset.encode(), None, r.dev(x), 0, x.ndim,
+        (ctypes.c_int64 * x.ndim)(*x.shape), axis, r.dev(values), r.dev(codes), r.dev(scale),
+        r.dev(ts), r.dev(meta), None,
     ):  # fmt: skip
         r.bad.append(name)
         return
-    same = np.array_equal(_bits(values), _bits(onnxq.cast(xr, preset, backend="reference")))
+    ref = onnxq.cast(xr, preset, backend="reference", axis=axis)
+    same = np.array_equal(_bits(values), _bits(ref))
     same &= np.array_equal(codes, want.data.astype(np.uint8))
     if not (same and _fields_match(want, scale, meta, ts)):
         r.bad.append(name)
@@ -250,14 +256,39 @@ def presets(r: Run) -> None:
                 xm[...] = x
                 _quantize_packed(r, f"{tag} quantize misaligned", preset, xm, 0, want)
             for out in (0, 2):
-                y = np.zeros(shape, OUT_TYPES[out])
-                name = f"{tag} dequantize {out}"
-                r.call(
-                    name, r.lib.onnxq_cuda_dequantize_packed, preset.encode(), 2,
-                    (ctypes.c_int64 * 2)(*shape), -1, r.dev(want.data), r.dev(want.scale),
-                    r.dev(want.tenscale), r.dev(want.meta), r.dev(y), out, None,
-                )  # fmt: skip
-                r.check(name, y, onnxq.upcast(want, OUT_TYPES[out]))
+                _dequantize_packed(r, f"{tag} dequantize {out}", preset, shape, want, out)
+        inner_axis(r, i, preset)
+
+
+def _dequantize_packed(
+    r: Run, name: str, preset: str, shape: tuple[int, ...], want: Any, out: int, axis: int = -1
+) -> None:
+    y = np.zeros(shape, OUT_TYPES[out])
+    r.call(
+        name, r.lib.onnxq_cuda_dequantize_packed, preset.encode(), len(shape),
+        (ctypes.c_int64 * len(shape))(*shape), axis, r.dev(want.data), r.dev(want.scale),
+        r.dev(want.tenscale), r.dev(want.meta), r.dev(y), out, None,
+    )  # fmt: skip
+    r.check(name, y, onnxq.upcast(want, OUT_TYPES[out]))
+
+
+# tiles along axis 1 with elements after it (NCHW-like): the general kernels' LAST=False
+# compile; axis 1 of length 40 leaves a partial tile, and its subtiles for MX6
+INNER_SHAPE = (2, 40, 3)
+
+
+def inner_axis(r: Run, i: int, preset: str) -> None:
+    """A preset tiled along a non-last axis: packed and unpacked quantize, dequantize."""
+    tag = f"{preset} {INNER_SHAPE} axis 1"
+    for x_type in (0, 2):
+        x, xr = _preset_input(INNER_SHAPE, 60 + i, x_type)
+        want = onnxq.cast(xr, preset, mode="compress", backend="reference", axis=1)
+        _quantize_packed(r, f"{tag} quantize {x_type}", preset, x, x_type, want, axis=1)
+    x, xr = _preset_input(INNER_SHAPE, 60 + i, 0)
+    _quantize_unpacked(r, f"{tag} unpacked", preset, x, xr, axis=1)
+    want = onnxq.cast(xr, preset, mode="compress", backend="reference", axis=1)
+    for out in (0, 2):
+        _dequantize_packed(r, f"{tag} dequantize {out}", preset, INNER_SHAPE, want, out, 1)
 
 
 @contextlib.contextmanager
@@ -345,6 +376,23 @@ def wrappers(r: Run) -> None:
             )
             if not same:
                 r.bad.append(f"wrappers {preset}")
+        # tiles along axis 1 (elements after it): the grids the wrappers size, the axis passed
+        x = _input(INNER_SHAPE, 72)
+        want = onnxq.cast(x, "mx6", mode="compress", backend="reference", axis=1)
+        got = cuda_aot.quantize_packed(dev(x), "mx6", axis=1)
+        same = all(
+            np.array_equal(got[k].numpy().ravel(), np.ravel(v))
+            for k, v in (("q", want.data), ("scale", want.scale), ("meta", want.meta))
+        )
+        y = cuda_aot.dequantize_packed(
+            "mx6", INNER_SHAPE, dev(want.data), dev(want.scale), meta=dev(want.meta), axis=1
+        )
+        same &= np.array_equal(bits(y), _bits(onnxq.upcast(want)))
+        unpacked = cuda_aot.quantize(dev(x), "nvfp4", axis=0)
+        ref = onnxq.cast(x, "nvfp4", backend="reference", axis=0)
+        same &= np.array_equal(bits(unpacked["values"]), _bits(ref))
+        if not same:
+            r.bad.append("wrappers axis")
 
 
 def main() -> None:

@@ -176,12 +176,33 @@ def quantize_dequantize(o: OrtRun) -> None:
                 dequantize(o, f"ort {tag} dequantize {out}", preset, shape, want, out, shape_input)
 
 
-def qdq(o: OrtRun, name: str, dt: str, x: np.ndarray, runs: int = 1) -> None:
+def qdq(o: OrtRun, name: str, dt: str, x: np.ndarray, runs: int = 1, axis: int = -1) -> None:
     """QuantizeDequantizeMX (the fused activation cast): Y, of X's type, the reference's."""
-    node = helper.make_node("QuantizeDequantizeMX", ["x"], ["y"], name, domain="onnxq", dtype=dt)
+    node = helper.make_node(
+        "QuantizeDequantizeMX", ["x"], ["y"], name, domain="onnxq", dtype=dt, axis=axis
+    )
     y = np.zeros(x.shape, x.dtype)
     if o.run(name, [node], {"x": _registered(x)}, {}, {"y": y}, runs):
-        o.r.check(name, y, onnxq.cast(x, dt, backend="reference"))
+        o.r.check(name, y, onnxq.cast(x, dt, backend="reference", axis=axis))
+
+
+def inner_axis(o: OrtRun) -> None:
+    """Tiles along axis 1 of an NCHW-like X (elements after the axis): QuantizeMX,
+    QuantizeDequantizeMX and DequantizeMX (its Shape input: the axis's place known at Run)."""
+    shape = (2, 40, 3)
+    for i, preset in enumerate(("mxfp4", "mx6", "nvfp4")):
+        x = _input(shape, 110 + i)
+        want = onnxq.cast(x, preset, mode="compress", backend="reference", axis=1)
+        fields = _fields(want)
+        outs = {n: np.zeros(a.shape, a.dtype) for n, a in fields.items()}
+        names = [n if n in fields else "" for n in Q_OUTPUTS]
+        name = f"ort axis 1 {preset} quantize"
+        node = helper.make_node("QuantizeMX", ["x"], names, domain="onnxq", dtype=preset, axis=1)
+        if o.run(name, [node], {"x": _registered(x)}, {}, outs):
+            if not all(np.array_equal(outs[n], fields[n]) for n in fields):
+                o.r.bad.append(name)
+        qdq(o, f"ort axis 1 {preset} qdq", preset, x, axis=1)
+        dequantize(o, f"ort axis 1 {preset} dequantize", preset, shape, want, 0, True, axis=1)
 
 
 def _fields(q: Any) -> dict[str, np.ndarray]:
@@ -261,12 +282,11 @@ def lookup(
 
 
 # (case, QuantizeMX attributes, the reference's cast arguments): nodes the device kernels
-# cannot run (2-D tiles, a codebook, a mode, an axis known at Run only)
+# cannot run (2-D tiles, a codebook, a mode)
 HOST_QUANTIZE = [
     ("host 2-d tiles", dict(dtype="int8_e8m0_t8_t4"), dict()),
     ("host codebook quantize", dict(dtype="cb41fi_e2m2fnuz_e8m0_t32"), dict()),
     ("host round away", dict(dtype="mxfp8e4", round_mode="away"), dict(round_mode="away")),
-    ("host axis 0", dict(dtype="mxfp8e4", axis=0), dict(axis=0)),
 ]
 
 
@@ -287,9 +307,6 @@ def host_fallback(o: OrtRun) -> None:
     qdq(o, "host qdq 2-d tiles", "int8_e8m0_t8_t4", x, runs=2)
     q = onnxq.cast(x, "int8_e8m0_t8_t4", mode="compress", backend="reference")
     dequantize(o, "host dequantize 2-d tiles", "int8_e8m0_t8_t4", shape, q, 2, False, runs=2)
-    # the axis of a DequantizeMX fed its Shape is known at Run only
-    q = onnxq.cast(x, "mxfp4", mode="compress", backend="reference", axis=0)
-    dequantize(o, "host dequantize axis 0", "mxfp4", shape, q, 0, True, axis=0, runs=2)
     for code in ("cb41fi_e2m2fnuz_e8m0_t4_t8", "cb41fi_e2m2fnuz_e8m0_t128s64"):
         q = onnxq.cast(x, code, mode="compress", backend="reference")
         lookup(o, f"host lookup {code}", code, shape, q, 0, runs=2)
@@ -323,6 +340,7 @@ def strict(o: OrtRun) -> None:
 def main() -> None:
     o = OrtRun()
     quantize_dequantize(o)
+    inner_axis(o)
     lookups(o)
     host_fallback(o)
     empty(o)

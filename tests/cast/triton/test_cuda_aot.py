@@ -466,7 +466,7 @@ _NO_DRIVER = textwrap.dedent(
         "unknown": lambda: lib.onnxq_cuda_quantize(
             b"e9m9", None, 4096, 0, 2, shape, -1, 8192, None, None, None, None, None, err, 512),
         "axis": lambda: lib.onnxq_cuda_quantize(
-            b"mxfp4", None, 4096, 0, 2, shape, 0, 8192, None, None, None, None, None, err, 512),
+            b"mxfp4", None, 4096, 0, 2, shape, 2, 8192, None, None, None, None, None, err, 512),
         "nothing": lambda: lib.onnxq_cuda_quantize(
             b"mxfp4", None, 4096, 0, 2, shape, -1, None, None, None, None, None, None, err, 512),
         "type": lambda: lib.onnxq_cuda_quantize(
@@ -512,7 +512,7 @@ def test_without_driver_the_calls_fail_clearly() -> None:
         assert rc == 1 and "cannot be loaded (no NVIDIA driver" in msg, (name, msg)
     expected = {
         "unknown": "no CUDA kernel for data type 'e9m9'",
-        "axis": "tile along the last axis only",
+        "axis": "axis 2 is out of range for a rank-2 tensor",
         "nothing": "nothing to compute",
         "type": "float types are 0 (float32)",
         "noscale": "codes need the scale output",
