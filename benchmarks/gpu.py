@@ -244,7 +244,9 @@ def codebook_configs(iters: int) -> list[dict[str, Any]]:
 
 def c_library_path(iters: int) -> list[dict[str, Any]]:
     """The C library's CUDA path (ahead-of-time kernels, `onnxq.cast.cuda_aot`): packed
-    quantize with the fast kernels and with the general ones (``ONNXQ_CUDA_FAST=0``)."""
+    quantize with the fast kernels, with the general ones (``ONNXQ_CUDA_FAST=0``), and the
+    same elements as NCHW [64, 1024, 32, 32] tiled along the channels (the general kernels'
+    LAST=False compile)."""
     import os
 
     try:
@@ -274,6 +276,14 @@ def c_library_path(iters: int) -> list[dict[str, Any]]:
                 except Exception as err:
                     row[f"{label}_error"] = str(err)[:200]
             os.environ.pop("ONNXQ_CUDA_FAST", None)
+            nchw = x.view(64, 1024, 32, 32)
+            try:
+                out = cuda_aot.quantize_packed(nchw, fmt, axis=1)
+                out_bytes = sum(t.numel() * t.element_size() for t in out.values())
+                ms = bench(lambda x=nchw, f=fmt: cuda_aot.quantize_packed(x, f, axis=1), iters)
+                row["channels_frac_copy"] = (nbytes + out_bytes) / ms / (2 * nbytes / copy_ms)
+            except Exception as err:
+                row["channels_error"] = str(err)[:200]
             print(f"C library CUDA path: {json.dumps(row)}", flush=True)
             rows.append(row)
     return rows
@@ -490,16 +500,18 @@ def summary(results: dict[str, Any]) -> str:
     if rows:
         lines += [
             "",
-            "C library CUDA path (`cuda_aot.quantize_packed`, 8192x8192), x copy:",
+            "C library CUDA path (`cuda_aot.quantize_packed`, 8192x8192; channels: the same "
+            "elements as [64, 1024, 32, 32] along axis 1), x copy:",
             "",
-            "| format | dtype | fast kernels | general kernels |",
-            "|---|---|---|---|",
+            "| format | dtype | fast kernels | general kernels | channels |",
+            "|---|---|---|---|---|",
         ]
         for r in rows:
-            fast = f"{r['fast_frac_copy']:.2f}" if "fast_frac_copy" in r else r.get("fast_error")
-            gen = r.get("general_frac_copy")
-            gen = f"{gen:.2f}" if gen is not None else r.get("general_error")
-            lines.append(f"| {r['format']} | {r['dtype']} | {fast} | {gen} |")
+            cells = []
+            for label in ("fast", "general", "channels"):
+                v = r.get(f"{label}_frac_copy")
+                cells.append(f"{v:.2f}" if v is not None else str(r.get(f"{label}_error")))
+            lines.append(f"| {r['format']} | {r['dtype']} | {' | '.join(cells)} |")
     rows = results.get("c_library_lookup") or []
     if rows:
         lines += [
