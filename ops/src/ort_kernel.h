@@ -4,7 +4,6 @@
 // from onnxq/graph/schemas.py (onnxq_op_contract.h).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -77,7 +76,6 @@ struct Kernel {
   // CPU kernel on host copies (ort_kernel_cuda.cc), with one warning in the session's log.
   std::string host_reason;
   std::string node;  // CUDA: the node's name, for the host fallback's warning
-  mutable std::atomic<bool> warned{false};  // CUDA: the host fallback's warning was logged
   // Dequantize / Lookup on the CPU: Y decoded once at session creation when every input is a
   // constant initializer (in the output type); empty: decode on every Run.
   std::vector<uint8_t> const_y;

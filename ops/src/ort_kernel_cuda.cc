@@ -60,6 +60,8 @@ std::string init_reason(Kernel* k) {
   return "";
 }
 
+// The node's name for a log line: control characters as '?', at most 200 characters (a
+// model's strings are not trusted).
 std::string node_name(const OrtKernelInfo* info) {
   size_t size = 0;
   if (OrtStatus* st = g_api->KernelInfo_GetNodeName(info, nullptr, &size)) {
@@ -72,12 +74,15 @@ std::string node_name(const OrtKernelInfo* info) {
     return "";
   }
   name.resize(size ? size - 1 : 0);
+  if (name.size() > 200) name = name.substr(0, 200) + "...";
+  for (char& c : name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
   return name;
 }
 
-// The host fallback's warning, once per node, in the session's log.
+// The host fallback's warning in the session's log (once per node: at kernel creation).
 void warn_host_fallback(const Kernel& k, const OrtLogger* logger, const std::string& why) {
-  if (k.warned.exchange(true) || !logger) return;
+  if (!logger) return;
   const std::string node = k.node.empty() ? "an unnamed node" : "node '" + k.node + "'";
   const std::string msg =
       "[" + k.op + "] " + node + " runs on the CPU with host copies of its tensors, " +

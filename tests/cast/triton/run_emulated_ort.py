@@ -312,6 +312,18 @@ def host_fallback(o: OrtRun) -> None:
         lookup(o, f"host lookup {code}", code, shape, q, 0, runs=2)
 
 
+def odd_name(o: OrtRun) -> None:
+    """A node name with a line break and 300 characters: the warning stays one short line."""
+    x = _input((4, 64), 8)
+    node = helper.make_node(
+        "QuantizeDequantizeMX", ["x"], ["y"], "a\nb" + "c" * 300, domain="onnxq",
+        dtype="int8_e8m0_t8_t4",
+    )  # fmt: skip
+    y = np.zeros(x.shape, x.dtype)
+    if o.run("host odd name", [node], {"x": _registered(x)}, {}, {"y": y}):
+        o.r.check("host odd name", y, onnxq.cast(x, "int8_e8m0_t8_t4", backend="reference"))
+
+
 def empty(o: OrtRun) -> None:
     """An empty X: the outputs an X of its shape gives (the CPU op's), nothing launched."""
     node = helper.make_node("QuantizeMX", ["x"], ["q", "scale", "", "ts"], domain="onnxq",
@@ -343,6 +355,7 @@ def main() -> None:
     inner_axis(o)
     lookups(o)
     host_fallback(o)
+    odd_name(o)
     empty(o)
     strict(o)
     r = o.r
