@@ -333,6 +333,31 @@ def _named(launches: list[_Launch], kernel: str) -> list[_Launch]:
     return [la for la in launches if la.kernel.fn.__name__ == kernel]
 
 
+def _variant(
+    launches: list[_Launch],
+    shapes: tuple[tuple[int, ...], ...],
+    axis: int,
+    info: FormatInfo,
+    consts: list[bytes],
+    what: str,
+) -> tuple[dict[str, str], dict[str, Any], dict[str, Any], list[tuple[str, str, int]]]:
+    """One general kernel's compile from its launches for ``shapes`` (tiles along ``axis``).
+
+    The launches must agree but for the geometry, and LAST must say whether the axis is last.
+    """
+    has_ts = info.tenscale_bits > 0
+    d = [
+        _describe(la, info.geometry(shape, axis), consts, tenscale=has_ts)
+        for la, shape in zip(launches, shapes, strict=True)
+    ]
+    _same(d[0], d[1], what)
+    sig, ce, opts, roles = d[0]
+    if ce.get("LAST") != (axis == -1):
+        raise GenerationError(f"{what}: LAST = {ce.get('LAST')} for axis {axis}")
+    _set_bt(ce)
+    return sig, ce, opts, roles
+
+
 def _quant_specs(
     tm: Any, dt: Any, info: FormatInfo, fi: int, k: int, consts: list[bytes]
 ) -> list[KernelSpec]:
@@ -352,21 +377,11 @@ def _quant_specs(
             extra = [la.kernel.fn.__name__ for la in rec[0] if la not in mains[0]]
             if extra != (["_stats_kernel"] if has_ts else []):
                 raise GenerationError(f"{preset}: unexpected launches {extra}")
-            d = [
-                _describe(m[0], info.geometry(shape, axis), consts, tenscale=has_ts)
-                for m, shape in zip(mains, shapes, strict=True)
-            ]
-            _same(d[0], d[1], f"{preset} quantize")
-            sig, ce, opts, roles = d[0]
-            if ce.get("LAST") == inner:
-                raise GenerationError(f"{preset}: LAST = {ce.get('LAST')} for axis {axis}")
-            _set_bt(ce)
-            op = INNER_OPS[op] if inner else op
-            specs.append(
-                KernelSpec(
-                    f"q{op}_{preset}_{ftype}", "_quant_kernel", op, fi, k, sig, ce, opts, roles
-                )
+            parts = _variant(
+                [m[0] for m in mains], shapes, axis, info, consts, f"{preset} quantize"
             )
+            op = INNER_OPS[op] if inner else op
+            specs.append(KernelSpec(f"q{op}_{preset}_{ftype}", "_quant_kernel", op, fi, k, *parts))
     return specs
 
 
@@ -439,24 +454,16 @@ def _dequant_specs(
     tm: Any, dt: Any, info: FormatInfo, fi: int, k: int, consts: list[bytes]
 ) -> list[KernelSpec]:
     """The dequantize kernel for one format and output type, both kinds of axis."""
-    preset, ftype, has_ts = info.preset, FLOATS[k], info.tenscale_bits > 0
+    preset, ftype = info.preset, FLOATS[k]
     specs = []
     for inner, shapes, axis in _VARIANTS:
         rec = [_record_dequant(tm, dt, shape, ftype, axis) for shape in shapes]
         if [len(r) for r in rec] != [1, 1]:
             raise GenerationError(f"{preset}: expected one _dequant_kernel launch")
-        d = [
-            _describe(r[0], info.geometry(shape, axis), consts, tenscale=has_ts)
-            for r, shape in zip(rec, shapes, strict=True)
-        ]
-        _same(d[0], d[1], f"{preset} dequantize")
-        sig, ce, opts, roles = d[0]
-        if ce.get("LAST") == inner:
-            raise GenerationError(f"{preset}: LAST = {ce.get('LAST')} for axis {axis}")
-        _set_bt(ce)
+        parts = _variant([r[0] for r in rec], shapes, axis, info, consts, f"{preset} dequantize")
         op = OP_DEQUANT_INNER if inner else OP_DEQUANT
         sym = f"dq{'i' if inner else ''}_{preset}_{ftype}"
-        specs.append(KernelSpec(sym, "_dequant_kernel", op, fi, k, sig, ce, opts, roles))
+        specs.append(KernelSpec(sym, "_dequant_kernel", op, fi, k, *parts))
     return specs
 
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -1008,23 +1009,12 @@ def _ort_cuda() -> tuple[bool, str]:
     return True, ""
 
 
-@pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
-@pytest.mark.parametrize("preset", PRESETS)
-def test_onnxruntime_cuda_ops_equal_the_reference(preset: str) -> None:
+def _cuda_y(nodes: list, shape: list[int], x: np.ndarray) -> np.ndarray:
+    """Y of a graph X -> nodes -> Y (float32, `shape`) on onnxruntime's CUDA provider."""
     from onnx import TensorProto, helper
 
     import onnxq.runtime
 
-    shape = [6, 64]
-    dt = onnxq.datatype(preset)
-    ts = "t" if dt.sspec.tenscale is not None else ""
-    meta = "m" if dt.sspec.tiles[0].subtile else ""
-    nodes = [
-        helper.make_node("QuantizeMX", ["x"], ["q", "s", "", ts, meta], domain="onnxq",
-                         dtype=preset),
-        helper.make_node("DequantizeMX", ["q", "s", "", ts, meta], ["y"], domain="onnxq",
-                         dtype=preset, shape=shape),
-    ]  # fmt: skip
     graph = helper.make_graph(
         nodes,
         "g",
@@ -1035,10 +1025,32 @@ def test_onnxruntime_cuda_ops_equal_the_reference(preset: str) -> None:
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
     )
     sess = onnxq.runtime.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-    x = _data(tuple(shape), 3)
-    (y,) = sess.run(None, {"x": x})
-    want = onnxq.cast(x, preset, backend="reference")
-    np.testing.assert_array_equal(_ref_bits(y), _ref_bits(want))
+    return sess.run(None, {"x": x})[0]
+
+
+def _pair_on_cuda(dtype: str, shape: list[int], seed: int, **attrs: Any) -> None:
+    """QuantizeMX -> DequantizeMX on the CUDA provider gives the reference's bits."""
+    from onnx import helper
+
+    dt = onnxq.datatype(dtype)
+    ts = "t" if dt.sspec.tenscale is not None else ""
+    meta = "m" if dt.sspec.tiles[0].subtile else ""
+    axis = attrs.get("axis", -1)
+    nodes = [
+        helper.make_node("QuantizeMX", ["x"], ["q", "s", "", ts, meta], domain="onnxq",
+                         dtype=dtype, **attrs),
+        helper.make_node("DequantizeMX", ["q", "s", "", ts, meta], ["y"], domain="onnxq",
+                         dtype=dtype, shape=shape, axis=axis),
+    ]  # fmt: skip
+    x = _data(tuple(shape), seed)
+    want = onnxq.cast(x, dtype, backend="reference", **attrs)
+    np.testing.assert_array_equal(_ref_bits(_cuda_y(nodes, shape, x)), _ref_bits(want))
+
+
+@pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
+@pytest.mark.parametrize("preset", PRESETS)
+def test_onnxruntime_cuda_ops_equal_the_reference(preset: str) -> None:
+    _pair_on_cuda(preset, [6, 64], 3)
 
 
 @pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
@@ -1082,63 +1094,25 @@ def test_onnxruntime_cuda_codebook_lookup(code: str, shape: tuple[int, ...], gen
 @pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
 @pytest.mark.parametrize(
     ("dtype", "attrs"),
-    [("int8_e8m0_t8_t4", {}), ("mxfp8e4", {"round_mode": "away"}), ("mxfp4", {"axis": 0})],
+    [
+        ("mxfp4", {"axis": 0}),  # the general kernels' LAST=False compile
+        ("mx6", {"axis": 0}),
+        ("int8_e8m0_t8_t4", {}),  # no GPU kernel: the CPU op on host copies
+        ("mxfp8e4", {"round_mode": "away"}),  # the same
+    ],
 )
-def test_onnxruntime_cuda_host_fallback(dtype: str, attrs: dict) -> None:
-    """Nodes the GPU kernels cannot run (2-D tiles, a mode, axis 0) run the CPU op on host
-    copies of their tensors: the reference's bits on the CUDA provider too."""
-    from onnx import TensorProto, helper
-
-    import onnxq.runtime
-
-    shape = [8, 64]
-    dt = onnxq.datatype(dtype)
-    ts = "t" if dt.sspec.tenscale is not None else ""
-    meta = "m" if dt.sspec.tiles[0].subtile else ""
-    axis = attrs.get("axis", -1)
-    nodes = [
-        helper.make_node("QuantizeMX", ["x"], ["q", "s", "", ts, meta], domain="onnxq",
-                         dtype=dtype, **attrs),
-        helper.make_node("DequantizeMX", ["q", "s", "", ts, meta], ["y"], domain="onnxq",
-                         dtype=dtype, shape=shape, axis=axis),
-    ]  # fmt: skip
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
-    )
-    sess = onnxq.runtime.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-    x = _data(tuple(shape), 4)
-    (y,) = sess.run(None, {"x": x})
-    want = onnxq.cast(x, dtype, backend="reference", **attrs)
-    np.testing.assert_array_equal(_ref_bits(y), _ref_bits(want))
+def test_onnxruntime_cuda_other_axes_and_host_fallback(dtype: str, attrs: dict) -> None:
+    _pair_on_cuda(dtype, [8, 64], 4, **attrs)
 
 
 @pytest.mark.skipif(not _ort_cuda()[0], reason=f"no onnxruntime CUDA EP: {_ort_cuda()[1]}")
 @pytest.mark.parametrize("preset", PRESETS)
 def test_onnxruntime_cuda_quant_dequant_equals_the_reference(preset: str) -> None:
     """QuantizeDequantizeMX (the activations' fused cast) on the CUDA provider."""
-    from onnx import TensorProto, helper
-
-    import onnxq.runtime
+    from onnx import helper
 
     shape = [6, 40]  # a last axis the fast kernels do not take for tiles of 32: the general
     node = helper.make_node("QuantizeDequantizeMX", ["x"], ["y"], domain="onnxq", dtype=preset)
-    graph = helper.make_graph(
-        [node],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("onnxq", 1)]
-    )
-    sess = onnxq.runtime.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     x = _data(tuple(shape), 6)
-    (y,) = sess.run(None, {"x": x})
     want = onnxq.cast(x, preset, backend="reference")
-    np.testing.assert_array_equal(_ref_bits(y), _ref_bits(want))
+    np.testing.assert_array_equal(_ref_bits(_cuda_y([node], shape, x)), _ref_bits(want))
