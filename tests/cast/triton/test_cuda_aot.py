@@ -900,6 +900,43 @@ def test_packed_layouts_equal_compress_mode(preset: str, general_only) -> None:
 
 
 @gpu
+@pytest.mark.parametrize("preset", PRESETS)
+def test_tiles_along_a_non_last_axis_equal_the_reference(preset: str) -> None:
+    """Tiles along an axis with elements after it (NCHW channels): the general kernels'
+    LAST=False compile, values and codes, the packed layouts and back, every float type."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    for i, (shape, axis) in enumerate([((2, 40, 3), 1), ((4, 64, 5, 5), 1), ((33, 7), 0)]):
+        for ftype in TYPES:
+            where = f"{preset} {ftype} {shape} axis {axis}"
+            x = _data(shape, 20 + i).astype(_np_dtype(ftype))
+            got = cuda_aot.quantize(_to_torch(x), preset, axis=axis)
+            packed = cuda_aot.quantize_packed(_to_torch(x), preset, axis=axis)
+            torch.cuda.synchronize()
+            ref = onnxq.cast(x, preset, backend="reference", axis=axis)
+            np.testing.assert_array_equal(_bits(got["values"]), _ref_bits(ref), err_msg=where)
+            q = onnxq.cast(x, preset, mode="compress", backend="reference", axis=axis)
+            np.testing.assert_array_equal(_bits(packed["q"]), q.data, err_msg=where)
+            np.testing.assert_array_equal(_bits(packed["scale"]), q.scale, err_msg=where)
+            if q.meta is not None:
+                np.testing.assert_array_equal(_bits(packed["meta"]), q.meta, err_msg=where)
+            y = cuda_aot.dequantize_packed(
+                preset,
+                shape,
+                _to_torch(q.data),
+                _to_torch(q.scale),
+                tenscale=None if q.tenscale is None else _to_torch(q.tenscale.astype(np.uint32)),
+                meta=None if q.meta is None else _to_torch(q.meta),
+                out_dtype=getattr(torch, ftype),
+                axis=axis,
+            )
+            want = onnxq.upcast(q, _np_dtype(ftype))
+            np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=where)
+
+
+@gpu
 @pytest.mark.parametrize("preset", ["mx6", "nvfp4"])
 def test_misaligned_buffers_and_unwanted_meta(preset: str) -> None:
     """The fast kernels are compiled for 16-byte aligned buffers: a tensor 4 bytes into its
