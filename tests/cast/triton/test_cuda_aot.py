@@ -877,26 +877,42 @@ def test_packed_layouts_equal_compress_mode(preset: str, general_only) -> None:
                     outs.append(cuda_aot.quantize_packed(_to_torch(x), preset))
             torch.cuda.synchronize()
             for path, got in zip(("default", "general"), outs, strict=False):
-                where = f"{preset} {ftype} {shape} {path}"
-                np.testing.assert_array_equal(_bits(got["q"]), q.data, err_msg=where)
-                np.testing.assert_array_equal(_bits(got["scale"]), q.scale, err_msg=where)
-                if q.meta is not None:
-                    np.testing.assert_array_equal(_bits(got["meta"]), q.meta, err_msg=where)
-                if q.tenscale is not None:
-                    np.testing.assert_array_equal(
-                        _bits(got["tenscale"]), q.tenscale.view(np.int32), err_msg=where
-                    )
-            y = cuda_aot.dequantize_packed(
-                preset,
-                shape,
-                _to_torch(q.data),
-                _to_torch(q.scale),
-                tenscale=None if q.tenscale is None else _to_torch(q.tenscale.astype(np.uint32)),
-                meta=None if q.meta is None else _to_torch(q.meta),
-                out_dtype=getattr(torch, ftype),
-            )
-            want = onnxq.upcast(q, _np_dtype(ftype))
-            np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=where)
+                _assert_packed(got, q, f"{preset} {ftype} {shape} {path}")
+            _assert_packed_decode(preset, shape, q, ftype, f"{preset} {ftype} {shape}")
+
+
+def _assert_packed(got: dict, q: Any, where: str) -> None:
+    """`cuda_aot.quantize_packed`'s fields equal the reference's compress-mode QTensor's."""
+    np.testing.assert_array_equal(_bits(got["q"]), q.data, err_msg=where)
+    np.testing.assert_array_equal(_bits(got["scale"]), q.scale, err_msg=where)
+    if q.meta is not None:
+        np.testing.assert_array_equal(_bits(got["meta"]), q.meta, err_msg=where)
+    if q.tenscale is not None:
+        np.testing.assert_array_equal(
+            _bits(got["tenscale"]), q.tenscale.view(np.int32), err_msg=where
+        )
+
+
+def _assert_packed_decode(
+    preset: str, shape: tuple, q: Any, ftype: str, where: str, axis: int = -1
+) -> None:
+    """`cuda_aot.dequantize_packed` of the reference's fields gives `onnxq.upcast`'s bits."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    y = cuda_aot.dequantize_packed(
+        preset,
+        shape,
+        _to_torch(q.data),
+        _to_torch(q.scale),
+        tenscale=None if q.tenscale is None else _to_torch(q.tenscale.astype(np.uint32)),
+        meta=None if q.meta is None else _to_torch(q.meta),
+        out_dtype=getattr(torch, ftype),
+        axis=axis,
+    )
+    want = onnxq.upcast(q, _np_dtype(ftype))
+    np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=where)
 
 
 @gpu
@@ -918,22 +934,8 @@ def test_tiles_along_a_non_last_axis_equal_the_reference(preset: str) -> None:
             ref = onnxq.cast(x, preset, backend="reference", axis=axis)
             np.testing.assert_array_equal(_bits(got["values"]), _ref_bits(ref), err_msg=where)
             q = onnxq.cast(x, preset, mode="compress", backend="reference", axis=axis)
-            np.testing.assert_array_equal(_bits(packed["q"]), q.data, err_msg=where)
-            np.testing.assert_array_equal(_bits(packed["scale"]), q.scale, err_msg=where)
-            if q.meta is not None:
-                np.testing.assert_array_equal(_bits(packed["meta"]), q.meta, err_msg=where)
-            y = cuda_aot.dequantize_packed(
-                preset,
-                shape,
-                _to_torch(q.data),
-                _to_torch(q.scale),
-                tenscale=None if q.tenscale is None else _to_torch(q.tenscale.astype(np.uint32)),
-                meta=None if q.meta is None else _to_torch(q.meta),
-                out_dtype=getattr(torch, ftype),
-                axis=axis,
-            )
-            want = onnxq.upcast(q, _np_dtype(ftype))
-            np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=where)
+            _assert_packed(packed, q, where)
+            _assert_packed_decode(preset, shape, q, ftype, where, axis)
 
 
 @gpu
