@@ -14,6 +14,7 @@ from typing import Any
 
 from onnxq.cast.aot_spec import (
     ARCHS,
+    CB_INNER_OPS,
     CB_OPS,
     FLOATS,
     FORMAT_VERSION,
@@ -85,7 +86,8 @@ def _kernel_tables(
         images, ptx = blob.placed[k.unit]
         bt = k.constexprs.get("ROUNDS", k.constexprs.get("BT", 1))  # amax: blocks per program
         # codebook decoding: the block (NSUB x SUB elements a tile) the launcher chooses by
-        block = (k.constexprs["NSUB"], k.constexprs["SUB"]) if k.op in CB_OPS else (0, 0)
+        cb = k.op in CB_OPS or k.op in CB_INNER_OPS.values()
+        block = (k.constexprs["NSUB"], k.constexprs["SUB"]) if cb else (0, 0)
         cubins = ", ".join(f"{{{a}, {images[a][0]}u, {images[a][1]}u}}" for a in ARCHS)
         rows.append(
             f"  {{{k.fmt}, {k.op}, {k.io_type}, {_c_str(r[ARCHS[0]]['name'])}, {warps.pop()}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import struct
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from onnxq.cast.aot_spec import (
     _ROLES,
     AMAX_ROUNDS,
     CB_BLOCKS,
+    CB_INNER_OPS,
     CB_MAX_TILE,
     ELEMS_PER_PROGRAM,
     FAST_OPS,
@@ -587,18 +589,20 @@ def _set_bt(ce: dict[str, Any]) -> None:
 
 
 # -- codebook decoding (CodebookLookup) ----------------------------------------------------------
-def _record_cb_dequant(tcb: Any, dt: Any, shape: tuple[int, ...], out_type: str) -> list[_Launch]:
+def _record_cb_dequant(
+    tcb: Any, dt: Any, shape: tuple[int, ...], out_type: str, axis: int
+) -> list[_Launch]:
     import torch
 
     from onnxq.cast.layout import Tiling
 
-    g = tcb._geom_of(Tiling.build(shape, len(shape) - 1, dt.sspec))
+    g = tcb._geom_of(Tiling.build(shape, axis % len(shape), dt.sspec))
     codes = torch.zeros(shape, dtype=torch.uint8)
     scale = torch.zeros(g.grid_shape, dtype=torch.uint8)
     meta = torch.zeros(g.meta_shape, dtype=torch.uint8)
     with _recording(tcb) as launches, _default_packing():
         tcb.dequantize(
-            dt, shape, -1, codes, scale=scale, meta=meta, out_dtype=getattr(torch, out_type)
+            dt, shape, axis, codes, scale=scale, meta=meta, out_dtype=getattr(torch, out_type)
         )
     return launches
 
@@ -617,23 +621,26 @@ def _cb_specs(consts: list[bytes]) -> list[KernelSpec]:
         tile = 2 * CB_MAX_TILE if op == OP_CB_LONG else nsub_b * sub_b
         sub = sub_b if op == OP_CB_SUB else 0
         dt = datatype(f"cb41fi_e2m2fnuz_e8m0_t{tile}" + (f"s{sub}" if sub else ""))
-        shapes = ((3, 2 * tile), (2, 2, tile + 3 * max(sub, 1)))
-        for k, ftype in enumerate(FLOATS):
+        last = ((3, 2 * tile), (2, 2, tile + 3 * max(sub, 1)))
+        inner = ((3, 2 * tile, 2), (2, tile + 3 * max(sub, 1), 3))  # along axis 1
+        for (k, ftype), (axis, shapes) in itertools.product(
+            enumerate(FLOATS), ((-1, last), (1, inner))
+        ):
             d = []
             for shape in shapes:
-                rec = _record_cb_dequant(tcb, dt, shape, ftype)
+                rec = _record_cb_dequant(tcb, dt, shape, ftype, axis)
                 if [la.kernel.fn.__name__ for la in rec] != ["_cb_dequant_kernel"]:
                     raise GenerationError(f"{dt.code}: expected one _cb_dequant_kernel launch")
                 book, sc = dt.nspec, dt.sspec.scale
                 geo = cb_geometry(
-                    shape, tile, sub, sc.bits, sc.bias, book.index_bits, book.meta_bits
+                    shape, tile, sub, sc.bits, sc.bias, book.index_bits, book.meta_bits, axis
                 )
                 d.append(_describe(rec[0], geo, consts, tenscale=False))
             _same(d[0], d[1], f"{dt.code} decoding")
             sig, ce, opts, roles = d[0]
             if any(r == "value" for _, r, _ in roles):
                 raise GenerationError(f"{dt.code}: decoding has recorded scalars {roles}")
-            want = dict(OUT_KIND=k, LAST=True, TENSOR=False, SUBT=bool(sub), NSUB=nsub_b)
+            want = dict(OUT_KIND=k, LAST=axis == -1, TENSOR=False, SUBT=bool(sub), NSUB=nsub_b)
             want.update(SUB=sub_b, CHUNKED=op == OP_CB_LONG)
             if any(ce.get(key) != v for key, v in want.items()):
                 raise GenerationError(f"{dt.code}: decoding constexprs {ce}, expected {want}")
@@ -642,11 +649,12 @@ def _cb_specs(consts: list[bytes]) -> list[KernelSpec]:
                     raise GenerationError(f"{dt.code}: a chunked decode with BT {ce['BT']}")
             else:
                 _set_bt(ce)
+            kop = op if axis == -1 else CB_INNER_OPS[op]
             specs.append(
                 KernelSpec(
-                    f"cb{op}_{nsub_b}x{sub_b}_{ftype}",
+                    f"cb{kop}_{nsub_b}x{sub_b}_{ftype}",
                     "_cb_dequant_kernel",
-                    op,
+                    kop,
                     -1,
                     k,
                     sig,

@@ -44,6 +44,8 @@ CB_BLOCKS = (
     (OP_CB_LONG, 1, 512),
 )
 CB_MAX_TILE = 1024  # tiles up to this many elements are whole in a program (not OP_CB_LONG)
+# ... and each block compiled for tiles along an axis with elements after it (LAST=False)
+CB_INNER_OPS = {OP_CB_PLAIN: 18, OP_CB_SUB: 19, OP_CB_LONG: 20}
 # The general kernels for tiles along an axis with elements after it (inner > 1: LAST=False),
 # such as NCHW activations tiled along the channels: the same kernels, another compile
 OP_QUANT_VALUES_INNER, OP_QUANT_CODES_INNER, OP_QUANT_BOTH_INNER, OP_DEQUANT_INNER = 14, 15, 16, 17
@@ -253,16 +255,24 @@ def cb_block(tile: int, sub: int) -> tuple[int, int, int, int] | None:
 
 
 def cb_geometry(
-    shape: tuple[int, ...], tile: int, sub: int, scale_bits: int, scale_bias: int, ib: int, mb: int
+    shape: tuple[int, ...],
+    tile: int,
+    sub: int,
+    scale_bits: int,
+    scale_bias: int,
+    ib: int,
+    mb: int,
+    axis: int = -1,
 ) -> dict[str, int]:
-    """`_cb_dequant_kernel`'s run-time arguments for codebook tiles along the last axis.
+    """`_cb_dequant_kernel`'s run-time arguments for codebook tiles along ``axis``.
 
     ``tile`` the data type's tile (0: the whole axis), ``sub`` its subtile (0: none); the
     launcher (``ops/src/cuda_lookup.cc``, `plan`) computes the same. Raises KeyError where
     no compiled block holds the tile (`aot_spec.cb_block`).
     """
-    C = shape[-1]
-    rows = math.prod(shape[:-1])
+    a = axis % len(shape)
+    C = shape[a]
+    rows = math.prod(shape[:a]) * math.prod(shape[a + 1 :])
     TC = tile or C
     if TC > CB_MAX_TILE and C < TC:
         # one long tile, mostly padding (`triton_codebook._geom_of`): as long as the axis
@@ -276,7 +286,7 @@ def cb_geometry(
         n_inst=rows * nC,
         C=C,
         TC=TC,
-        inner=1,
+        inner=math.prod(shape[a + 1 :]),
         nC=nC,
         nsub=TC // sub if sub else 1,
         sub=sub or TC,

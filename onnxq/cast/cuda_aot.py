@@ -11,7 +11,7 @@ current torch stream (or ``stream``).
 Covered: the presets the library embeds (`formats`), float32/float16/bfloat16, tiles along any
 axis (``axis=``; the fast kernel where it is the last), the default modes; and `lookup_packed`
 decodes codebooks (CodebookLookup: implicit and generic, exponent scales up to 8 bits, 1-D
-tiles along the last axis). Anything else raises; `onnxq.cast` with ``backend="triton"`` or
+tiles along any axis). Anything else raises; `onnxq.cast` with ``backend="triton"`` or
 the CPU engines do the rest. docs/gpu.md has the design.
 """
 
@@ -470,15 +470,16 @@ def lookup_packed(
     meta: Any = None,
     *,
     out_dtype: Any = None,
+    axis: int = -1,
     stream: Any = None,
 ) -> Any:
     """CodebookLookup on CUDA tensors: values of a codebook's packed layouts, of ``shape``.
 
-    ``q`` the packed indices, ``scale`` the uint8 scale grid, ``meta`` the packed mapping
-    indices (None when the codebook has no meta bits): the layouts of ``onnxq.cast(...,
-    mode="compress")`` and of CodebookLookup's inputs. A generic codebook's mappings (a data
-    type from ``add_mappings``) go to the device as its table; an implicit one's are the
-    library's own.
+    Tiles run along ``axis``. ``q`` the packed indices, ``scale`` the uint8 scale grid,
+    ``meta`` the packed mapping indices (None when the codebook has no meta bits): the layouts
+    of ``onnxq.cast(..., mode="compress")`` and of CodebookLookup's inputs. A generic
+    codebook's mappings (a data type from ``add_mappings``) go to the device as its table; an
+    implicit one's are the library's own.
 
     Raises:
         TypeError: a data type that is not a codebook, or inputs of the wrong type.
@@ -497,7 +498,7 @@ def lookup_packed(
     if not getattr(book, "is_codebook", False):
         raise TypeError(f"{dt.code} is not a codebook; use dequantize_packed")
     shape = tuple(shape)
-    grid, sub_grid = _grid(dt, shape)
+    grid, sub_grid = _grid(dt, shape, axis)
     fields = {
         "q": (q, (math.prod(shape) * book.index_bits + 7) // 8, 1),
         "scale": (scale, math.prod(grid), 1),
@@ -513,7 +514,7 @@ def lookup_packed(
         None if table is None else table.ctypes.data,
         len(shape),
         (ctypes.c_int64 * len(shape))(*shape),
-        -1,
+        axis,
         flat["q"].data_ptr(),
         flat["scale"].data_ptr(),
         flat["meta"].data_ptr() if "meta" in flat else None,

@@ -254,7 +254,7 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
   } else if (K.op == kOpAmax) {
     units = b.numel;  // BLOCK * ROUNDS elements a program (it strides over the grid)
     per = K.chunk;
-  } else if (K.op == kOpCbLong) {
+  } else if (K.op == kOpCbLong || K.op == kOpCbLongInner) {
     units = b.n_units * b.n_chunks;  // a chunk of a tile a program
     per = 1;
   }

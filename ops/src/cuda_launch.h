@@ -75,7 +75,11 @@ enum Op : int {
   kOpQuantValuesInner = 14,
   kOpQuantCodesInner = 15,
   kOpQuantBothInner = 16,
-  kOpDequantInner = 17
+  kOpDequantInner = 17,
+  // the codebook blocks for tiles along an axis with elements after it (LAST=False)
+  kOpCbPlainInner = 18,
+  kOpCbSubInner = 19,
+  kOpCbLongInner = 20
 };
 
 struct AotFormat {
@@ -147,11 +151,11 @@ std::string dequantize_packed(const std::string& dtype, int ndim, const int64_t*
 // CodebookLookup (docs/ops.md) of codebook format `f` (its table included: a generic
 // codebook's comes from the caller) on the device: Q the packed indices, scale one byte per tile
 // (exponent scales of up to 8 bits), meta_packed the mapping indices packed (null when the
-// format has no meta bits); tiles along the last axis. The table is uploaded on the stream.
+// format has no meta bits); tiles along `axis`. The table is uploaded on the stream.
 std::string lookup_packed(const Format& f, int ndim, const int64_t* shape, int axis,
                           const void* q, const void* scale, const void* meta_packed,
                           void* values, int values_type, void* stream);
-// Whether `lookup_packed` has kernels for format f with tiles along the last axis (whatever
+// Whether `lookup_packed` has kernels for format f with tiles along any axis (whatever
 // the shape, up to the tile's length: t0 is checked at each call); "" when it has.
 std::string lookup_supported(const Format& f);
 

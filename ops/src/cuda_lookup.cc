@@ -22,10 +22,15 @@ const char* const kUseCpu = "; run this node on the CPU (CPUExecutionProvider or
 
 // The block kernel for tiles of `tc` elements (subtiles of `sub`, 0: none) with output
 // `values_type`: of the blocks that hold the tile, the one of fewest lanes (aot_spec.cb_block
-// chooses the same); -1 when none does. *chunks: a long tile's chunks (1 otherwise).
-int find_block(int64_t tc, int64_t sub, int values_type, int64_t* chunks) {
-  const int op = tc > kMaxTile ? kOpCbLong : sub ? kOpCbSub : kOpCbPlain;
-  if (op == kOpCbLong && sub) return -1;
+// chooses the same); -1 when none does. *chunks: a long tile's chunks (1 otherwise). `inner`:
+// elements follow the tiled axis (the LAST=False compile of the same block).
+int find_block(int64_t tc, int64_t sub, int values_type, int64_t* chunks, bool inner = false) {
+  const int last_op = tc > kMaxTile ? kOpCbLong : sub ? kOpCbSub : kOpCbPlain;
+  const int op = !inner             ? last_op
+                 : last_op == kOpCbLong ? kOpCbLongInner
+                 : last_op == kOpCbSub  ? kOpCbSubInner
+                                        : kOpCbPlainInner;
+  if (last_op == kOpCbLong && sub) return -1;
   const int64_t nsub = sub ? tc / sub : 1;
   int best = -1;
   int64_t best_lanes = 0;
@@ -33,13 +38,14 @@ int find_block(int64_t tc, int64_t sub, int values_type, int64_t* chunks) {
     const AotKernel& K = aot_kernel(k);
     if (K.op != op || K.io_type != values_type || K.nsub_block < 1 || K.sub_block < 1) continue;
     const int64_t lanes = int64_t(K.nsub_block) * K.sub_block;
-    const bool holds = op == kOpCbLong || (K.nsub_block >= nsub && K.sub_block >= (sub ? sub : tc));
+    const bool holds =
+        last_op == kOpCbLong || (K.nsub_block >= nsub && K.sub_block >= (sub ? sub : tc));
     if (holds && (best < 0 || lanes < best_lanes)) {
       best = k;
       best_lanes = lanes;
     }
   }
-  *chunks = op == kOpCbLong && best >= 0 ? (tc + best_lanes - 1) / best_lanes : 1;
+  *chunks = last_op == kOpCbLong && best >= 0 ? (tc + best_lanes - 1) / best_lanes : 1;
   return best;
 }
 
@@ -87,9 +93,10 @@ Plan plan(const Format& f, int ndim, const int64_t* shape, int axis, int values_
   if (values_type < 0 || values_type > 2)
     throw Error{"float types are 0 (float32), 1 (float16), 2 (bfloat16)"};
   if (ndim < 1 || !shape) throw Error{"the tensor needs a shape of rank 1 or more"};
-  if (axis != -1 && axis != ndim - 1)
-    throw Error{"the CUDA kernels tile along the last axis only (axis " + std::to_string(axis) +
-                " of a rank-" + std::to_string(ndim) + " tensor)" + kUseCpu};
+  if (axis < -ndim || axis >= ndim)
+    throw Error{"axis " + std::to_string(axis) + " is out of range for a rank-" +
+                std::to_string(ndim) + " tensor"};
+  const int a = axis < 0 ? axis + ndim : axis;
   Plan p;
   p.numel = 1;
   for (int i = 0; i < ndim; ++i) {
@@ -99,7 +106,10 @@ Plan plan(const Format& f, int ndim, const int64_t* shape, int axis, int values_
       throw Error{"tensors of 2^31 elements or more are not supported by the CUDA kernels"};
   }
   if (p.numel == 0) return p;
-  const int64_t C = shape[ndim - 1], rows = p.numel / C, sub = f.sub[1];
+  // rows: the tile instances' other coordinates, (elements before) x (elements after the axis)
+  const int64_t C = shape[a], rows = p.numel / C, sub = f.sub[1];
+  int64_t inner = 1;
+  for (int i = a + 1; i < ndim; ++i) inner *= shape[i];
   int64_t tc = f.tile[0] ? f.tile[0] : C;
   if (tc > kMaxTile && C < tc) {  // one long tile, mostly padding: as long as the axis
     const int64_t step = sub ? sub : 1;
@@ -109,13 +119,13 @@ Plan plan(const Format& f, int ndim, const int64_t* shape, int axis, int values_
     throw Error{"subtiles of " + std::to_string(sub) + " must divide the tile (the axis of " +
                 std::to_string(C) + ")"};
   Bind& b = p.b;
-  p.kernel = find_block(tc, sub, values_type, &b.n_chunks);
+  p.kernel = find_block(tc, sub, values_type, &b.n_chunks, inner > 1);
   if (p.kernel < 0)
     throw Error{"no CUDA kernel decodes tiles of " + std::to_string(tc) + " elements" +
                 (sub ? " with subtiles of " + std::to_string(sub) : std::string()) + kUseCpu};
   b.C = C;
   b.TC = tc;
-  b.inner = 1;
+  b.inner = inner;
   b.nC = (C + tc - 1) / tc;
   b.n_units = rows * b.nC;
   b.nsub = sub ? tc / sub : 1;

@@ -35,19 +35,9 @@ std::string lookup_reason(const Kernel& k) {
   return "";
 }
 
-std::string axis_reason(int64_t axis) {
-  return "the CUDA kernels decode codebooks along the last axis only (axis " +
-         std::to_string(axis) + ")";
-}
-
-// Why the device kernels cannot run the node ("" when they can). Presets tile along any axis;
-// codebooks along the last (CodebookLookup's shape is an attribute: known here).
+// Why the device kernels cannot run the node ("" when they can; tiles along any axis).
 std::string init_reason(Kernel* k) {
-  if (k->kind == kLookup) {
-    const int64_t last = static_cast<int64_t>(k->shape.size()) - 1;
-    std::string why = lookup_reason(*k);
-    return why.empty() && k->axis != -1 && k->axis != last ? axis_reason(k->axis) : why;
-  }
+  if (k->kind == kLookup) return lookup_reason(*k);
   k->gpu = cuda::find_format(k->parsed.code);
   if (!k->gpu)
     return "dtype '" + k->parsed.code + "' has no CUDA kernel in this library (" +
@@ -199,7 +189,7 @@ void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx,
 
 void compute_cuda_lookup(const Kernel& k, OrtKernelContext* ctx) {
   const std::vector<int64_t>& shape = k.shape;  // the attribute (required for this op)
-  const int axis = static_cast<int>(shape.size()) - 1;  // the last (init_cuda_kernel)
+  const int axis = normal_axis(k.axis, shape.size(), shape, "X's shape");
   Format with_table;  // the Table input read and checked as on the CPU
   const Format& f = lookup_format(k, input(ctx, kInTable, "Table"), &with_table);
   Geometry g;
@@ -226,7 +216,7 @@ void compute_cuda_lookup(const Kernel& k, OrtKernelContext* ctx) {
       output(ctx, kOutY, "Y", shape, k.out_type, "output_type " + std::to_string(k.out_type));
   if (!y) throw OpError("output Y is missing");
   if (g.size == 0) return;  // an empty Y
-  e = cuda::lookup_packed(f, static_cast<int>(shape.size()), shape.data(), -1, q.data,
+  e = cuda::lookup_packed(f, static_cast<int>(shape.size()), shape.data(), axis, q.data,
                           scale.data, meta, y, float_kind(k.out_type), gpu_stream(ctx));
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
 }

@@ -50,6 +50,13 @@ LOOKUPS = [
     ("cb41fi_e2m2fnuz_e8m0_t4096", (1, 700), 1),
     ("cb41fi_e2m2fnuz_e8m0_t256s32", (2, 300), 0),
 ]
+# (dtype, shape, axis, output type): tiles along a non-last axis (the blocks' LAST=False
+# compile): subtiles, partial tiles, a long chunked tile
+LOOKUPS_AXIS = [
+    ("cb41fi_e2m2fnuz_e8m0_t32s8", (3, 45, 2), 1, 0),
+    ("cb51fi_e3m3_e8m0_t64s16", (100, 3), 0, 2),
+    ("cb40f_e2m2fnuz_e8m0_t2048", (2, 3000, 2), 1, 1),
+]
 # generic codebooks: decoded with the implicit one's mappings as the table
 GENERIC = [("cb41_e2m2fnuz_e8m0_t8s4", "cb41fi_e2m2fnuz_e8m0_t8s4", (3, 24), 0)]
 
@@ -100,13 +107,14 @@ class Run:
         q: Any,
         out: int,
         table: np.ndarray | None = None,
+        axis: int = -1,
     ) -> np.ndarray | None:
         y = np.zeros(shape, OUT_TYPES[out])
         tab = None if table is None else np.ascontiguousarray(table, np.float64)
         ok = self.call(
             name, self.lib.onnxq_cuda_lookup_packed, code.encode(),
             None if tab is None else tab.ctypes.data, len(shape),
-            (ctypes.c_int64 * len(shape))(*shape), -1, self.dev(q.data), self.dev(q.scale),
+            (ctypes.c_int64 * len(shape))(*shape), axis, self.dev(q.data), self.dev(q.scale),
             self.dev(q.meta), self.dev(y), out, None,
         )  # fmt: skip
         return y if ok else None
@@ -121,6 +129,13 @@ def lookups(r: Run) -> None:
         x = _input(shape, i)
         q = onnxq.cast(x, code, mode="compress", backend="reference")
         r.check(code, r.lookup(code, code, shape, q, out), onnxq.upcast(q, OUT_TYPES[out]))
+    for code, shape, axis, out in LOOKUPS_AXIS:
+        x = _input(shape, 40 + axis)
+        q = onnxq.cast(x, code, mode="compress", backend="reference", axis=axis)
+        name = f"{code} {shape} axis {axis}"
+        r.check(
+            name, r.lookup(name, code, shape, q, out, axis=axis), onnxq.upcast(q, OUT_TYPES[out])
+        )
     for generic, implicit, shape, out in GENERIC:
         x = _input(shape, 99)
         q = onnxq.cast(x, implicit, mode="compress", backend="reference")
@@ -156,11 +171,6 @@ def refusals(r: Run) -> None:
         "no meta", r.lib.onnxq_cuda_lookup_packed, b"cb41fi_e2m2fnuz_e8m0_t32", None, 2,
         (ctypes.c_int64 * 2)(*shape), -1, r.dev(q.data), r.dev(q.scale), None, r.dev(y), 0,
         None,
-    )  # fmt: skip
-    r.call(
-        "axis 0", r.lib.onnxq_cuda_lookup_packed, b"cb41fi_e2m2fnuz_e8m0_t32", None, 2,
-        (ctypes.c_int64 * 2)(*shape), 0, r.dev(q.data), r.dev(q.scale), r.dev(q.meta),
-        r.dev(y), 0, None,
     )  # fmt: skip
 
 
@@ -388,6 +398,11 @@ def wrappers(r: Run) -> None:
             "mx6", INNER_SHAPE, dev(want.data), dev(want.scale), meta=dev(want.meta), axis=1
         )
         same &= np.array_equal(bits(y), _bits(onnxq.upcast(want)))
+        qc = onnxq.cast(x, implicit, mode="compress", backend="reference", axis=1)
+        y = cuda_aot.lookup_packed(
+            implicit, INNER_SHAPE, dev(qc.data), dev(qc.scale), dev(qc.meta), axis=1
+        )
+        same &= np.array_equal(bits(y), _bits(onnxq.upcast(qc)))
         unpacked = cuda_aot.quantize(dev(x), "nvfp4", axis=0)
         ref = onnxq.cast(x, "nvfp4", backend="reference", axis=0)
         same &= np.array_equal(bits(unpacked["values"]), _bits(ref))

@@ -251,6 +251,10 @@ def lookups(o: OrtRun) -> None:
         q = onnxq.cast(_input(shape, 90 + n), implicit, mode="compress", backend="reference")
         table = np.asarray(datatype(implicit).nspec.table(), np.float32) if generic else None
         lookup(o, f"ort lookup {dtype}", dtype, shape, q, out, table)
+    # tiles along axis 0 (a MatMul weight's K), the blocks' LAST=False compile
+    code, shape = "cb41fi_e2m2fnuz_e8m0_t32s8", (64, 6)
+    q = onnxq.cast(_input(shape, 97), code, mode="compress", backend="reference", axis=0)
+    lookup(o, f"ort lookup axis 0 {code}", code, shape, q, 0, axis=0)
 
 
 def lookup(
@@ -262,6 +266,7 @@ def lookup(
     out: int,
     table: np.ndarray | None = None,
     runs: int = 1,
+    axis: int = -1,
 ) -> None:
     """One CodebookLookup node (a generic codebook's `table` as its Table input)."""
     device = {"q": _registered(q.data), "scale": _registered(q.scale)}
@@ -274,7 +279,7 @@ def lookup(
         inputs.append("table")
     node = helper.make_node(
         "CodebookLookup", inputs, ["y"], name, domain="onnxq", dtype=dtype, shape=list(shape),
-        output_type=ONNX_OUT[out],
+        output_type=ONNX_OUT[out], axis=axis,
     )  # fmt: skip
     y = np.zeros(shape, NP_OUT[out])
     if o.run(name, [node], device, host, {"y": y}, runs):

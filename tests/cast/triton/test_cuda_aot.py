@@ -110,12 +110,18 @@ def test_generation_covers_every_specialisation(manifest: tuple[dict, bytes]) ->
             assert k["hints"] == ptrs + extra, k["symbol"]
     # codebook decoding (CodebookLookup): every block for every output type, format-general
     # (every run-time argument computed by the launcher, none recorded)
+    # (and each block for the last axis and, LAST=False, for an axis with elements after it)
     cb = {
         (k["op"], k["constexprs"]["NSUB"], k["constexprs"]["SUB"], k["io_type"])
         for k in m["kernels"]
         if k["kernel"] == "_cb_dequant_kernel"
     }
-    assert cb == {(op, n, s, t) for op, n, s in aot.CB_BLOCKS for t in aot.FLOATS}
+    want = {(op, n, s, t) for op, n, s in aot.CB_BLOCKS for t in aot.FLOATS}
+    want |= {(aot.CB_INNER_OPS[op], n, s, t) for op, n, s, t in want}
+    assert cb == want
+    for k in m["kernels"]:
+        if k["kernel"] == "_cb_dequant_kernel":
+            assert k["constexprs"]["LAST"] == (k["op"] in aot.CB_OPS), k["symbol"]
     for k in m["kernels"]:
         if k["kernel"] == "_cb_dequant_kernel":
             assert k["format"] is None and all(r != "value" for _, r, _ in k["roles"])

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxq.cast.aot_spec import FLOATS, cb_block, cb_geometry
+from onnxq.cast.aot_spec import CB_INNER_OPS, FLOATS, cb_block, cb_geometry
 from onnxq.formats.datatype import datatype
 
 HERE = Path(__file__).resolve().parent
@@ -82,14 +82,18 @@ def test_every_launch_ran_and_every_result_is_the_reference(emulated: dict) -> N
     assert emulated["bad"] == []
 
 
-def _expected_block(code: str, shape: tuple[int, ...], out: int) -> tuple[list[str], str]:
+def _expected_block(
+    code: str, shape: tuple[int, ...], out: int, axis: int = -1
+) -> tuple[list[str], str]:
     """The unpack kernels and the decode block the Python mirror (aot_spec) expects."""
     dt = datatype(code)
     book, tile = dt.nspec, dt.sspec.tiles[0]
     geo = cb_geometry(
-        shape, tile.size, tile.subtile, 8, dt.sspec.scale.bias, book.index_bits, book.meta_bits
-    )
+        shape, tile.size, tile.subtile, 8, dt.sspec.scale.bias, book.index_bits, book.meta_bits,
+        axis,
+    )  # fmt: skip
     op, nsub, sub, _ = cb_block(geo["TC"], tile.subtile)
+    op = CB_INNER_OPS[op] if geo["inner"] > 1 else op  # the LAST=False compile
     unpack = [f"unpack{book.index_bits}"] if book.index_bits < 8 else []
     unpack += [f"unpack{book.meta_bits}"] if book.meta_bits else []
     return unpack, f"cb{op}_{nsub}x{sub}_{FLOATS[out]}"
@@ -97,16 +101,18 @@ def _expected_block(code: str, shape: tuple[int, ...], out: int) -> tuple[list[s
 
 def test_codebooks_take_the_block_the_generator_expects(emulated: dict) -> None:
     # The C++ choice of kernel (cuda_lookup.cc find_block, its geometry) is the Python mirror's
-    from tests.cast.triton.run_emulated import GENERIC, LOOKUPS
+    from tests.cast.triton.run_emulated import GENERIC, LOOKUPS, LOOKUPS_AXIS
 
-    cases = [(code, code, shape, out) for code, shape, out in LOOKUPS]
-    cases += [(f"{g} (table)", i, shape, out) for g, i, shape, out in GENERIC]
-    for name, code, shape, out in cases:
-        unpack, block = _expected_block(code, shape, out)
+    cases = [(code, code, shape, out, -1) for code, shape, out in LOOKUPS]
+    cases += [(f"{g} (table)", i, shape, out, -1) for g, i, shape, out in GENERIC]
+    cases += [(f"{c} {s} axis {a}", c, s, out, a) for c, s, a, out in LOOKUPS_AXIS]
+    for name, code, shape, out, axis in cases:
+        unpack, block = _expected_block(code, shape, out, axis)
         assert emulated["launches"][name] == [*unpack, block], name
-    # masked blocks and long tiles are among them
+    # masked blocks and long tiles are among them, along the last axis and along another
     launched = {la[-1].rsplit("_", 1)[0] for la in emulated["launches"].values() if la}
     assert {"cb12_4x8", "cb12_8x32", "cb12_16x8", "cb13_1x512", "cb11_1x1024"} <= launched
+    assert {"cb19_4x8", "cb19_8x32", "cb20_1x512"} <= launched
 
 
 def test_codebook_refusals_name_the_problem(emulated: dict) -> None:
@@ -121,7 +127,6 @@ def test_codebook_refusals_name_the_problem(emulated: dict) -> None:
         "generic without a table": "has no mappings of its own",
         "host memory": "Q is not CUDA device memory",
         "no meta": "the Meta input is required",
-        "axis 0": "along the last axis only (axis 0",
     }
     for case, needle in want.items():
         assert needle in refused.get(case, ""), (case, refused.get(case))
@@ -200,7 +205,7 @@ def test_onnxruntime_cuda_kernels_equal_the_reference(emulated_ort: tuple[dict, 
     for n in inner:
         kinds = _kinds(result["launches"][n])
         assert ("q" in kinds) != ("dqi" in kinds) and "f" not in kinds, (n, kinds)
-    assert len([n for n in ran if n.startswith("ort lookup ")]) == 4
+    assert len([n for n in ran if n.startswith("ort lookup ")]) == 5
     assert all(result["launches"][n] for n in ran)
 
 
