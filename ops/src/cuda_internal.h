@@ -47,6 +47,14 @@ void same_device(const void* p, const char* what, int dev);
 
 const AotKernel& aot_kernel(int k);
 
+// A tensor's shape checked for the kernels (rank >= 1, dims >= 0, under 2^31 elements, the axis
+// in range): the axis made non-negative, the element count and the elements after the axis.
+struct Extent {
+  int axis = 0;
+  int64_t numel = 1, inner = 1;
+};
+Extent extent(int ndim, const int64_t* shape, int axis);
+
 // What the launcher passes for each parameter role (cuda_launch.h Role).
 constexpr int kPtrRoles = 15;  // kRoleX .. kRoleTable
 struct Bind {

@@ -292,23 +292,30 @@ struct Geometry {
   Bind b;
 };
 
-Geometry geometry(const AotFormat& F, int ndim, const int64_t* shape, int axis) {
+Extent extent(int ndim, const int64_t* shape, int axis) {
   if (ndim < 1 || !shape) throw Error{"the tensor needs a shape of rank 1 or more"};
   if (axis < -ndim || axis >= ndim)
     throw Error{"axis " + std::to_string(axis) + " is out of range for a rank-" +
                 std::to_string(ndim) + " tensor"};
-  const int a = axis < 0 ? axis + ndim : axis;
-  Geometry g;
-  int64_t inner = 1;
+  Extent e;
+  e.axis = axis < 0 ? axis + ndim : axis;
   for (int i = 0; i < ndim; ++i) {
     if (shape[i] < 0) throw Error{"negative dimension in the shape"};
-    g.numel *= shape[i];
-    if (g.numel >= (int64_t(1) << 31))
+    e.numel *= shape[i];
+    if (e.numel >= (int64_t(1) << 31))
       throw Error{"tensors of 2^31 elements or more are not supported by the CUDA kernels"};
-    if (i > a) inner *= shape[i];
+    if (i > e.axis) e.inner *= shape[i];
   }
+  return e;
+}
+
+Geometry geometry(const AotFormat& F, int ndim, const int64_t* shape, int axis) {
+  const Extent ext = extent(ndim, shape, axis);
+  Geometry g;
+  g.numel = ext.numel;
+  const int64_t inner = ext.inner;
   // Units are tiles: (elements before the axis) x (tiles along it) x (elements after it).
-  int64_t C = shape[a];
+  int64_t C = shape[ext.axis];
   g.b.C = C;
   g.b.TC = F.tile;
   g.b.nC = C ? (C + F.tile - 1) / F.tile : 0;

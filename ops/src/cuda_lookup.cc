@@ -92,24 +92,12 @@ Plan plan(const Format& f, int ndim, const int64_t* shape, int axis, int values_
   check_format(f);
   if (values_type < 0 || values_type > 2)
     throw Error{"float types are 0 (float32), 1 (float16), 2 (bfloat16)"};
-  if (ndim < 1 || !shape) throw Error{"the tensor needs a shape of rank 1 or more"};
-  if (axis < -ndim || axis >= ndim)
-    throw Error{"axis " + std::to_string(axis) + " is out of range for a rank-" +
-                std::to_string(ndim) + " tensor"};
-  const int a = axis < 0 ? axis + ndim : axis;
+  const Extent ext = extent(ndim, shape, axis);
   Plan p;
-  p.numel = 1;
-  for (int i = 0; i < ndim; ++i) {
-    if (shape[i] < 0) throw Error{"negative dimension in the shape"};
-    p.numel *= shape[i];
-    if (p.numel >= (int64_t(1) << 31))
-      throw Error{"tensors of 2^31 elements or more are not supported by the CUDA kernels"};
-  }
+  p.numel = ext.numel;
   if (p.numel == 0) return p;
   // rows: the tile instances' other coordinates, (elements before) x (elements after the axis)
-  const int64_t C = shape[a], rows = p.numel / C, sub = f.sub[1];
-  int64_t inner = 1;
-  for (int i = a + 1; i < ndim; ++i) inner *= shape[i];
+  const int64_t C = shape[ext.axis], rows = p.numel / C, sub = f.sub[1], inner = ext.inner;
   int64_t tc = f.tile[0] ? f.tile[0] : C;
   if (tc > kMaxTile && C < tc) {  // one long tile, mostly padding: as long as the axis
     const int64_t step = sub ? sub : 1;

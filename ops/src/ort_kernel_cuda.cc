@@ -111,19 +111,17 @@ void* gpu_stream(OrtKernelContext* ctx) {
   return stream;
 }
 
-// The scale grid: X's shape with the tiled axis's length replaced by its tile count.
-std::vector<int64_t> gpu_grid(const cuda::AotFormat& F, std::vector<int64_t> shape, int axis) {
-  shape[axis] = (shape[axis] + F.tile - 1) / F.tile;
-  return shape;
-}
-
-// Shift bits: one per subtile (tiles along `axis` cut into subtiles of F.sub), or none.
-int64_t gpu_meta_count(const cuda::AotFormat& F, const std::vector<int64_t>& shape, int axis) {
-  if (!F.sub) return 0;
-  int64_t others = 1;
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (static_cast<int>(i) != axis) others *= shape[i];
-  return others * ((shape[axis] + F.sub - 1) / F.sub);
+// The Scale grid's shape and the shift-bit count of X's `shape`, as the CPU op has them
+// (make_geometry: the same tiles).
+struct Fields {
+  std::vector<int64_t> grid;
+  int64_t nmeta = 0;
+};
+Fields fields_of(const Kernel& k, const std::vector<int64_t>& shape, int axis) {
+  Geometry g;
+  std::string e = make_geometry(k.fmt, shape, axis, &g);
+  if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
+  return {grid_shape(g, shape, axis, g.nR, g.nC), k.fmt.has_meta() ? g.meta_count() : 0};
 }
 
 void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, int axis) {
@@ -131,12 +129,13 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, 
   const std::string why = "dtype '" + k.parsed.code + "'";
   void* q = output(ctx, kQOut.q, "Q", {packed_nbytes(x.count, F.code_bits)}, kU8, why);
   if (!q) throw OpError("output Q is missing");
-  void* scale = output(ctx, kQOut.scale, "Scale", gpu_grid(F, x.shape, axis), kU8, why);
+  const Fields fields = fields_of(k, x.shape, axis);
+  void* scale = output(ctx, kQOut.scale, "Scale", fields.grid, kU8, why);
   if (!scale) throw OpError("output Scale is missing");
   output(ctx, kQOut.zero, "Zero", {0}, 0, why);
   void* ts = output(ctx, kQOut.ts, "TenScale", {F.tenscale_bits ? 1 : 0},
                     F.tenscale_bits ? kU32 : 0, why);
-  int64_t nmeta = gpu_meta_count(F, x.shape, axis);
+  const int64_t nmeta = fields.nmeta;
   void* meta =
       output(ctx, kQOut.meta, "Meta", {nmeta ? packed_nbytes(nmeta, 1) : 0}, kU8, why);
   output(ctx, kQOut.mask, "Mask", {0}, kU8, why);
@@ -173,9 +172,10 @@ void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx,
     return in;
   };
   In q = need(0, "Q", kU8, {packed_nbytes(count, F.code_bits)});
-  In scale = need(1, "Scale", kU8, gpu_grid(F, shape, axis));
+  const Fields fields = fields_of(k, shape, axis);
+  In scale = need(1, "Scale", kU8, fields.grid);
   const void* ts = F.tenscale_bits ? need(3, "TenScale", kU32, {1}).data : nullptr;
-  int64_t nmeta = gpu_meta_count(F, shape, axis);
+  const int64_t nmeta = fields.nmeta;
   const void* meta = nmeta ? need(4, "Meta", kU8, {packed_nbytes(nmeta, 1)}).data : nullptr;
   void* y =
       output(ctx, kOutY, "Y", shape, k.out_type, "output_type " + std::to_string(k.out_type));
