@@ -33,25 +33,25 @@ SHAPE = (8192, 8192)  # its sizes are multiples of 16, as the JIT's specialisati
 
 
 def record(preset: str, ftype: str, mode: str) -> Any:
-    """The fast kernel's recorded launch for one cast (`onnxq.cast.aot_record`)."""
-    from onnxq.cast import aot_record, triton_fast
+    """The fast kernel's recorded launch for one cast (`onnxq.cast.aot_launches`)."""
+    from onnxq.cast import aot_launches, triton_fast
     from onnxq.formats.datatype import datatype
 
     want = {"compress": "packed", "virtual": "values"}[mode]
     # the recorder pins the default packing for the embedded kernels; here the knob decides
-    with _knob_respected(aot_record):
-        launches = aot_record._record_fast(triton_fast, datatype(preset), SHAPE, ftype, want)
+    with _knob_respected(aot_launches):
+        launches = aot_launches.record_fast(triton_fast, datatype(preset), SHAPE, ftype, want)
     return next(la for la in launches if la.kernel.fn.__name__ == "_fast_kernel")
 
 
 @contextlib.contextmanager
-def _knob_respected(aot_record: Any) -> Any:
-    saved = aot_record._default_packing
-    aot_record._default_packing = contextlib.nullcontext
+def _knob_respected(aot_launches: Any) -> Any:
+    saved = aot_launches.default_packing
+    aot_launches.default_packing = contextlib.nullcontext
     try:
         yield
     finally:
-        aot_record._default_packing = saved
+        aot_launches.default_packing = saved
 
 
 def compile_sm90(launch: Any) -> Any:

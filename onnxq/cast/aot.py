@@ -32,8 +32,9 @@ packing through the general ones. This module compiles them at build time:
 Pointer and scalar arguments are matched to what the launcher passes by name (`_ROLES`): a
 parameter added to a kernel without a role here stops the build with a message naming it.
 
-The parts: `aot_spec` (formats, operations, parameter roles, `KernelSpec`), `aot_record`
-(recording the host's launches: `specialisations`), `aot_compile` (``triton.compile``) and
+The parts: `aot_spec` (formats, operations, parameter roles, `KernelSpec`), `aot_launches`
+(recording the host's launches), `aot_record` (every specialisation from them:
+`specialisations`), `aot_compile` (``triton.compile``) and
 `aot_emit` (the output files); this module runs them and is the command line.
 
 Run: ``python -m onnxq.cast.aot OUT_DIR [--jobs N]`` (``ops/CMakeLists.txt`` does, through
@@ -122,6 +123,7 @@ _SOURCES = (
     "aot",
     "aot_compile",
     "aot_emit",
+    "aot_launches",
     "aot_record",
     "aot_spec",
     "triton",

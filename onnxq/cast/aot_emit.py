@@ -18,6 +18,8 @@ from onnxq.cast.aot_spec import (
     CB_OPS,
     FLOATS,
     FORMAT_VERSION,
+    MODE_PARAMS,
+    MODES,
     OP_PACK,
     OP_UNPACK,
     PTX_ARCH,
@@ -119,6 +121,17 @@ def _kernel_tables(
     return rows, params, entries
 
 
+def _mode_rows(f: FormatInfo) -> str:
+    """AotFormat's mode tables (cuda_launch.h), in `MODE_PARAMS` order."""
+    rows = []
+    for mode, param in MODE_PARAMS.items():
+        values = f.modes[param]
+        if len(values) != len(MODES[mode]):
+            raise GenerationError(f"{f.preset}: {len(values)} values of {param}")
+        rows.append("{" + ", ".join(str(v) for v in values) + "}")
+    return ", ".join(rows)
+
+
 def _index_inc(
     formats: list[FormatInfo],
     rows: list[str],
@@ -130,7 +143,7 @@ def _index_inc(
     """The text of aot_index.inc."""
     fmt_rows = [
         f"  {{{_c_str(f.preset)}, {_c_str(f.code)}, {f.tile}, {f.sub}, {int(f.scaled)}, "
-        f"{f.code_bits}, {f.scale_bits}, {f.tenscale_bits}}},"
+        f"{f.code_bits}, {f.scale_bits}, {f.tenscale_bits}, {_mode_rows(f)}}},"
         for f in formats
     ]
     param_rows = [

@@ -1,21 +1,27 @@
-"""Recording the host's kernel launches: every specialisation the CUDA path compiles.
+"""Every specialisation the CUDA path compiles, from the host's recorded launches.
 
-For each preset and float type, the host functions (`triton.quantize`, `triton.dequantize`,
-`triton_fast.quantize`) are called on small CPU tensors with their kernels replaced by
-recorders: a recorded launch gives every constexpr value and the type of every pointer
-argument, so no kernel's parameter list is copied here. Two shapes are recorded and must agree.
+For each preset and float type, the host functions are called on small CPU tensors with their
+kernels replaced by recorders (`onnxq.cast.aot_launches`): a recorded launch gives every
+constexpr value and the type of every pointer argument, so no kernel's parameter list is copied
+here. Two shapes are recorded and must agree.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import itertools
-import os
 import struct
-from collections.abc import Iterator
 from typing import Any
 
+from onnxq.cast.aot_launches import (
+    Launch,
+    default_packing,
+    mode_table,
+    named,
+    record_dequant,
+    record_fast,
+    record_quant,
+    recording,
+)
 from onnxq.cast.aot_spec import (
     _OPTION_DEFAULTS,
     _PTR_TYPES,
@@ -52,131 +58,6 @@ from onnxq.cast.aot_spec import (
 from onnxq.formats.datatype import datatype
 
 
-@dataclasses.dataclass
-class _Launch:
-    kernel: Any
-    args: tuple
-    kwargs: dict
-
-
-@contextlib.contextmanager
-def _recording(tm: Any) -> Iterator[list[_Launch]]:
-    """Replace the kernels of module ``tm`` by recorders for the duration of the block."""
-    kinds = ("JITFunction", "InterpretedFunction")  # (TRITON_INTERPRET=1: the tests)
-    names = [n for n, v in vars(tm).items() if type(v).__name__ in kinds]
-    names = [n for n in names if n in _ROLES]
-    saved = {n: getattr(tm, n) for n in names}
-    launches: list[_Launch] = []
-
-    class Recorder:
-        def __init__(self, fn: Any) -> None:
-            self.fn = fn
-
-        def __getitem__(self, grid: Any) -> Any:
-            def launch(*args: Any, **kwargs: Any) -> None:
-                launches.append(_Launch(self.fn, args, kwargs))
-
-            return launch
-
-    try:
-        for n in names:
-            setattr(tm, n, Recorder(saved[n]))
-        yield launches
-    finally:
-        for n, fn in saved.items():
-            setattr(tm, n, fn)
-
-
-def _record_quant(tm: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str, axis: int):
-    import torch
-
-    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
-
-    x = torch.zeros(shape, dtype=getattr(torch, in_type))
-    with _recording(tm) as launches:
-        tm.quantize(
-            x,
-            dt,
-            axis=axis,
-            round_mode=RoundMode.EVEN,
-            scale_mode=ScaleMode.FLOOR,
-            nan_policy=NanPolicy.ELEMENT,
-            seed=0,
-            full_int_range=False,
-            want_values=want in ("values", "both"),
-            want_codes=want in ("codes", "both"),
-        )
-    return launches
-
-
-# Experiments' switches of the engines, which a build must not pick up
-_KNOBS = ("ONNXQ_TRITON_PACK_GROUP", "ONNXQ_TRITON_CB_CONFIG")
-
-
-@contextlib.contextmanager
-def _default_packing() -> Iterator[None]:
-    """The default packing layout and codebook program, whatever the build's environment says."""
-    saved = {k: os.environ.pop(k) for k in _KNOBS if k in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-def _record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str):
-    """The fast path's launches for one cast (the tuned program size, not the environment's)."""
-    import torch
-
-    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
-
-    fp = tf._fast_plan(shape, dt, -1, RoundMode.EVEN, tf._BLOCK, tf._WARPS)
-    if fp is None:
-        why = tf.why_not_fast(shape, dt, -1, RoundMode.EVEN)
-        raise GenerationError(f"{dt.code}: the fast path refuses {shape} ({why})")
-    x = torch.zeros(shape, dtype=getattr(torch, in_type))
-    with _recording(tf) as launches, _default_packing():
-        tf.quantize(
-            x,
-            dt,
-            fp,
-            scale_mode=ScaleMode.FLOOR,
-            nan_policy=NanPolicy.ELEMENT,
-            full_int_range=False,
-            want_values=want == "values",
-            want_codes=want != "values",
-            packed=want == "packed",
-        )
-    return launches
-
-
-def _record_dequant(tm: Any, dt: Any, shape: tuple[int, ...], out_type: str, axis: int):
-    import torch
-
-    p = tm.plan(shape, dt, axis)
-    code_t = torch.uint8 if dt.nspec.bits <= 8 else torch.uint16
-    codes = torch.zeros(shape, dtype=code_t)
-    s = dt.sspec
-    scale = tenscale = meta = None
-    if s is not None:
-        scale = torch.zeros(p.grid_shape, dtype=tm._code_torch_dtype(s.scale.bits))
-        if s.tenscale is not None:
-            tenscale = torch.tensor([1.0], dtype=torch.float32).view(torch.uint32)
-        if p.sub:
-            meta = torch.zeros(p.meta_shape, dtype=torch.uint8)
-    with _recording(tm) as launches:
-        tm.dequantize(
-            dt,
-            shape,
-            axis,
-            codes,
-            scale=scale,
-            tenscale=tenscale,
-            meta=meta,
-            out_dtype=getattr(torch, out_type),
-        )
-    return launches
-
-
 def _ptr_type(t: Any) -> str:
     name = str(t.dtype)
     if name not in _PTR_TYPES:
@@ -201,7 +82,7 @@ def _constexpr_names(fn: Any) -> set[str]:
 
 
 def _describe(
-    launch: _Launch, geometry: dict[str, int], consts: list[bytes], *, tenscale: bool
+    launch: Launch, geometry: dict[str, int], consts: list[bytes], *, tenscale: bool
 ) -> tuple[dict[str, str], dict[str, Any], dict[str, Any], list[tuple[str, str, int]]]:
     """Signature, constexprs, compile options and parameter roles of one recorded launch."""
     import torch
@@ -327,16 +208,13 @@ def _format_info(tm: Any, preset: str) -> tuple[Any, FormatInfo]:
         dt.nspec.bits,
         s.scale.bits,
         s.tenscale.bits if s.tenscale is not None else 0,
+        mode_table(tm, dt, preset, _SHAPES[0]),
     )
     return dt, info
 
 
-def _named(launches: list[_Launch], kernel: str) -> list[_Launch]:
-    return [la for la in launches if la.kernel.fn.__name__ == kernel]
-
-
 def _variant(
-    launches: list[_Launch],
+    launches: list[Launch],
     shapes: tuple[tuple[int, ...], ...],
     axis: int,
     info: FormatInfo,
@@ -345,11 +223,12 @@ def _variant(
 ) -> tuple[dict[str, str], dict[str, Any], dict[str, Any], list[tuple[str, str, int]]]:
     """One general kernel's compile from its launches for ``shapes`` (tiles along ``axis``).
 
-    The launches must agree but for the geometry, and LAST must say whether the axis is last.
+    The launches must agree but for the geometry, and LAST must say whether the axis is last;
+    the quantize kernel's mode parameters take the launcher's roles (recorded at the defaults).
     """
     has_ts = info.tenscale_bits > 0
     d = [
-        _describe(la, info.geometry(shape, axis), consts, tenscale=has_ts)
+        _describe(la, info.geometry(shape, axis) | info.mode_numbers(), consts, tenscale=has_ts)
         for la, shape in zip(launches, shapes, strict=True)
     ]
     _same(d[0], d[1], what)
@@ -372,8 +251,8 @@ def _quant_specs(
     quants = ((OP_QUANT_VALUES, "values"), (OP_QUANT_CODES, "codes"), (OP_QUANT_BOTH, "both"))
     for inner, shapes, axis in _VARIANTS:
         for op, want in quants:
-            rec = [_record_quant(tm, dt, shape, ftype, want, axis) for shape in shapes]
-            mains = [_named(r, "_quant_kernel") for r in rec]
+            rec = [record_quant(tm, dt, shape, ftype, want, axis) for shape in shapes]
+            mains = [named(r, "_quant_kernel") for r in rec]
             if [len(m) for m in mains] != [1, 1]:
                 raise GenerationError(f"{preset}: expected one _quant_kernel launch")
             extra = [la.kernel.fn.__name__ for la in rec[0] if la not in mains[0]]
@@ -396,8 +275,8 @@ def _fast_specs(
     for op, want in FAST_OPS:
         if want == "packed" and info.code_bits == 8 and not info.sub:
             continue  # the packed layouts are the unpacked ones: OP_FAST_CODES
-        rec = [_record_fast(tf, dt, shape, ftype, want) for shape in _FAST_SHAPES]
-        mains = [_named(r, "_fast_kernel") for r in rec]
+        rec = [record_fast(tf, dt, shape, ftype, want) for shape in _FAST_SHAPES]
+        mains = [named(r, "_fast_kernel") for r in rec]
         if [len(m) for m in mains] != [1, 1]:
             raise GenerationError(f"{preset}: expected one _fast_kernel launch")
         extra = [la.kernel.fn.__name__ for la in rec[0] if la not in mains[0]]
@@ -438,7 +317,7 @@ def _stats_spec(tm: Any, dt: Any, k: int, consts: list[bytes]) -> KernelSpec:
     ftype = FLOATS[k]
     d = []
     for size in (1 << 16, 3 * (1 << 16) + 5):
-        st = _named(_record_quant(tm, dt, (size,), ftype, "values", -1), "_stats_kernel")
+        st = named(record_quant(tm, dt, (size,), ftype, "values", -1), "_stats_kernel")
         if len(st) != 1:
             raise GenerationError("expected one _stats_kernel launch (tensor amax)")
         tile = st[0].kwargs.get("TILE", 0)
@@ -459,7 +338,7 @@ def _dequant_specs(
     preset, ftype = info.preset, FLOATS[k]
     specs = []
     for inner, shapes, axis in _VARIANTS:
-        rec = [_record_dequant(tm, dt, shape, ftype, axis) for shape in shapes]
+        rec = [record_dequant(tm, dt, shape, ftype, axis) for shape in shapes]
         if [len(r) for r in rec] != [1, 1]:
             raise GenerationError(f"{preset}: expected one _dequant_kernel launch")
         parts = _variant([r[0] for r in rec], shapes, axis, info, consts, f"{preset} dequantize")
@@ -505,7 +384,7 @@ def specialisations(
     return formats, kernels, consts
 
 
-def _amax_specs(tf: Any, launches: list[_Launch], k: int, consts: list[bytes]) -> list[KernelSpec]:
+def _amax_specs(tf: Any, launches: list[Launch], k: int, consts: list[bytes]) -> list[KernelSpec]:
     """NVFP4's tensor amax for the fast path: one image per `AMAX_ROUNDS` value.
 
     The host picks ``ROUNDS`` (blocks per program, a loop count) from the tensor size so that
@@ -591,7 +470,7 @@ def _set_bt(ce: dict[str, Any]) -> None:
 # -- codebook decoding (CodebookLookup) ----------------------------------------------------------
 def _record_cb_dequant(
     tcb: Any, dt: Any, shape: tuple[int, ...], out_type: str, axis: int
-) -> list[_Launch]:
+) -> list[Launch]:
     import torch
 
     from onnxq.cast.layout import Tiling
@@ -600,7 +479,7 @@ def _record_cb_dequant(
     codes = torch.zeros(shape, dtype=torch.uint8)
     scale = torch.zeros(g.grid_shape, dtype=torch.uint8)
     meta = torch.zeros(g.meta_shape, dtype=torch.uint8)
-    with _recording(tcb) as launches, _default_packing():
+    with recording(tcb) as launches, default_packing():
         tcb.dequantize(
             dt, shape, axis, codes, scale=scale, meta=meta, out_dtype=getattr(torch, out_type)
         )

@@ -20,7 +20,7 @@ FLOATS = ("float32", "float16", "bfloat16")  # index = the kernels' IN_KIND / OU
 ARCHS = (80, 90)
 PTX_ARCH = 80  # the PTX kept for GPUs newer than the cubins (JIT-compiled by the driver)
 ELEMS_PER_PROGRAM = 1024
-FORMAT_VERSION = 3  # of kernels.bin / aot_index.inc; the launcher checks it
+FORMAT_VERSION = 4  # of kernels.bin / aot_index.inc; the launcher checks it
 
 # Kernel operations (the launcher's `op`)
 OP_QUANT_VALUES, OP_QUANT_CODES, OP_DEQUANT, OP_STATS, OP_PACK, OP_UNPACK = 0, 1, 2, 3, 4, 5
@@ -98,6 +98,28 @@ ROLE_IDS = {
     "s_mask": 39,  # 2^scale_bits - 1
     "ib": 40,  # index bits
     "nmap": 41,  # mappings (2^meta_bits)
+    # the general quantize kernel's mode numbers: the format's value for the call's mode
+    # (`FormatInfo.modes`, by the C ABI's mode numbers)
+    "rmode": 42,
+    "nan_nf": 43,
+    "full_int": 44,
+    "bump_t": 45,
+}
+# The modes the general quantize kernel takes at run time, in the C ABI's numbering
+# (onnxq_ops.h `onnxq_modes`): stochastic rounding (a constexpr) and scale search (a loop of
+# casts) have no embedded kernels.
+MODES = {
+    "round_mode": ("even", "away", "zero"),
+    "scale_mode": ("floor", "ceil", "midmax", "option3", "topbinade", "rceil", "even"),
+    "nan_policy": ("element", "block"),
+    "full_int_range": (False, True),
+}
+# Its parameter that each mode sets (the only one: the generator checks)
+MODE_PARAMS = {
+    "round_mode": "rmode",
+    "scale_mode": "bump_t",
+    "nan_policy": "nan_nf",
+    "full_int_range": "full_int",
 }
 _GEOMETRY = ("n_units", "n_chunks", "C", "TC", "inner", "nC", "sub_cols")
 
@@ -165,10 +187,20 @@ class FormatInfo:
     code_bits: int
     scale_bits: int
     tenscale_bits: int  # 0: none
+    # MODE_PARAMS' parameter values by mode number: {"rmode": (0, 1, 2), "bump_t": (...), ...}
+    modes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def geometry(self, shape: tuple[int, ...], axis: int = -1) -> dict[str, int]:
         """The quantize / dequantize kernels' scalar arguments (tiles along ``axis``)."""
         return _geometry(shape, self.tile, self.sub, axis)
+
+    def mode_numbers(self, **modes: int) -> dict[str, int]:
+        """The general quantize kernel's mode parameters for C ABI mode numbers (0: default).
+
+        ``mode_numbers(scale_mode=1)`` -> {"rmode": 0, "bump_t": ..., "nan_nf": 0, ...}; the
+        launcher reads the same table (``AotFormat``).
+        """
+        return {p: self.modes[p][modes.get(m, 0)] for m, p in MODE_PARAMS.items()}
 
 
 def _fast_geometry(shape: tuple[int, ...], f: FormatInfo, packed: bool) -> dict[str, int]:

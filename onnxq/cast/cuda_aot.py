@@ -9,7 +9,8 @@ users reach that launch path (the same one the onnxruntime CUDA ops and C/C++ ho
 current torch stream (or ``stream``).
 
 Covered: the presets the library embeds (`formats`), float32/float16/bfloat16, tiles along any
-axis (``axis=``; the fast kernel where it is the last), the default modes; and `lookup_packed`
+axis (``axis=``; the fast kernel where it is the last), every mode but stochastic rounding and
+scale search (the fast kernel takes the defaults, the general ones the rest); and `lookup_packed`
 decodes codebooks (CodebookLookup: implicit and generic, exponent scales up to 8 bits, 1-D
 tiles along any axis). Anything else raises; `onnxq.cast` with ``backend="triton"`` or
 the CPU engines do the rest. docs/gpu.md has the design.
@@ -189,6 +190,24 @@ def _stream(device: Any, stream: Any) -> int:
     return int(getattr(stream, "cuda_stream", stream))
 
 
+def _modes(round_mode: Any, scale_mode: Any, nan_policy: Any, int_range: str) -> Any:
+    """The C ABI's ``onnxq_modes`` (by reference) for `onnxq.cast`'s mode arguments."""
+    from onnxq.cast import native
+    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+
+    if int_range not in ("symmetric", "full"):
+        raise ValueError(f"int_range is 'symmetric' or 'full', not {int_range!r}")
+    return ctypes.byref(
+        native._Modes(
+            native._ROUND[RoundMode.parse(round_mode)],
+            native._SCALE[ScaleMode.parse(scale_mode)],
+            native._POLICY[NanPolicy.parse(nan_policy)],
+            int(int_range == "full"),
+            0,
+        )
+    )
+
+
 def _call(fn: Any, *args: Any) -> None:
     err = ctypes.create_string_buffer(_ERRLEN)
     if fn(*args, err, _ERRLEN) != 0:
@@ -202,9 +221,16 @@ def quantize(
     axis: int = -1,
     want_values: bool = True,
     want_codes: bool = True,
+    round_mode: Any = "even",
+    scale_mode: Any = "floor",
+    nan_policy: Any = "element",
+    int_range: str = "symmetric",
     stream: Any = None,
 ) -> dict[str, Any]:
     """Quantize a CUDA tensor, tiles along ``axis``, with the library's kernels.
+
+    The modes are `onnxq.cast`'s (names or enums); stochastic rounding and scale search are
+    refused (RuntimeError).
 
     Returns:
         ``values`` (x's dtype and shape, when asked) and, when asked, ``codes`` (uint8, x's
@@ -251,7 +277,7 @@ def quantize(
     _call(
         _lib().onnxq_cuda_quantize,
         dt.code.encode(),
-        None,
+        _modes(round_mode, scale_mode, nan_policy, int_range),
         x.data_ptr(),
         kinds[x.dtype],
         len(shape),
@@ -340,12 +366,21 @@ def dequantize(
 
 
 def quantize_packed(
-    x: Any, dtype: DataType | str, *, axis: int = -1, stream: Any = None
+    x: Any,
+    dtype: DataType | str,
+    *,
+    axis: int = -1,
+    round_mode: Any = "even",
+    scale_mode: Any = "floor",
+    nan_policy: Any = "element",
+    int_range: str = "symmetric",
+    stream: Any = None,
 ) -> dict[str, Any]:
     """Quantize to the custom ops' layouts (``onnxq.cast(..., mode="compress")``'s fields).
 
     ``q``: codes bit-packed (uint8 1-D); ``scale``: uint8 tile grid; ``meta``: shift bits
     packed one bit each; ``tenscale``: uint32 (1,); the last two where the format has them.
+    Modes as in `quantize`.
 
     Raises:
         TypeError, ValueError, NotImplementedError, RuntimeError: as `quantize`.
@@ -373,7 +408,7 @@ def quantize_packed(
     _call(
         _lib().onnxq_cuda_quantize_packed,
         dt.code.encode(),
-        None,
+        _modes(round_mode, scale_mode, nan_policy, int_range),
         x.data_ptr(),
         kinds[x.dtype],
         len(shape),

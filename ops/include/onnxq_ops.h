@@ -117,7 +117,8 @@ ONNXQ_API int32_t onnxq_unpack_bits(const uint8_t* stream, int64_t stream_bytes,
  * CUDA driver, which is loaded with dlopen at the first call: the library loads and its CPU
  * functions work on machines without CUDA. Formats are named by preset or data type code
  * (the embedded ones: onnxq_cuda_info); tiles run along any axis (the fast kernels take the
- * last); modes are the defaults.
+ * last); every mode but stochastic rounding and scale search (the fast kernels take the
+ * defaults, the general ones the rest).
  * Every pointer is CUDA device memory on one device (host memory is refused); work is queued on
  * `stream` (a CUstream; NULL is the legacy default stream) and not waited for, so a kernel fault
  * shows at the caller's next synchronisation. Layouts are those of onnxq_quantize with one byte
@@ -133,7 +134,7 @@ ONNXQ_API int32_t onnxq_cuda_info(char* out, size_t outlen);
 /* Quantize x (float type x_type) of shape[ndim], tiles along `axis` (-ndim .. ndim - 1).
  * values (x_type, x's shape) and codes may each be NULL, not both; with codes, scale is required
  * and meta too for MX9/MX6-style formats, tenscale is optional. modes may be NULL (defaults);
- * other modes are refused. */
+ * stochastic rounding and scale search are refused (the seed is not read). */
 ONNXQ_API int32_t onnxq_cuda_quantize(const char* dtype, const onnxq_modes* modes, const void* x,
                                       int32_t x_type, int32_t ndim, const int64_t* shape,
                                       int32_t axis, void* values, void* codes, void* scale,

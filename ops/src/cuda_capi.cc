@@ -21,6 +21,21 @@ int32_t status(char* err, size_t errlen, const char* op, const std::string& msg)
   onnxq::write_error(err, errlen, std::string(op) + msg);
   return 1;
 }
+
+// The C ABI's modes (null: the defaults); `why` says what the CUDA kernels cannot do.
+onnxq::Modes modes_of(const onnxq_modes* m, std::string* why) {
+  onnxq::Modes modes;
+  if (m) {
+    modes.round_mode = m->round_mode;
+    modes.scale_mode = m->scale_mode;
+    modes.nan_policy = m->nan_policy;
+    modes.full_int_range = m->full_int_range != 0;
+    modes.seed = m->seed;
+  }
+  *why = onnxq::cuda::modes_supported(modes);
+  if (!why->empty()) *why += "; use the Triton or CPU engines for it";
+  return modes;
+}
 }  // namespace
 
 extern "C" {
@@ -58,14 +73,12 @@ int32_t onnxq_cuda_quantize(const char* dtype, const onnxq_modes* modes, const v
                             void* stream, char* err, size_t errlen) {
   const char* op = "[onnxq_cuda_quantize] ";
   if (!dtype) return status(err, errlen, op, "dtype is null");
-  if (modes && (modes->round_mode != 0 || modes->scale_mode != 0 || modes->nan_policy != 0 ||
-                modes->full_int_range != 0))
-    return status(err, errlen, op,
-                  "the CUDA kernels are compiled for the default modes only (round even, scale "
-                  "floor, nan element, symmetric ints); use the Triton or CPU engines");
+  std::string why;
+  const onnxq::Modes m = modes_of(modes, &why);
+  if (!why.empty()) return status(err, errlen, op, why);
   return status(err, errlen, op,
                 onnxq::cuda::quantize(dtype, x, x_type, ndim, shape, axis, values, codes, scale,
-                                      tenscale, meta, stream));
+                                      tenscale, meta, stream, &m));
 }
 
 int32_t onnxq_cuda_dequantize(const char* dtype, int32_t ndim, const int64_t* shape, int32_t axis,
@@ -85,12 +98,12 @@ int32_t onnxq_cuda_quantize_packed(const char* dtype, const onnxq_modes* modes, 
                                    uint8_t* meta_packed, void* stream, char* err, size_t errlen) {
   const char* op = "[onnxq_cuda_quantize_packed] ";
   if (!dtype) return status(err, errlen, op, "dtype is null");
-  if (modes && (modes->round_mode != 0 || modes->scale_mode != 0 || modes->nan_policy != 0 ||
-                modes->full_int_range != 0))
-    return status(err, errlen, op, "the CUDA kernels are compiled for the default modes only");
+  std::string why;
+  const onnxq::Modes m = modes_of(modes, &why);
+  if (!why.empty()) return status(err, errlen, op, why);
   return status(err, errlen, op,
                 onnxq::cuda::quantize_packed(dtype, x, x_type, ndim, shape, axis, q, scale,
-                                             tenscale, meta_packed, stream));
+                                             tenscale, meta_packed, stream, &m));
 }
 
 int32_t onnxq_cuda_dequantize_packed(const char* dtype, int32_t ndim, const int64_t* shape,

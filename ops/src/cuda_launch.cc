@@ -18,6 +18,7 @@
 
 #include "cuda_driver.h"
 #include "cuda_internal.h"
+#include "kernels.h"
 #include "onnxq_ops.h"
 
 #if defined(ONNXQ_WITH_AOT)
@@ -42,7 +43,7 @@ namespace {
 #if defined(ONNXQ_WITH_AOT)
 #include "aot_index.inc"
 static_assert(ONNXQ_AOT_NARCH == kAotArchs, "aot.py ARCHS and cuda_launch.h disagree");
-static_assert(ONNXQ_AOT_FORMAT_VERSION == 3, "aot_index.inc of another format version");
+static_assert(ONNXQ_AOT_FORMAT_VERSION == 4, "aot_index.inc of another format version");
 constexpr int64_t kAmaxPrograms = ONNXQ_AOT_AMAX_PROGRAMS;
 constexpr int kFormatCount = sizeof(kAotFormats) / sizeof(kAotFormats[0]);
 constexpr int kKernelCount = sizeof(kAotKernels) / sizeof(kAotKernels[0]);
@@ -224,6 +225,10 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
       case kRoleSMask: s32 = static_cast<int32_t>(b.s_mask); break;
       case kRoleIB: s32 = static_cast<int32_t>(b.ib); break;
       case kRoleNMap: s32 = static_cast<int32_t>(b.nmap); break;
+      case kRoleRMode: s32 = static_cast<int32_t>(b.rmode); break;
+      case kRoleNanNf: s32 = static_cast<int32_t>(b.nan_nf); break;
+      case kRoleFullInt: s32 = static_cast<int32_t>(b.full_int); break;
+      case kRoleBumpT: s32 = static_cast<int32_t>(b.bump_t); break;
       default: scalar = false;
     }
     if (scalar && K.div16 && p.role == kRoleNumel && s32 % 16 != 0)
@@ -401,12 +406,15 @@ bool aligned16(std::initializer_list<const void*> ptrs) {
 
 // The fast kernels for this quantization (*kv values, *kc codes, -1 where not wanted), or
 // false when the general kernels must take it. They are compiled for 16-byte aligned buffers
-// (`ptrs`: the caller's), as the JIT compiles them for aligned tensors.
-bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, bool values,
-                  bool codes, bool packed, std::initializer_list<const void*> ptrs, int* kv,
-                  int* kc) {
+// (`ptrs`: the caller's), as the JIT compiles them for aligned tensors, and the default modes.
+bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, const Modes& m,
+                  bool values, bool codes, bool packed, std::initializer_list<const void*> ptrs,
+                  int* kv, int* kc) {
   *kv = *kc = -1;
-  if (!fast_enabled() || F.tile < 1 || g.b.inner != 1 || g.b.C % F.tile != 0 || !aligned16(ptrs))
+  const bool default_modes = m.round_mode == kEven && m.scale_mode == kSFloor &&
+                             m.nan_policy == 0 && !m.full_int_range;
+  if (!fast_enabled() || !default_modes || F.tile < 1 || g.b.inner != 1 || g.b.C % F.tile != 0 ||
+      !aligned16(ptrs))
     return false;
   if (F.tenscale_bits && (g.numel % 16 != 0 || amax_kernel(x_type, g.numel) < 0)) return false;
   if (packed) {  // 8-bit codes without shift bits: the packed layouts are the unpacked ones
@@ -422,8 +430,11 @@ bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, boo
 // packed (the custom ops' layouts, fast path only): codes is Q, meta the packed shift bits.
 std::string quantize_impl(const std::string& dtype, const void* x, int x_type, int ndim,
                           const int64_t* shape, int axis, void* values, void* codes, void* scale,
-                          void* tenscale, void* meta, void* stream, bool packed = false) {
+                          void* tenscale, void* meta, void* stream, const Modes& m,
+                          bool packed = false) {
   const AotFormat& F = format_for(dtype);
+  const std::string unsupported = modes_supported(m);
+  if (!unsupported.empty()) throw Error{unsupported};
   if (x_type < 0 || x_type > 2) throw Error{"float types are 0 (float32), 1 (float16), 2 (bfloat16)"};
   if (!x) throw Error{"x is null"};
   if (!values && !codes) throw Error{"nothing to compute: values and codes are both null"};
@@ -440,7 +451,7 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
   same_device(meta, "meta", dev);
   int fi = static_cast<int>(&F - kAotFormats);
   int fv = -1, fc = -1;
-  const bool fast = fast_kernels(F, fi, g, x_type, values, codes, packed,
+  const bool fast = fast_kernels(F, fi, g, x_type, m, values, codes, packed,
                                  {x, values, codes, scale, tenscale, meta}, &fv, &fc);
   if (packed && !fast) throw Error{"packed quantize without its fast kernel (internal error)"};
   int kv = values && !fast ? find_kernel(fi, general_op(kOpQuantValues, g), x_type) : -1;
@@ -458,6 +469,10 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
   b.ptr[kRoleCodes] = codes;
   b.ptr[kRoleScale] = scale;
   b.ptr[kRoleMeta] = meta;
+  b.rmode = F.rmode[m.round_mode];  // modes_supported checked the indices
+  b.bump_t = F.bump_t[m.scale_mode];
+  b.nan_nf = F.nan_nf[m.nan_policy];
+  b.full_int = F.full_int[m.full_int_range ? 1 : 0];
   std::unique_ptr<Scratch> scratch;
   if (fast) {
     const int64_t n_tiles = g.numel / F.tile;
@@ -593,7 +608,8 @@ std::string pack_impl(bool pack, const void* in, int64_t count, int bits, void* 
 // through stream-ordered scratch and the pack kernels.
 std::string quantize_packed_impl(const std::string& dtype, const void* x, int x_type, int ndim,
                                  const int64_t* shape, int axis, void* q, void* scale,
-                                 void* tenscale, void* meta_packed, void* stream) {
+                                 void* tenscale, void* meta_packed, void* stream,
+                                 const Modes& m) {
   const AotFormat& F = format_for(dtype);
   if (!q || !scale) throw Error{"Q and Scale are required"};
   Geometry g = geometry(F, ndim, shape, axis);
@@ -608,7 +624,7 @@ std::string quantize_packed_impl(const std::string& dtype, const void* x, int x_
   int64_t nmeta = F.sub ? g.numel / g.b.C * g.b.sub_cols : 0;
   std::unique_ptr<Scratch> scratch;
   int fv = -1, fc = -1;
-  if (fast_kernels(F, static_cast<int>(&F - kAotFormats), g, x_type, false, true, true,
+  if (fast_kernels(F, static_cast<int>(&F - kAotFormats), g, x_type, m, false, true, true,
                    {x, q, scale, tenscale, meta_packed}, &fv, &fc)) {
     void* meta = meta_packed;
     if (nmeta && !meta) {  // the kernel writes the shift bits anyway
@@ -616,14 +632,14 @@ std::string quantize_packed_impl(const std::string& dtype, const void* x, int x_
       meta = reinterpret_cast<void*>(scratch->p);
     }
     return quantize_impl(dtype, x, x_type, ndim, shape, axis, nullptr, q, scale, tenscale, meta,
-                         stream, true);
+                         stream, m, true);
   }
   if (ncodes + nmeta) scratch.reset(new Scratch(static_cast<size_t>(ncodes + nmeta + 16), s));
   CUdeviceptr base = scratch ? scratch->p : 0;
   void* codes = ncodes ? reinterpret_cast<void*>(base) : q;
   void* meta = nmeta ? reinterpret_cast<void*>(base + ncodes) : nullptr;
   quantize_impl(dtype, x, x_type, ndim, shape, axis, nullptr, codes, scale, tenscale, meta,
-                stream);
+                stream, m);
   if (ncodes) pack_impl(true, codes, ncodes, F.code_bits, q, stream);
   if (nmeta && meta_packed) pack_impl(true, meta, nmeta, 1, meta_packed, stream);
   return "";
@@ -695,12 +711,24 @@ bool available(std::string* why) {
   return w.empty();
 }
 
+std::string modes_supported(const Modes& m) {
+  if (m.round_mode == kStochastic)
+    return "stochastic rounding has no CUDA kernel (its random bits are a compile-time switch)";
+  if (m.scale_mode == kSSearch)
+    return "scale mode 'search' has no CUDA kernel (it runs a cast per candidate scale)";
+  if (m.round_mode < 0 || m.round_mode > kZero || m.scale_mode < 0 || m.scale_mode > kSEven ||
+      m.nan_policy < 0 || m.nan_policy > 1)
+    return "unknown modes: round " + std::to_string(m.round_mode) + ", scale " +
+           std::to_string(m.scale_mode) + ", nan " + std::to_string(m.nan_policy);
+  return "";
+}
+
 std::string quantize(const std::string& dtype, const void* x, int x_type, int ndim,
                      const int64_t* shape, int axis, void* values, void* codes, void* scale,
-                     void* tenscale, void* meta, void* stream) {
+                     void* tenscale, void* meta, void* stream, const Modes* modes) {
   return guarded([&] {
     return quantize_impl(dtype, x, x_type, ndim, shape, axis, values, codes, scale, tenscale,
-                         meta, stream);
+                         meta, stream, modes ? *modes : Modes{});
   });
 }
 
@@ -715,10 +743,10 @@ std::string dequantize(const std::string& dtype, int ndim, const int64_t* shape,
 
 std::string quantize_packed(const std::string& dtype, const void* x, int x_type, int ndim,
                             const int64_t* shape, int axis, void* q, void* scale, void* tenscale,
-                            void* meta_packed, void* stream) {
+                            void* meta_packed, void* stream, const Modes* modes) {
   return guarded([&] {
     return quantize_packed_impl(dtype, x, x_type, ndim, shape, axis, q, scale, tenscale,
-                                meta_packed, stream);
+                                meta_packed, stream, modes ? *modes : Modes{});
   });
 }
 

@@ -9,6 +9,7 @@
 
 namespace onnxq {
 struct Format;  // kernels.h
+struct Modes;   // kernels.h
 namespace cuda {
 
 // Parameter roles of the generated kernel table (onnxq/cast/aot.py ROLE_IDS).
@@ -51,6 +52,11 @@ enum Role : int {
   kRoleSMask = 39,
   kRoleIB = 40,
   kRoleNMap = 41,
+  // the general quantize kernel's mode parameters (AotFormat's tables, by the call's modes)
+  kRoleRMode = 42,
+  kRoleNanNf = 43,
+  kRoleFullInt = 44,
+  kRoleBumpT = 45,
 };
 
 enum Op : int {
@@ -86,6 +92,10 @@ struct AotFormat {
   const char* preset;
   const char* code;
   int tile, sub, scaled, code_bits, scale_bits, tenscale_bits;
+  // The general quantize kernel's mode parameters by mode number (onnxq_ops.h onnxq_modes):
+  // rmode by round mode (even, away, zero), bump_t by scale mode (floor .. even), nan_nf by
+  // NaN policy, full_int by full_int_range (aot_spec.MODES; recorded from the host code).
+  int rmode[3], bump_t[7], nan_nf[2], full_int[2];
 };
 struct AotParam {
   int role;
@@ -122,16 +132,21 @@ const AotFormat* find_format(const std::string& dtype);
 // Whether the driver loads, has a device and the library has kernels; else *why says what not.
 bool available(std::string* why);
 
-// Quantize (tiles along `axis`, default modes) on `stream` (a CUstream; null: the legacy
-// default stream): the fast kernel (onnxq/cast/triton_fast.py) when the tiles run along the
-// last axis and it is a multiple of the tile, else the general kernels (ONNXQ_CUDA_FAST=0:
-// always the general ones). x, values: float type x_type (0 float32, 1 float16, 2 bfloat16);
+// Why the kernels cannot quantize with these modes ("" when they can): every rounding but
+// stochastic, every scale mode but search, both NaN policies, full int range.
+std::string modes_supported(const Modes& m);
+
+// Quantize (tiles along `axis`; modes: null for the defaults, else see modes_supported) on
+// `stream` (a CUstream; null: the legacy default stream): the fast kernel
+// (onnxq/cast/triton_fast.py) when the tiles run along the last axis, it is a multiple of the
+// tile and the modes are the defaults, else the general kernels, which take the modes at run
+// time (ONNXQ_CUDA_FAST=0: always the general ones). x, values: float type x_type (0 float32, 1 float16, 2 bfloat16);
 // codes: one byte per element; scale: one byte per tile; tenscale: uint32 [1]; meta: one
 // byte per subtile. values or codes may be null (not both); with codes, scale (and meta for
 // MX formats) are required. "" on success, else the message.
 std::string quantize(const std::string& dtype, const void* x, int x_type, int ndim,
                      const int64_t* shape, int axis, void* values, void* codes, void* scale,
-                     void* tenscale, void* meta, void* stream);
+                     void* tenscale, void* meta, void* stream, const Modes* modes = nullptr);
 
 // Dequantize unpacked codes (as quantize writes them) to values of type values_type.
 std::string dequantize(const std::string& dtype, int ndim, const int64_t* shape, int axis,
@@ -142,7 +157,7 @@ std::string dequantize(const std::string& dtype, int ndim, const int64_t* shape,
 // null when not wanted); scratch for the unpacked codes is stream-ordered (cuMemAllocAsync).
 std::string quantize_packed(const std::string& dtype, const void* x, int x_type, int ndim,
                             const int64_t* shape, int axis, void* q, void* scale, void* tenscale,
-                            void* meta_packed, void* stream);
+                            void* meta_packed, void* stream, const Modes* modes = nullptr);
 std::string dequantize_packed(const std::string& dtype, int ndim, const int64_t* shape, int axis,
                               const void* q, const void* scale, const void* tenscale,
                               const void* meta_packed, void* values, int values_type,

@@ -12,8 +12,9 @@ namespace ort {
 
 // -- the CUDA execution provider (cuda_launch.h, docs/gpu.md) ------------------------------
 // The same ops on the session's compute stream with the Triton kernels compiled ahead of time:
-// formats the library embeds, tiles along the last axis, the default modes. A node they cannot
-// run takes the CPU kernel on host copies of its tensors (below), with one warning.
+// formats the library embeds, tiles along any axis, every mode but stochastic rounding and
+// scale search. A node they cannot run takes the CPU kernel on host copies of its tensors
+// (below), with one warning.
 
 namespace {
 
@@ -42,11 +43,7 @@ std::string init_reason(Kernel* k) {
   if (!k->gpu)
     return "dtype '" + k->parsed.code + "' has no CUDA kernel in this library (" +
            cuda::describe() + ")";
-  const Modes& m = k->modes;
-  if ((k->kind == kQuantize || k->kind == kQuantDequant) &&
-      (m.round_mode != 0 || m.scale_mode != 0 || m.nan_policy != 0 || m.full_int_range))
-    return "the CUDA kernels are compiled for the default modes (round even, scale floor, nan "
-           "element, symmetric ints)";
+  if (k->kind == kQuantize || k->kind == kQuantDequant) return cuda::modes_supported(k->modes);
   return "";
 }
 
@@ -142,7 +139,7 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, 
   std::string e = cuda::quantize_packed(
       k.parsed.code, x.data, float_kind(x.type), static_cast<int>(x.shape.size()),
       x.shape.data(), axis, q, scale, F.tenscale_bits ? ts : nullptr, nmeta ? meta : nullptr,
-      gpu_stream(ctx));
+      gpu_stream(ctx), &k.modes);
   if (!e.empty()) throw OpError(e);
 }
 
@@ -152,7 +149,8 @@ void compute_cuda_quant_dequant(const Kernel& k, OrtKernelContext* ctx, const In
   if (!y) throw OpError("output Y is missing");
   std::string e = cuda::quantize(k.parsed.code, x.data, float_kind(x.type),
                                  static_cast<int>(x.shape.size()), x.shape.data(), axis, y,
-                                 nullptr, nullptr, nullptr, nullptr, gpu_stream(ctx));
+                                 nullptr, nullptr, nullptr, nullptr, gpu_stream(ctx),
+                                 &k.modes);
   if (!e.empty()) throw OpError(e + " (X of shape " + shape_str(x.shape) + ")");
 }
 

@@ -29,6 +29,7 @@ from fake_cuda import Emulator  # noqa: E402
 
 from onnxq.cast import cuda_aot  # noqa: E402
 from onnxq.formats.datatype import datatype  # noqa: E402
+from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 AOT = ROOT / "ops" / "build" / "aot"
@@ -188,8 +189,32 @@ def _preset_input(shape: tuple[int, ...], seed: int, x_type: int) -> tuple[np.nd
     return x, x
 
 
+def _c_modes(modes: dict[str, Any] | None) -> Any:
+    """The C ABI's modes for `onnxq.cast`'s mode arguments (None: NULL, the defaults)."""
+    if modes is None:
+        return None
+    from onnxq.cast import native
+
+    return ctypes.byref(
+        native._Modes(
+            native._ROUND[RoundMode.parse(modes.get("round_mode", "even"))],
+            native._SCALE[ScaleMode.parse(modes.get("scale_mode", "floor"))],
+            native._POLICY[NanPolicy.parse(modes.get("nan_policy", "element"))],
+            int(modes.get("int_range", "symmetric") == "full"),
+            0,
+        )
+    )
+
+
 def _quantize_packed(
-    r: Run, name: str, preset: str, x: np.ndarray, x_type: int, want, axis: int = -1
+    r: Run,
+    name: str,
+    preset: str,
+    x: np.ndarray,
+    x_type: int,
+    want,
+    axis: int = -1,
+    modes: dict[str, Any] | None = None,
 ) -> None:
     q = np.zeros(want.data.size, np.uint8)
     scale = np.zeros(want.scale.size, np.uint8)
@@ -197,7 +222,7 @@ def _quantize_packed(
     ts = None if want.tenscale is None else np.zeros(1, np.uint32)
     shape = x.shape
     if r.call(
-        name, r.lib.onnxq_cuda_quantize_packed, preset.encode(), None, r.dev(x), x_type,
+        name, r.lib.onnxq_cuda_quantize_packed, preset.encode(), _c_modes(modes), r.dev(x), x_type,
         len(shape), (ctypes.c_int64 * len(shape))(*shape), axis, r.dev(q), r.dev(scale),
         r.dev(ts), r.dev(meta), None,
     ):  # fmt: skip
@@ -218,23 +243,30 @@ def _fields_match(want: Any, scale: np.ndarray, meta: Any, ts: Any) -> bool:
 
 
 def _quantize_unpacked(
-    r: Run, name: str, preset: str, x: np.ndarray, xr: np.ndarray, axis: int = -1
+    r: Run,
+    name: str,
+    preset: str,
+    x: np.ndarray,
+    xr: np.ndarray,
+    axis: int = -1,
+    modes: dict[str, Any] | None = None,
 ) -> None:
     """Values and codes in one call (the general kernel writes both; the fast path two passes)."""
-    want = onnxq.cast(xr, preset, mode="actual", backend="reference", axis=axis)
+    cast_modes = modes or {}
+    want = onnxq.cast(xr, preset, mode="actual", backend="reference", axis=axis, **cast_modes)
     values = np.zeros_like(x)
     codes = np.zeros(x.shape, np.uint8)
     scale = np.zeros(want.scale.size, np.uint8)
     meta = None if want.meta is None else np.zeros(want.meta.size, np.uint8)
     ts = None if want.tenscale is None else np.zeros(1, np.uint32)
     if not r.call(
-        name, r.lib.onnxq_cuda_quantize, preset.encode(), None, r.dev(x), 0, x.ndim,
+        name, r.lib.onnxq_cuda_quantize, preset.encode(), _c_modes(modes), r.dev(x), 0, x.ndim,
         (ctypes.c_int64 * x.ndim)(*x.shape), axis, r.dev(values), r.dev(codes), r.dev(scale),
         r.dev(ts), r.dev(meta), None,
     ):  # fmt: skip
         r.bad.append(name)
         return
-    ref = onnxq.cast(xr, preset, backend="reference", axis=axis)
+    ref = onnxq.cast(xr, preset, backend="reference", axis=axis, **cast_modes)
     same = np.array_equal(_bits(values), _bits(ref))
     same &= np.array_equal(codes, want.data.astype(np.uint8))
     if not (same and _fields_match(want, scale, meta, ts)):
@@ -299,6 +331,54 @@ def inner_axis(r: Run, i: int, preset: str) -> None:
     want = onnxq.cast(xr, preset, mode="compress", backend="reference", axis=1)
     for out in (0, 2):
         _dequantize_packed(r, f"{tag} dequantize {out}", preset, INNER_SHAPE, want, out, 1)
+
+
+# Modes other than the defaults, each mode's every value over the presets (the general
+# kernels take them at run time; the fast kernel's shapes must not take it)
+MODE_CASES = [
+    dict(round_mode="away", scale_mode="ceil"),
+    dict(round_mode="zero", scale_mode="midmax", nan_policy="block"),
+    dict(scale_mode="option3", int_range="full"),
+    dict(scale_mode="topbinade", round_mode="away", nan_policy="block"),
+    dict(scale_mode="rceil", round_mode="zero", int_range="full"),
+    dict(scale_mode="even"),
+]
+MODE_SHAPE = (4, 64)  # whole tiles along the last axis: the fast kernel's, had the modes been
+
+
+def _tie_input(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Quarter-integers up to 256, each row scaled by a power of two: many elements fall on
+    a rounding tie of every preset (where even, away and zero differ), tiles' maxima on both
+    sides of the scale modes' thresholds; a NaN and an Inf in some tiles (the NaN policies)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-1024, 1025, shape).astype(np.float32) / 4
+    x *= np.exp2(rng.integers(-4, 5, (*shape[:-1], 1))).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[37] = np.nan
+    flat[-3] = np.inf
+    return x
+
+
+def modes(r: Run) -> None:
+    """Every preset under each of MODE_CASES: packed and unpacked quantize (float32)."""
+    for i, preset in enumerate(PRESETS):
+        for j, case in enumerate(MODE_CASES):
+            x = _tie_input(MODE_SHAPE, 300 + 10 * i + j)
+            tag = f"{preset} modes {j}"
+            want = onnxq.cast(x, preset, mode="compress", backend="reference", **case)
+            _quantize_packed(r, f"{tag} packed", preset, x, 0, want, modes=case)
+            _quantize_unpacked(r, f"{tag} unpacked", preset, x, x, modes=case)
+    # refused, before any launch
+    x = _tie_input(MODE_SHAPE, 399)
+    q, scale = np.zeros(x.size, np.uint8), np.zeros(x.size // 32, np.uint8)
+    for name, case in (
+        ("modes stochastic", dict(round_mode="stochastic")),
+        ("modes search", dict(scale_mode="search")),
+    ):
+        r.call(
+            name, r.lib.onnxq_cuda_quantize_packed, b"mxfp8e4", _c_modes(case), r.dev(x), 0, 2,
+            (ctypes.c_int64 * 2)(*x.shape), -1, r.dev(q), r.dev(scale), None, None, None,
+        )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -415,6 +495,7 @@ def main() -> None:
     lookups(r)
     refusals(r)
     presets(r)
+    modes(r)
     wrappers(r)
     print(json.dumps(dict(bad=r.bad, refused=r.refused, launches=r.launches, errors=r.emu.errors)))
 

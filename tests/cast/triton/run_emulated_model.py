@@ -12,7 +12,8 @@ the host fallback where their axis needs it. Weights are decoded at each run
 
 Run as a script with ``TRITON_INTERPRET=1``, ``ONNXQ_LIBCUDA``,
 ``ONNXQ_CUDA_OPS_ON_CPU_PROVIDER=1``; argument: a JSON object with ``model``, ``weights``,
-``activations``, ``fuse``, ``weight_storage`` (optional), ``allocator`` (the built allocator
+``activations``, ``fuse``, ``weight_storage`` and ``modes`` (a recipe's mode keys; both
+optional), ``allocator`` (the built allocator
 library) and ``want`` (an .npz of
 the CPU provider's outputs). Prints one JSON object: ``same`` (each output equal bit for bit),
 ``kernels`` (the kernels launched), ``errors`` (exceptions in the launch callback).
@@ -42,8 +43,12 @@ def quantized(case: dict) -> object:
     """The model as `onnxq quantize` writes it for the case (shared with the test)."""
     return onnxq.quantize_model(
         str(model_path(case["model"])),
-        weights=case["weights"],
-        activations=case["activations"],
+        recipe={
+            "weights": case["weights"],
+            "activations": case["activations"],
+            **case.get("modes", {}),
+            "custom_ops_only": "modes" in case,  # modes without a standard-ONNX fallback
+        },
         fuse=case["fuse"],
         weight_storage=case.get("weight_storage", "packed"),
     )

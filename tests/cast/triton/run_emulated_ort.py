@@ -287,12 +287,48 @@ def lookup(
 
 
 # (case, QuantizeMX attributes, the reference's cast arguments): nodes the device kernels
-# cannot run (2-D tiles, a codebook, a mode)
+# cannot run (2-D tiles, a codebook, stochastic rounding)
 HOST_QUANTIZE = [
     ("host 2-d tiles", dict(dtype="int8_e8m0_t8_t4"), dict()),
     ("host codebook quantize", dict(dtype="cb41fi_e2m2fnuz_e8m0_t32"), dict()),
-    ("host round away", dict(dtype="mxfp8e4", round_mode="away"), dict(round_mode="away")),
+    (
+        "host stochastic",
+        dict(dtype="mxfp8e4", round_mode="stochastic", seed=5),
+        dict(round_mode="stochastic", seed=5),
+    ),
 ]
+# (dtype, QuantizeMX's mode attributes): modes the general kernels take at run time
+MODE_NODES = [
+    ("mxfp8e4", dict(round_mode="away", scale_mode="ceil")),
+    ("mxfp4", dict(round_mode="zero", scale_mode="midmax", nan_policy="block")),
+    ("mxint8", dict(int_range="full")),
+    ("mx6", dict(round_mode="away", nan_policy="block", int_range="full")),
+    ("nvfp4", dict(round_mode="zero")),
+]
+
+
+def modes(o: OrtRun) -> None:
+    """Nodes with modes other than the defaults run on the general kernels (last axis a
+    multiple of the tile: the fast kernel would take the default modes), QuantizeMX and
+    QuantizeDequantizeMX, the reference's bits."""
+    for i, (dt, attrs) in enumerate(MODE_NODES):
+        x = _input((4, 64), 120 + i)
+        want = onnxq.cast(x, dt, mode="compress", backend="reference", **attrs)
+        fields = _fields(want)
+        outs = {n: np.zeros(a.shape, a.dtype) for n, a in fields.items()}
+        names = [n if n in fields else "" for n in Q_OUTPUTS]
+        name = f"ort modes {dt} quantize"
+        node = helper.make_node("QuantizeMX", ["x"], names, domain="onnxq", dtype=dt, **attrs)
+        if o.run(name, [node], {"x": _registered(x)}, {}, outs):
+            if not all(np.array_equal(outs[n], fields[n]) for n in fields):
+                o.r.bad.append(name)
+        name = f"ort modes {dt} qdq"
+        node = helper.make_node(
+            "QuantizeDequantizeMX", ["x"], ["y"], domain="onnxq", dtype=dt, **attrs
+        )
+        y = np.zeros(x.shape, x.dtype)
+        if o.run(name, [node], {"x": _registered(x)}, {}, {"y": y}):
+            o.r.check(name, y, onnxq.cast(x, dt, backend="reference", **attrs))
 
 
 def host_fallback(o: OrtRun) -> None:
@@ -359,6 +395,7 @@ def main() -> None:
     quantize_dequantize(o)
     inner_axis(o)
     lookups(o)
+    modes(o)
     host_fallback(o)
     odd_name(o)
     empty(o)

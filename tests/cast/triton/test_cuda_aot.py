@@ -142,6 +142,65 @@ def test_generation_covers_every_specialisation(manifest: tuple[dict, bytes]) ->
         assert k["constexprs"].get("PRE", False) is False
 
 
+def test_generation_records_the_modes_the_general_kernels_take(
+    manifest: tuple[dict, bytes],
+) -> None:
+    m, _ = manifest
+    fmts = {f["preset"]: f["modes"] for f in m["formats"]}
+    # bump_t: the tile absmax's 24-bit significand (2^23 = 1.0) above which the scale goes one
+    # binade up, by scale mode (floor, ceil, midmax, option3, topbinade, rceil, even). Worked
+    # by hand from the scale modes' definitions (docs/architecture.md, decision 3):
+    # - floor: never (2^24); ceil: anything above a power of two (2^23)
+    # - mxfp8e4 (E4M3, max 448 = 1.75 * 2^8, next step 32): midmax 464 = 1.8125 * 2^8 ->
+    #   1.8125 * 2^23 = 15204352; topbinade / rceil 1.75 * 2^23 = 14680064; option3 / even
+    #   (rounded half-even to 4 significant bits: 1.1111b rounds up to 2) 1.9375 * 2^23 - 1
+    #   = 16252927
+    # - mxfp4 (E2M1, max 6 = 1.5 * 2^2, next step 2): midmax 7 = 1.75 * 2^2 -> 14680064;
+    #   topbinade 1.5 * 2^23 = 12582912; option3 (2 significant bits: 1.11b rounds up)
+    #   1.75 * 2^23 - 1 = 14680063
+    # - integer elements (mxint8) take the floor exponent in every mode; NVFP4's float scale
+    #   has no threshold (0, unused)
+    never, ceil = 1 << 24, 1 << 23
+    assert fmts["mxfp8e4"]["bump_t"] == [never, ceil, 15204352, 16252927, 14680064, 14680064,
+                                          16252927]  # fmt: skip
+    assert fmts["mxfp4"]["bump_t"] == [never, ceil, 14680064, 14680063, 12582912, 12582912,
+                                        14680063]  # fmt: skip
+    assert fmts["mxint8"]["bump_t"] == [never] * 7
+    assert fmts["nvfp4"]["bump_t"] == [0] * 7
+    for preset, modes in fmts.items():
+        assert modes["rmode"] == [0, 1, 2] and modes["nan_nf"] == [0, 1], preset
+        # -128 of int8 (full range) is an integer element's only
+        assert modes["full_int"] == ([0, 1] if preset in ("mxint8", "bfp16", "mx6") else [0, 0])
+    # the general quantize kernels take them from the launcher, never as recorded values
+    for k in m["kernels"]:
+        if k["kernel"] == "_quant_kernel":
+            roles = {name: role for name, role, _ in k["roles"]}
+            for param in ("rmode", "nan_nf", "full_int", "bump_t"):
+                assert roles[param] == param, (k["symbol"], param)
+
+
+def test_generation_refuses_a_mode_that_changes_another_parameter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not HAVE_TRITON:
+        pytest.skip("torch/triton not installed")
+    from onnxq.cast import aot_launches, aot_spec
+    from onnxq.cast import triton as tm
+    from onnxq.formats.datatype import datatype
+
+    real = tm._quant_numbers
+
+    def leaky(p, dtype, round_mode, scale_mode, nan_policy, full_int_range):  # type: ignore[no-untyped-def]
+        nums = real(p, dtype, round_mode, scale_mode, nan_policy, full_int_range)
+        if nan_policy.value == "block":
+            nums["keep_inf"] = 1  # as if the policy changed a parameter the launcher records
+        return nums
+
+    monkeypatch.setattr(tm, "_quant_numbers", leaky)
+    with pytest.raises(aot_spec.GenerationError, match="nan_policy 1 changes"):
+        aot_launches.mode_table(tm, datatype("mxfp8e4"), "mxfp8e4", (512, 96))
+
+
 def _python(script: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run a script in a fresh interpreter: importing triton here would make the interpreter
     tests of tests/cast/triton/ skip (they need TRITON_INTERPRET=1 before triton is imported), and
@@ -279,7 +338,7 @@ def quantize(fi, x, io):
     f = formats[fi]
     if x.shape[-1] % f.tile == 0:
         return quantize_fast(fi, x, io)
-    geo = f.geometry(tuple(x.shape))
+    geo = f.geometry(tuple(x.shape)) | f.mode_numbers()  # the default modes
     xi = x.view(torch.int32) if x.dtype == torch.float32 else x.view(torch.int16)
     vals = torch.empty_like(x)
     codes = torch.empty(x.shape, dtype=torch.uint8)
@@ -344,7 +403,7 @@ def quantize_apart(fi, x, io, ptrs):
     ptrs["y"] = torch.empty_like(ptrs["y"])
     for key in ("codes", "scale") + (("meta",) if f.sub else ()):
         ptrs[key] = torch.empty_like(ptrs[key])
-    geo = f.geometry(tuple(x.shape))
+    geo = f.geometry(tuple(x.shape)) | f.mode_numbers()
     launch(find(fi, aot.OP_QUANT_VALUES, io), ptrs, geo)
     launch(find(fi, aot.OP_QUANT_CODES, io), ptrs, geo)
     return ptrs
@@ -552,29 +611,25 @@ def test_python_wrapper_refuses_cpu_tensors_and_reports_availability() -> None:
         cuda_aot.lookup_packed(code, (4, 32), q, s, m, out_dtype=torch.float64)
 
 
-def test_modes_other_than_the_defaults_are_refused() -> None:
+@pytest.mark.parametrize(
+    ("modes", "needle"),
+    [
+        ((3, 0, 0, 0), "stochastic rounding has no CUDA kernel"),
+        ((0, 7, 0, 0), "scale mode 'search' has no CUDA kernel"),
+        ((0, 9, 0, 0), "unknown modes: round 0, scale 9, nan 0"),
+        ((0, 0, 2, 0), "unknown modes: round 0, scale 0, nan 2"),
+    ],
+)
+def test_modes_without_kernels_are_refused_before_the_driver(modes: tuple, needle: str) -> None:
+    # (round, scale, nan policy, full int range): refused before any pointer is looked at
     lib = _lib()
-    modes = native._Modes(1, 0, 0, 0, 0)
+    c_modes = native._Modes(*modes, 0)
     err = ctypes.create_string_buffer(512)
     shape = (ctypes.c_int64 * 1)(32)
-    rc = lib.onnxq_cuda_quantize(
-        b"mxfp4",
-        ctypes.byref(modes),
-        4096,
-        0,
-        1,
-        shape,
-        -1,
-        8192,
-        None,
-        None,
-        None,
-        None,
-        None,
-        err,
-        512,
-    )
-    assert rc == 1 and "default modes only" in err.value.decode()
+    for fn in (lib.onnxq_cuda_quantize, lib.onnxq_cuda_quantize_packed):
+        rest = (None,) * (5 if fn is lib.onnxq_cuda_quantize else 4)
+        rc = fn(b"mxfp4", ctypes.byref(c_modes), 4096, 0, 1, shape, -1, 8192, *rest, err, 512)
+        assert rc == 1 and needle in err.value.decode(), err.value.decode()
 
 
 # -- on a GPU ------------------------------------------------------------------------------------
@@ -944,6 +999,40 @@ def test_tiles_along_a_non_last_axis_equal_the_reference(preset: str) -> None:
             _assert_packed_decode(preset, shape, q, ftype, where, axis)
 
 
+# Modes other than the defaults (the general kernels' run-time parameters), every value of
+# each over the list
+GPU_MODES = [
+    dict(round_mode="away", scale_mode="ceil"),
+    dict(round_mode="zero", scale_mode="midmax", nan_policy="block"),
+    dict(scale_mode="option3", int_range="full"),
+    dict(scale_mode="topbinade", round_mode="away"),
+    dict(scale_mode="rceil", nan_policy="block", int_range="full"),
+    dict(scale_mode="even", round_mode="zero"),
+]
+
+
+@gpu
+@pytest.mark.parametrize("preset", PRESETS)
+def test_modes_equal_the_reference(preset: str) -> None:
+    """Every preset under each of GPU_MODES: values and codes, the packed layouts, along the
+    last axis (whole tiles: the fast kernel's shape for the default modes) and axis 0."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    for i, modes in enumerate(GPU_MODES):
+        for shape, axis in (((6, 64), -1), ((33, 7), 0)):
+            where = f"{preset} {modes} {shape} axis {axis}"
+            x = np.round(_data(shape, 40 + i) * 4) / 4  # quarters: rounding ties
+            got = cuda_aot.quantize(_to_torch(x), preset, axis=axis, **modes)
+            packed = cuda_aot.quantize_packed(_to_torch(x), preset, axis=axis, **modes)
+            torch.cuda.synchronize()
+            ref = onnxq.cast(x, preset, backend="reference", axis=axis, **modes)
+            np.testing.assert_array_equal(_bits(got["values"]), _ref_bits(ref), err_msg=where)
+            q = onnxq.cast(x, preset, mode="compress", backend="reference", axis=axis, **modes)
+            _assert_packed(packed, q, where)
+
+
 @gpu
 @pytest.mark.parametrize("preset", ["mx6", "nvfp4"])
 def test_misaligned_buffers_and_unwanted_meta(preset: str) -> None:
@@ -1143,7 +1232,9 @@ def test_onnxruntime_cuda_codebook_lookup(code: str, shape: tuple[int, ...], gen
         ("mxfp4", {"axis": 0}),  # the general kernels' LAST=False compile
         ("mx6", {"axis": 0}),
         ("int8_e8m0_t8_t4", {}),  # no GPU kernel: the CPU op on host copies
-        ("mxfp8e4", {"round_mode": "away"}),  # the same
+        ("mxfp8e4", {"round_mode": "stochastic", "seed": 3}),  # the same
+        ("mxfp8e4", {"round_mode": "away", "scale_mode": "ceil"}),  # the general kernels
+        ("mx6", {"nan_policy": "block", "int_range": "full"}),
     ],
 )
 def test_onnxruntime_cuda_other_axes_and_host_fallback(dtype: str, attrs: dict) -> None:

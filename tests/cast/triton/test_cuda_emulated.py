@@ -134,7 +134,26 @@ def test_codebook_refusals_name_the_problem(emulated: dict) -> None:
     for case in want:
         if case not in ("not a codebook", "generic without a table", "host memory", "no meta"):
             assert "run this node on the CPU" in refused[case], case
-    assert set(refused) == set(want)  # every lookup and preset case ran
+    # every lookup and preset case ran (the modes' refusals: the test below)
+    assert set(refused) == set(want) | {"modes stochastic", "modes search"}
+
+
+def test_modes_run_on_the_general_kernels_and_the_rest_are_refused(emulated: dict) -> None:
+    # Modes other than the defaults: the general kernels with the mode parameters the
+    # launcher reads from its table (bits: the first test), on shapes the fast kernel takes
+    # for the default modes; stochastic rounding and scale search refused before a launch.
+    from tests.cast.triton.run_emulated import MODE_CASES, PRESETS
+
+    la = emulated["launches"]
+    cases = [n for n in la if " modes " in n]
+    assert len(cases) == len(PRESETS) * len(MODE_CASES) * 2
+    for name in cases:
+        kinds = _kinds(la[name])
+        assert "q" in kinds and "f" not in kinds, (name, kinds)
+    refused = emulated["refused"]
+    assert "stochastic rounding has no CUDA kernel" in refused["modes stochastic"]
+    assert "scale mode 'search' has no CUDA kernel" in refused["modes search"]
+    assert la["modes stochastic"] == la["modes search"] == []
 
 
 def _kinds(symbols: list[str]) -> list[str]:
@@ -224,6 +243,22 @@ def test_onnxruntime_cuda_quantize_and_qdq_take_the_fast_and_general_kernels(
         assert la[f"ort {preset} (3, 40) qdq {x_type}"] == [*stats, "q"]
 
 
+def test_onnxruntime_nodes_with_modes_run_on_the_general_kernels(
+    emulated_ort: tuple[dict, str],
+) -> None:
+    # QuantizeMX and QuantizeDequantizeMX with modes other than the defaults: no host copy,
+    # the general kernel (the bits: the reference's, test above)
+    from tests.cast.triton.run_emulated_ort import MODE_NODES
+
+    result, _ = emulated_ort
+    names = [f"ort modes {dt} {op}" for dt, _ in MODE_NODES for op in ("quantize", "qdq")]
+    for name in names:
+        assert name not in result["refused"], (name, result["refused"].get(name))
+        kinds = _kinds(result["launches"][name])
+        assert "q" in kinds and "f" not in kinds, (name, kinds)
+        assert result["copies"][name][:2] == [0, 0], name
+
+
 def _log_sections(log: str) -> dict[str, str]:
     """The onnxruntime log of each case (run_emulated_ort prints "== case" before each)."""
     sections: dict[str, str] = {}
@@ -240,7 +275,7 @@ def _log_sections(log: str) -> dict[str, str]:
 HOST_REASONS = {
     "host 2-d tiles": "dtype 'int8_e8m0_t8_t4' has no CUDA kernel in this library",
     "host codebook quantize": "dtype 'cb41fi_e2m2fnuz_e8m0_t32' has no CUDA kernel",
-    "host round away": "the CUDA kernels are compiled for the default modes",
+    "host stochastic": "stochastic rounding has no CUDA kernel",
     "host qdq 2-d tiles": "dtype 'int8_e8m0_t8_t4' has no CUDA kernel",
     "host dequantize 2-d tiles": "dtype 'int8_e8m0_t8_t4' has no CUDA kernel",
     "host lookup cb41fi_e2m2fnuz_e8m0_t4_t8": "tiles along one axis only, not 2-D tiles",
@@ -321,6 +356,15 @@ MODEL_CASES = [
     # weights stored as float values: packed presets would launch on onnxruntime's initializer
     # memory, outside the fake driver's blocks)
     dict(model="minilm", weights="bfp16", activations="mx6", fuse=False, weight_storage="fake"),
+    # a recipe's rounding and scale modes: every activation cast on the general kernels
+    dict(
+        model="minilm",
+        weights="bfp16",
+        activations="mxfp8e4",
+        fuse=True,
+        weight_storage="fake",
+        modes=dict(round_mode="away", scale_mode="midmax"),
+    ),
 ]
 
 
@@ -335,7 +379,11 @@ def _ort_headers() -> Path | None:
     return None
 
 
-@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: f"{c['activations']}-fuse{c['fuse']}")
+@pytest.mark.parametrize(
+    "case",
+    MODEL_CASES,
+    ids=lambda c: f"{c['activations']}-fuse{c['fuse']}{'-modes' * ('modes' in c)}",
+)
 def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
     fake_driver: Path, case: dict, tmp_path: Path
 ) -> None:
@@ -370,9 +418,13 @@ def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
     # is a multiple of the tile (the hidden size), the general one elsewhere (18 tokens)
     inner = [k for k in result["kernels"] if k.split("_")[0] in ("q14", "q15", "q16")]
     assert len(inner) == 6, result["kernels"]
-    assert kinds.count("f") + kinds.count("q") == 24 and kinds.count("f") >= 12, kinds
+    assert kinds.count("f") + kinds.count("q") == 24, kinds
+    # the modes: the general kernels only (the fast one is compiled for the defaults)
+    assert kinds.count("f") == 0 if "modes" in case else kinds.count("f") >= 12, kinds
     warnings = [ln for ln in log.splitlines() if "with host copies" in ln]
-    if case["fuse"]:
+    if "modes" in case:
+        assert warnings == [], warnings  # float weights, activations on the GPU kernels
+    elif case["fuse"]:
         # the 2-D tile weights took the host fallback, each with its one warning
         assert len(warnings) == 18, warnings
         assert all("int8_e8m0_t8_t4" in w for w in warnings), warnings
