@@ -264,7 +264,7 @@ def c_library_path(iters: int) -> list[dict[str, Any]]:
         nbytes = x.numel() * x.element_size()
         buf = torch.empty_like(x)
         copy_ms = bench(lambda x=x, buf=buf: buf.copy_(x), iters)
-        for fmt in ("mxfp8e4", "mxfp4", "mx6", "nvfp4"):
+        for fmt in ("mxfp8e4", "mxfp4", "mx9", "mx6", "nvfp4"):
             row: dict[str, Any] = {"format": fmt, "dtype": str(dtype).split(".")[-1]}
             for label, fast in (("fast", "1"), ("general", "0")):
                 os.environ["ONNXQ_CUDA_FAST"] = fast

@@ -15,7 +15,22 @@ import json
 import math
 from typing import Any
 
-PRESETS = ("mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4")
+# Every MX / BFP / NVFP4 preset with 1-D tiles (`onnxq formats`; aliases such as mxfp8 and
+# mxint4 share their code with one of these): the deployment recipes' formats among them
+PRESETS = (
+    "mxfp8e4",
+    "mxfp8e5",
+    "mxfp6e2",
+    "mxfp6e3",
+    "mxfp4",
+    "mxint8",
+    "bfp16",
+    "bfp8",
+    "mx9",
+    "mx6",
+    "mx4",
+    "nvfp4",
+)
 FLOATS = ("float32", "float16", "bfloat16")  # index = the kernels' IN_KIND / OUT_KIND
 ARCHS = (80, 90)
 PTX_ARCH = 80  # the PTX kept for GPUs newer than the cubins (JIT-compiled by the driver)

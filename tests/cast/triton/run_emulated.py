@@ -28,6 +28,7 @@ _ = onnxq.cast
 from fake_cuda import Emulator  # noqa: E402
 
 from onnxq.cast import cuda_aot  # noqa: E402
+from onnxq.cast.aot_spec import PRESETS  # noqa: E402
 from onnxq.formats.datatype import datatype  # noqa: E402
 from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode  # noqa: E402
 
@@ -175,7 +176,6 @@ def refusals(r: Run) -> None:
     )  # fmt: skip
 
 
-PRESETS = ("mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4")
 # the last axis a multiple of every preset's tile (the fast kernels), and not (the general ones)
 PRESET_SHAPES = ((3, 64), (3, 40))
 

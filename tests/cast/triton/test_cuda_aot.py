@@ -31,7 +31,7 @@ import pytest
 import onnxq
 
 _ = onnxq.cast  # resolve the lazy attribute before importing the subpackage (see test_native)
-from onnxq.cast import native  # noqa: E402
+from onnxq.cast import aot_spec, native  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 HAVE_TRITON = all(importlib.util.find_spec(m) is not None for m in ("torch", "triton"))
@@ -169,8 +169,9 @@ def test_generation_records_the_modes_the_general_kernels_take(
     assert fmts["nvfp4"]["bump_t"] == [0] * 7
     for preset, modes in fmts.items():
         assert modes["rmode"] == [0, 1, 2] and modes["nan_nf"] == [0, 1], preset
-        # -128 of int8 (full range) is an integer element's only
-        assert modes["full_int"] == ([0, 1] if preset in ("mxint8", "bfp16", "mx6") else [0, 0])
+        # the full range (-128 for int8) is an integer element's only
+        ints = not onnxq.datatype(preset).nspec.is_float
+        assert modes["full_int"] == ([0, 1] if ints else [0, 0]), preset
     # the general quantize kernels take them from the launcher, never as recorded values
     for k in m["kernels"]:
         if k["kernel"] == "_quant_kernel":
@@ -740,7 +741,7 @@ def _ref_bits(a: np.ndarray) -> np.ndarray:
     return a.view({4: np.int32, 2: np.int16, 1: np.uint8}[a.dtype.itemsize])
 
 
-PRESETS = ("mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4")
+PRESETS = aot_spec.PRESETS  # every embedded preset
 TYPES = ("float32", "float16", "bfloat16")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxq.cast.aot_spec import CB_INNER_OPS, FLOATS, cb_block, cb_geometry
+from onnxq.cast.aot_spec import CB_INNER_OPS, FLOATS, PRESETS, cb_block, cb_geometry
 from onnxq.formats.datatype import datatype
 
 HERE = Path(__file__).resolve().parent
@@ -142,7 +142,7 @@ def test_modes_run_on_the_general_kernels_and_the_rest_are_refused(emulated: dic
     # Modes other than the defaults: the general kernels with the mode parameters the
     # launcher reads from its table (bits: the first test), on shapes the fast kernel takes
     # for the default modes; stochastic rounding and scale search refused before a launch.
-    from tests.cast.triton.run_emulated import MODE_CASES, PRESETS
+    from tests.cast.triton.run_emulated import MODE_CASES
 
     la = emulated["launches"]
     cases = [n for n in la if " modes " in n]
@@ -161,9 +161,7 @@ def _kinds(symbols: list[str]) -> list[str]:
     return [sym.split("_")[0].rstrip("0123456789") for sym in symbols]
 
 
-@pytest.mark.parametrize(
-    "preset", ["mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4"]
-)
+@pytest.mark.parametrize("preset", PRESETS)
 def test_preset_launchers_take_the_fast_and_general_paths(emulated: dict, preset: str) -> None:
     dt = datatype(preset)
     amax, stats = (["amax"], ["stats"]) if dt.sspec.tenscale is not None else ([], [])
@@ -184,9 +182,7 @@ def test_preset_launchers_take_the_fast_and_general_paths(emulated: dict, preset
         assert la[name] == [*["unpack"] * packs, "dq"]
 
 
-@pytest.mark.parametrize(
-    "preset", ["mxfp8e4", "mxfp6e2", "mxfp4", "mxint8", "bfp16", "mx6", "nvfp4"]
-)
+@pytest.mark.parametrize("preset", PRESETS)
 def test_preset_launchers_tile_along_a_non_last_axis(emulated: dict, preset: str) -> None:
     # the general kernels' LAST=False compile (operations 14-17), the bits checked above
     dt = datatype(preset)
@@ -207,7 +203,6 @@ def test_preset_launchers_tile_along_a_non_last_axis(emulated: dict, preset: str
 
 
 def test_onnxruntime_cuda_kernels_equal_the_reference(emulated_ort: tuple[dict, str]) -> None:
-    from tests.cast.triton.run_emulated import PRESETS
 
     result, _ = emulated_ort
     assert result["errors"] == []
@@ -352,10 +347,10 @@ MODEL_CASES = [
     # the activations fused into QuantizeDequantizeMX (the default), one pass each; weights in
     # 2-D tiles, which the GPU kernels do not decode: DequantizeMX on the host fallback
     dict(model="minilm", weights="int8_e8m0_t8_t4", activations="mxfp8e4", fuse=True),
-    # QuantizeMX -> DequantizeMX pairs: packed codes and shift bits between two launches (the
-    # weights stored as float values: packed presets would launch on onnxruntime's initializer
-    # memory, outside the fake driver's blocks)
-    dict(model="minilm", weights="bfp16", activations="mx6", fuse=False, weight_storage="fake"),
+    # QuantizeMX -> DequantizeMX pairs: packed codes and shift bits between two launches; the
+    # formats of the mx6-deploy recipe (the weights stored as float values: packed presets
+    # would launch on onnxruntime's initializer memory, outside the fake driver's blocks)
+    dict(model="minilm", weights="mx6", activations="mx9", fuse=False, weight_storage="fake"),
     # a recipe's rounding and scale modes: every activation cast on the general kernels
     dict(
         model="minilm",
