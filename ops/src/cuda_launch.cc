@@ -20,6 +20,7 @@
 #include "cuda_internal.h"
 #include "kernels.h"
 #include "onnxq_ops.h"
+#include "parse.h"
 
 #if defined(ONNXQ_WITH_AOT)
 // The images, embedded as they are (no hex dump through the compiler). ONNXQ_AOT_BLOB is the
@@ -278,9 +279,13 @@ int find_kernel(int fmt, int op, int io_type) {
   return -1;
 }
 
+// By preset name, by canonical code, or by any preset name of an embedded code (mxfp8,
+// MXINT4: a custom op's dtype attribute may name any of them).
 int format_index(const std::string& dtype) {
+  const std::string alias = preset_code(dtype);
+  const std::string& want = alias.empty() ? dtype : alias;
   for (int i = 0; i < kFormatCount; ++i)
-    if (dtype == kAotFormats[i].preset || dtype == kAotFormats[i].code) return i;
+    if (want == kAotFormats[i].preset || want == kAotFormats[i].code) return i;
   return -1;
 }
 

@@ -858,6 +858,14 @@ std::string parse_code(const std::string& code, ParsedType* out) {
 
 }  // namespace
 
+std::string preset_code(const std::string& text) {
+  std::string key;
+  if (!normalize(text, &key).empty()) return "";
+  for (const auto& [name, code] : kPresets)
+    if (key == name) return code;
+  return "";
+}
+
 std::string parse_dtype(const std::string& text, ParsedType* out) {
   std::string key;
   std::string bad = normalize(text, &key);

@@ -26,6 +26,10 @@ struct ParsedType {
 // Parses a preset name or a data type code as onnxq.datatype() does; "" or an error message.
 std::string parse_dtype(const std::string& text, ParsedType* out);
 
+// The data type code of a preset name (in any case, as parse_dtype reads it), or "" when
+// `text` names no preset.
+std::string preset_code(const std::string& text);
+
 // The code quoted for a one-line message: controls and non-ASCII bytes as \xNN, cut when
 // longer than kMaxCodeLength (an attribute can hold anything, NUL and newlines included).
 std::string quote_code(const std::string& text);

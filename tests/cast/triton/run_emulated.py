@@ -381,6 +381,18 @@ def modes(r: Run) -> None:
         )  # fmt: skip
 
 
+# preset names the library embeds under another name (the same code), in any case
+ALIASES = (("mxfp8", "mxfp8e4"), ("MXINT4", "bfp8"), ("e4m3fn_e8m0_t32", "mxfp8e4"))
+
+
+def aliases(r: Run) -> None:
+    """A dtype naming an embedded format by another preset name or by its code."""
+    for i, (alias, preset) in enumerate(ALIASES):
+        x = _input((3, 64), 90 + i)
+        want = onnxq.cast(x, preset, mode="compress", backend="reference")
+        _quantize_packed(r, f"alias {alias}", alias, x, 0, want)
+
+
 @contextlib.contextmanager
 def _cpu_as_cuda(r: Run) -> Iterator[None]:
     """`onnxq.cast.cuda_aot`'s wrappers on CPU tensors: what they allocate is registered as
@@ -496,6 +508,7 @@ def main() -> None:
     refusals(r)
     presets(r)
     modes(r)
+    aliases(r)
     wrappers(r)
     print(json.dumps(dict(bad=r.bad, refused=r.refused, launches=r.launches, errors=r.emu.errors)))
 

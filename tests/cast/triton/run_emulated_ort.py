@@ -329,6 +329,8 @@ def modes(o: OrtRun) -> None:
         y = np.zeros(x.shape, x.dtype)
         if o.run(name, [node], {"x": _registered(x)}, {}, {"y": y}):
             o.r.check(name, y, onnxq.cast(x, dt, backend="reference", **attrs))
+    # a dtype attribute naming an embedded format by another preset name
+    qdq(o, "ort alias mxfp8 qdq", "mxfp8", _input((4, 64), 130))
 
 
 def host_fallback(o: OrtRun) -> None:

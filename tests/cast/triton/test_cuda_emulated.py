@@ -156,6 +156,15 @@ def test_modes_run_on_the_general_kernels_and_the_rest_are_refused(emulated: dic
     assert la["modes stochastic"] == la["modes search"] == []
 
 
+def test_other_names_of_an_embedded_format_take_its_kernels(emulated: dict) -> None:
+    # the bits: the first test
+    from tests.cast.triton.run_emulated import ALIASES
+
+    for alias, _ in ALIASES:
+        assert f"alias {alias}" not in emulated["refused"], emulated["refused"][f"alias {alias}"]
+        assert _kinds(emulated["launches"][f"alias {alias}"]) == ["f"], alias
+
+
 def _kinds(symbols: list[str]) -> list[str]:
     """The kernels' kinds (images are shared, so a symbol names the first kernel of its image)."""
     return [sym.split("_")[0].rstrip("0123456789") for sym in symbols]
@@ -252,6 +261,9 @@ def test_onnxruntime_nodes_with_modes_run_on_the_general_kernels(
         kinds = _kinds(result["launches"][name])
         assert "q" in kinds and "f" not in kinds, (name, kinds)
         assert result["copies"][name][:2] == [0, 0], name
+    # dtype="mxfp8" (mxfp8e4's code): its fast kernel, no host copy
+    assert _kinds(result["launches"]["ort alias mxfp8 qdq"]) == ["f"]
+    assert result["copies"]["ort alias mxfp8 qdq"][:2] == [0, 0]
 
 
 def _log_sections(log: str) -> dict[str, str]:
