@@ -63,7 +63,7 @@ struct Bind {
   int64_t count = 0, nbytes = 0;
   int64_t n_tiles = 0, code_nbytes = 0, meta_nbytes = 0, numel = 0;  // fast path, tensor amax
   int64_t nsub = 1, sub = 0, s_bias = 0, s_nan = 0, s_mask = 0, ib = 0, nmap = 1;  // codebooks
-  int64_t rmode = 0, nan_nf = 0, full_int = 0, bump_t = 0;  // general quantize: the modes'
+  int64_t rmode = 0, nan_nf = 0, full_int = 0, bump_t = 0;  // general quantize: mode numbers
 };
 // Queues kernel k on `stream` (g_mutex held, the device's context current).
 void launch(Device& dv, int k, const Bind& b, CUstream stream);

@@ -409,6 +409,16 @@ bool aligned16(std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+// Whether modes `m` cast format F as its default modes do: the general kernel's parameters
+// for them are the defaults' (a scale mode of an integer element, say), so the fast kernel,
+// compiled for the defaults, gives their bits. Throws Error for modes without kernels.
+bool as_default_modes(const AotFormat& F, const Modes& m) {
+  const std::string unsupported = modes_supported(m);
+  if (!unsupported.empty()) throw Error{unsupported};
+  return F.rmode[m.round_mode] == F.rmode[0] && F.bump_t[m.scale_mode] == F.bump_t[0] &&
+         F.nan_nf[m.nan_policy] == F.nan_nf[0] && F.full_int[m.full_int_range] == F.full_int[0];
+}
+
 // The fast kernels for this quantization (*kv values, *kc codes, -1 where not wanted), or
 // false when the general kernels must take it. They are compiled for 16-byte aligned buffers
 // (`ptrs`: the caller's), as the JIT compiles them for aligned tensors, and the default modes.
@@ -416,10 +426,8 @@ bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, con
                   bool values, bool codes, bool packed, std::initializer_list<const void*> ptrs,
                   int* kv, int* kc) {
   *kv = *kc = -1;
-  const bool default_modes = m.round_mode == kEven && m.scale_mode == kSFloor &&
-                             m.nan_policy == 0 && !m.full_int_range;
-  if (!fast_enabled() || !default_modes || F.tile < 1 || g.b.inner != 1 || g.b.C % F.tile != 0 ||
-      !aligned16(ptrs))
+  if (!fast_enabled() || !as_default_modes(F, m) || F.tile < 1 || g.b.inner != 1 ||
+      g.b.C % F.tile != 0 || !aligned16(ptrs))
     return false;
   if (F.tenscale_bits && (g.numel % 16 != 0 || amax_kernel(x_type, g.numel) < 0)) return false;
   if (packed) {  // 8-bit codes without shift bits: the packed layouts are the unpacked ones
@@ -438,8 +446,7 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
                           void* tenscale, void* meta, void* stream, const Modes& m,
                           bool packed = false) {
   const AotFormat& F = format_for(dtype);
-  const std::string unsupported = modes_supported(m);
-  if (!unsupported.empty()) throw Error{unsupported};
+  as_default_modes(F, m);  // refuses modes without kernels before anything else
   if (x_type < 0 || x_type > 2) throw Error{"float types are 0 (float32), 1 (float16), 2 (bfloat16)"};
   if (!x) throw Error{"x is null"};
   if (!values && !codes) throw Error{"nothing to compute: values and codes are both null"};
@@ -474,10 +481,10 @@ std::string quantize_impl(const std::string& dtype, const void* x, int x_type, i
   b.ptr[kRoleCodes] = codes;
   b.ptr[kRoleScale] = scale;
   b.ptr[kRoleMeta] = meta;
-  b.rmode = F.rmode[m.round_mode];  // modes_supported checked the indices
+  b.rmode = F.rmode[m.round_mode];  // as_default_modes checked the indices
   b.bump_t = F.bump_t[m.scale_mode];
   b.nan_nf = F.nan_nf[m.nan_policy];
-  b.full_int = F.full_int[m.full_int_range ? 1 : 0];
+  b.full_int = F.full_int[m.full_int_range];
   std::unique_ptr<Scratch> scratch;
   if (fast) {
     const int64_t n_tiles = g.numel / F.tile;
@@ -616,6 +623,7 @@ std::string quantize_packed_impl(const std::string& dtype, const void* x, int x_
                                  void* tenscale, void* meta_packed, void* stream,
                                  const Modes& m) {
   const AotFormat& F = format_for(dtype);
+  as_default_modes(F, m);  // refuses modes without kernels before anything else
   if (!q || !scale) throw Error{"Q and Scale are required"};
   Geometry g = geometry(F, ndim, shape, axis);
   if (g.numel == 0) return "";

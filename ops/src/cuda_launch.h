@@ -139,8 +139,9 @@ std::string modes_supported(const Modes& m);
 // Quantize (tiles along `axis`; modes: null for the defaults, else see modes_supported) on
 // `stream` (a CUstream; null: the legacy default stream): the fast kernel
 // (onnxq/cast/triton_fast.py) when the tiles run along the last axis, it is a multiple of the
-// tile and the modes are the defaults, else the general kernels, which take the modes at run
-// time (ONNXQ_CUDA_FAST=0: always the general ones). x, values: float type x_type (0 float32, 1 float16, 2 bfloat16);
+// tile and the modes cast as the defaults do, else the general kernels, which take the modes
+// at run time (ONNXQ_CUDA_FAST=0: always the general ones). x, values: float type x_type
+// (0 float32, 1 float16, 2 bfloat16);
 // codes: one byte per element; scale: one byte per tile; tenscale: uint32 [1]; meta: one
 // byte per subtile. values or codes may be null (not both); with codes, scale (and meta for
 // MX formats) are required. "" on success, else the message.

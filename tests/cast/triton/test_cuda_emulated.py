@@ -142,14 +142,23 @@ def test_modes_run_on_the_general_kernels_and_the_rest_are_refused(emulated: dic
     # Modes other than the defaults: the general kernels with the mode parameters the
     # launcher reads from its table (bits: the first test), on shapes the fast kernel takes
     # for the default modes; stochastic rounding and scale search refused before a launch.
+    # Modes that change nothing for the format keep the fast kernel: scale modes choose a
+    # float element's power-of-two scale (nothing for integer elements or float scales), the
+    # int range is an integer element's.
     from tests.cast.triton.run_emulated import MODE_CASES
 
     la = emulated["launches"]
-    cases = [n for n in la if " modes " in n]
-    assert len(cases) == len(PRESETS) * len(MODE_CASES) * 2
-    for name in cases:
-        kinds = _kinds(la[name])
-        assert "q" in kinds and "f" not in kinds, (name, kinds)
+    cases = [(p, j, case) for p in PRESETS for j, case in enumerate(MODE_CASES)]
+    assert len([n for n in la if " modes " in n]) == len(cases) * 2
+    for preset, j, case in cases:
+        dt = datatype(preset)
+        inert = {"int_range"} if dt.nspec.is_float else set()
+        if not dt.nspec.is_float or not dt.sspec.scale.is_exponent:
+            inert.add("scale_mode")
+        fast = set(case) <= inert
+        for layout in ("packed", "unpacked"):
+            kinds = _kinds(la[f"{preset} modes {j} {layout}"])
+            assert ("f" in kinds) == fast and ("q" in kinds) != fast, (preset, case, kinds)
     refused = emulated["refused"]
     assert "stochastic rounding has no CUDA kernel" in refused["modes stochastic"]
     assert "scale mode 'search' has no CUDA kernel" in refused["modes search"]
