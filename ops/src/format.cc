@@ -1,4 +1,4 @@
-// Data types and tile geometry as the kernels need them (make_format, make_geometry).
+// Data types and tile geometry as the kernels need them (make_format, to_format, make_geometry).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "parse.h"
 
 namespace onnxq {
 
@@ -151,6 +152,24 @@ std::string make_geometry(const Format& f, const std::vector<int64_t>& shape, in
   if (g.kind == 1 && g.Sc && g.Tc % g.Sc) return "subtiles must divide the tile";
   *out = g;
   return "";
+}
+
+// parse.h: the ParsedType's format for the kernels, a table replacing a codebook's own.
+std::string to_format(const ParsedType& p, const std::vector<double>* table, Format* out) {
+  onnxq_format f = p.fmt;
+  if (f.cb_index_bits) {
+    if (table) {
+      f.cb_table = table->data();
+    } else if (p.generic_codebook) {
+      return "the generic codebook " + quote_code(p.code) +
+             " has no mappings of its own; give them as the Table input of CodebookLookup";
+    } else {
+      f.cb_table = p.table.data();
+      f.cb_mags = p.mags.data();
+      f.cb_even = p.even.data();
+    }
+  }
+  return make_format(f, out);
 }
 
 }  // namespace onnxq

@@ -870,12 +870,10 @@ std::string parse_dtype(const std::string& text, ParsedType* out) {
   std::string key;
   std::string bad = normalize(text, &key);
   if (!bad.empty()) return bad;
-  for (const auto& [name, code] : kPresets) {
-    if (key == name) {
-      std::string e = parse_code(code, out);
-      out->code = text;
-      return e;
-    }
+  if (const std::string preset = preset_code(text); !preset.empty()) {
+    std::string e = parse_code(preset, out);
+    out->code = text;
+    return e;
   }
   std::string e = parse_code(text, out);
   if (e.empty()) return e;
@@ -887,22 +885,5 @@ std::string parse_dtype(const std::string& text, ParsedType* out) {
 }
 
 std::string quote_code(const std::string& text) { return quote(text); }
-
-std::string to_format(const ParsedType& p, const std::vector<double>* table, Format* out) {
-  onnxq_format f = p.fmt;
-  if (f.cb_index_bits) {
-    if (table) {
-      f.cb_table = table->data();
-    } else if (p.generic_codebook) {
-      return "the generic codebook " + quote(p.code) +
-             " has no mappings of its own; give them as the Table input of CodebookLookup";
-    } else {
-      f.cb_table = p.table.data();
-      f.cb_mags = p.mags.data();
-      f.cb_even = p.even.data();
-    }
-  }
-  return make_format(f, out);
-}
 
 }  // namespace onnxq

@@ -34,8 +34,9 @@ std::string preset_code(const std::string& text);
 // longer than kMaxCodeLength (an attribute can hold anything, NUL and newlines included).
 std::string quote_code(const std::string& text);
 
-// Builds the kernels' Format. `table` (2^meta_bits x 2^index_bits values by index code) replaces
-// the codebook's own mappings when given; generic codebooks need it. "" or an error message.
+// Builds the kernels' Format (format.cc). `table` (2^meta_bits x 2^index_bits values by index
+// code) replaces the codebook's own mappings when given; generic codebooks need it. "" or an
+// error message.
 std::string to_format(const ParsedType& p, const std::vector<double>* table, Format* out);
 
 }  // namespace onnxq
