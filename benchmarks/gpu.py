@@ -245,8 +245,9 @@ def codebook_configs(iters: int) -> list[dict[str, Any]]:
 def c_library_path(iters: int) -> list[dict[str, Any]]:
     """The C library's CUDA path (ahead-of-time kernels, `onnxq.cast.cuda_aot`): packed
     quantize with the fast kernels, with the general ones (``ONNXQ_CUDA_FAST=0``), and the
-    same elements as NCHW [64, 1024, 32, 32] tiled along the channels (the general kernels'
-    LAST=False compile)."""
+    same elements as NCHW [64, 1024, 32, 32] tiled along the channels: packed (the general
+    kernels' LAST=False compile) and values alone (QuantizeDequantizeMX's cast: the fast
+    kernel's INNER compile)."""
     import os
 
     try:
@@ -284,6 +285,14 @@ def c_library_path(iters: int) -> list[dict[str, Any]]:
                 row["channels_frac_copy"] = (nbytes + out_bytes) / ms / (2 * nbytes / copy_ms)
             except Exception as err:
                 row["channels_error"] = str(err)[:200]
+            try:
+                cuda_aot.quantize(nchw, fmt, axis=1, want_codes=False)
+                ms = bench(
+                    lambda x=nchw, f=fmt: cuda_aot.quantize(x, f, axis=1, want_codes=False), iters
+                )
+                row["channels_values_frac_copy"] = copy_ms / ms  # reads and writes a copy's
+            except Exception as err:
+                row["channels_values_error"] = str(err)[:200]
             print(f"C library CUDA path: {json.dumps(row)}", flush=True)
             rows.append(row)
     return rows
@@ -501,14 +510,14 @@ def summary(results: dict[str, Any]) -> str:
         lines += [
             "",
             "C library CUDA path (`cuda_aot.quantize_packed`, 8192x8192; channels: the same "
-            "elements as [64, 1024, 32, 32] along axis 1), x copy:",
+            "elements as [64, 1024, 32, 32] along axis 1, packed and values alone), x copy:",
             "",
-            "| format | dtype | fast kernels | general kernels | channels |",
-            "|---|---|---|---|---|",
+            "| format | dtype | fast kernels | general kernels | channels | channels values |",
+            "|---|---|---|---|---|---|",
         ]
         for r in rows:
             cells = []
-            for label in ("fast", "general", "channels"):
+            for label in ("fast", "general", "channels", "channels_values"):
                 v = r.get(f"{label}_frac_copy")
                 cells.append(f"{v:.2f}" if v is not None else str(r.get(f"{label}_error")))
             lines.append(f"| {r['format']} | {r['dtype']} | {' | '.join(cells)} |")

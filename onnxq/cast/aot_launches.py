@@ -99,15 +99,15 @@ def default_packing() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str):
+def record_fast(tf: Any, dt: Any, shape: tuple[int, ...], in_type: str, want: str, axis: int = -1):
     """The fast path's launches for one cast (the tuned program size, not the environment's)."""
     import torch
 
     from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
 
-    fp = tf._fast_plan(shape, dt, -1, RoundMode.EVEN, tf._BLOCK, tf._WARPS)
+    fp = tf._fast_plan(shape, dt, axis, RoundMode.EVEN, tf._BLOCK, tf._WARPS)
     if fp is None:
-        why = tf.why_not_fast(shape, dt, -1, RoundMode.EVEN)
+        why = tf.why_not_fast(shape, dt, axis, RoundMode.EVEN)
         raise GenerationError(f"{dt.code}: the fast path refuses {shape} ({why})")
     x = torch.zeros(shape, dtype=getattr(torch, in_type))
     with recording(tf) as launches, default_packing():

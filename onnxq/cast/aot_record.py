@@ -40,6 +40,7 @@ from onnxq.cast.aot_spec import (
     OP_CB_SUB,
     OP_DEQUANT,
     OP_DEQUANT_INNER,
+    OP_FAST_VALUES_INNER,
     OP_PACK,
     OP_QUANT_BOTH,
     OP_QUANT_CODES,
@@ -180,6 +181,7 @@ _INNER_SHAPES = ((4, 96, 7), (3, 40, 2, 5))
 # (operation, shapes, axis) of the general kernels: tiles along the last axis, along another
 _VARIANTS = ((False, _SHAPES, -1), (True, _INNER_SHAPES, 1))
 _FAST_SHAPES = ((512, 96), (3, 5, 64))  # the last axis a multiple of every preset's tile
+_FAST_INNER_SHAPES = ((4, 64, 7), (3, 32, 2, 5))  # whole tiles along axis 1
 
 
 def _format_info(tm: Any, preset: str) -> tuple[Any, FormatInfo]:
@@ -272,10 +274,12 @@ def _fast_specs(
     """The fast kernel for one format and input type (and with ``amax``, the amax kernels)."""
     preset, ftype, has_ts = info.preset, FLOATS[k], info.tenscale_bits > 0
     specs = []
-    for op, want in FAST_OPS:
+    variants = [(op, want, _FAST_SHAPES, -1) for op, want in FAST_OPS]
+    variants.append((OP_FAST_VALUES_INNER, "values", _FAST_INNER_SHAPES, 1))
+    for op, want, shapes, axis in variants:
         if want == "packed" and info.code_bits == 8 and not info.sub:
             continue  # the packed layouts are the unpacked ones: OP_FAST_CODES
-        rec = [record_fast(tf, dt, shape, ftype, want) for shape in _FAST_SHAPES]
+        rec = [record_fast(tf, dt, shape, ftype, want, axis) for shape in shapes]
         mains = [named(r, "_fast_kernel") for r in rec]
         if [len(m) for m in mains] != [1, 1]:
             raise GenerationError(f"{preset}: expected one _fast_kernel launch")
@@ -283,13 +287,17 @@ def _fast_specs(
         if extra != (["_amax_kernel"] if has_ts else []):
             raise GenerationError(f"{preset}: unexpected fast launches {extra}")
         d = [
-            _describe(m[0], _fast_geometry(shape, info, want == "packed"), consts, tenscale=has_ts)
-            for m, shape in zip(mains, _FAST_SHAPES, strict=True)
+            _describe(
+                m[0], _fast_geometry(shape, info, want == "packed", axis), consts, tenscale=has_ts
+            )
+            for m, shape in zip(mains, shapes, strict=True)
         ]
         _same(d[0], d[1], f"{preset} fast {want}")
         sig, ce, opts, roles = d[0]
         if ce.get("HW_BF16") is None or ce.get("BT", 0) * ce.get("TC", 0) < 1:
             raise GenerationError(f"{preset}: fast kernel constexprs {sorted(ce)}")
+        if ce.get("INNER") != (axis != -1):
+            raise GenerationError(f"{preset}: fast kernel INNER = {ce.get('INNER')}, axis {axis}")
         ce["HW_BF16"] = True  # the interpreter's switch; the images convert in hardware
         specs.append(
             KernelSpec(

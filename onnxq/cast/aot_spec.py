@@ -44,6 +44,9 @@ OP_QUANT_BOTH = 6  # values and codes in one launch
 OP_FAST_VALUES, OP_FAST_CODES, OP_FAST_PACKED, OP_AMAX = 7, 8, 9, 10
 # (formats with 8-bit codes and no shift bits have no OP_FAST_PACKED: the layouts are the same)
 FAST_OPS = ((OP_FAST_VALUES, "values"), (OP_FAST_CODES, "codes"), (OP_FAST_PACKED, "packed"))
+# ... and its values kernel for whole tiles along an axis with elements after it (INNER: a
+# program's tiles side by side; the activations' QuantizeDequantizeMX of NCHW tensors)
+OP_FAST_VALUES_INNER = 21
 AMAX_ROUNDS = (1, 4, 16, 64)  # the tensor-amax pass's blocks per program: the variants compiled
 # Codebook decoding (CodebookLookup; onnxq.cast.triton_codebook's `_cb_dequant_kernel`): images
 # that serve every codebook data type, the format's numbers passed at run time. By block:
@@ -218,8 +221,10 @@ class FormatInfo:
         return {p: self.modes[p][modes.get(m, 0)] for m, p in MODE_PARAMS.items()}
 
 
-def _fast_geometry(shape: tuple[int, ...], f: FormatInfo, packed: bool) -> dict[str, int]:
-    """The fast kernel's scalar arguments (the launcher computes the same)."""
+def _fast_geometry(
+    shape: tuple[int, ...], f: FormatInfo, packed: bool, axis: int = -1
+) -> dict[str, int]:
+    """The fast kernel's scalar arguments for tiles along ``axis`` (the launcher's too)."""
     numel = math.prod(shape)
     n_tiles = numel // f.tile
     meta = n_tiles * (f.tile // f.sub) if f.sub else 0
@@ -227,6 +232,7 @@ def _fast_geometry(shape: tuple[int, ...], f: FormatInfo, packed: bool) -> dict[
         n_tiles=n_tiles,
         code_nbytes=(numel * f.code_bits + 7) // 8 if packed else numel,
         meta_nbytes=(meta + 7) // 8 if packed else meta,
+        inner=math.prod(shape[axis % len(shape) + 1 :]),
     )
 
 

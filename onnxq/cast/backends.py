@@ -79,6 +79,8 @@ def _triton(x: Any, request: CastRequest, out: Any = None) -> Encoded:
     fp = None
     if not (book or searched):
         fp = tf.fast_plan(tuple(x.shape), dt, request.axis, request.round_mode)
+    # the fast kernel packs codes of tiles along the last axis (others: packed afterwards)
+    packed = fp is not None and fp.inner == 1 and request.mode is CastMode.COMPRESS
     if fp is not None:
         res = tf.quantize(
             x.detach(),
@@ -89,7 +91,7 @@ def _triton(x: Any, request: CastRequest, out: Any = None) -> Encoded:
             full_int_range=request.full_int_range,
             want_values=virtual,
             want_codes=not virtual,
-            packed=request.mode is CastMode.COMPRESS,
+            packed=packed,
         )
     else:
         engine = tsearch if searched else (tcb if book else tk)
@@ -105,7 +107,7 @@ def _triton(x: Any, request: CastRequest, out: Any = None) -> Encoded:
             want_values=virtual,
             want_codes=not virtual,
         )
-    return Encoded(**{"values": None, **res}, packed=fp is not None)
+    return Encoded(**{"values": None, **res}, packed=packed)
 
 
 BACKENDS: dict[Backend, Quantize] = {

@@ -1,9 +1,9 @@
-"""The Triton engine's fast path: dense tiles along the last axis, round-half-even, one pass.
+"""The Triton engine's fast path: whole tiles along any axis, round-half-even, one pass.
 
 `onnxq.cast.triton` serves every layout with integer arithmetic on float32 bits, which is
 exact everywhere but costs about a hundred integer operations per element: on an H100 that
 bounds a cast at a fifth of memory speed. This module serves the common case - tiles of a
-power-of-two length that divide the last axis, round-half-even, exponent (MX, BFP, MX9/6/4)
+power-of-two length that divide the tiled axis, round-half-even, exponent (MX, BFP, MX9/6/4)
 or float (NVFP4) scales, elements of at most 8 bits - with float arithmetic that gives the
 same bits in about fifteen operations per element:
 
@@ -21,7 +21,10 @@ same bits in about fifteen operations per element:
   bytes), so the codes never go through memory unpacked.
 
 The program loads ``BT`` whole tiles as one contiguous block (vectorised loads), computes
-tile statistics, the scale, the values or codes, and stores once. NVFP4's tensor amax is one
+tile statistics, the scale, the values or codes, and stores once. Tiles along an axis with
+elements after it (NCHW channels) are taken ``BT`` side by side, one per position after the
+axis, so each row of the block is contiguous (coalesced loads); their codes are packed
+afterwards, not in the kernel. NVFP4's tensor amax is one
 reduction pass before the cast. Fused multiply-add contraction is off: every float operation
 is rounded as written. Everything else goes to `onnxq.cast.triton`.
 
@@ -124,7 +127,11 @@ def _config() -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class FastPlan:
-    """Geometry of one fast cast: ``n_tiles`` tiles of ``tc`` elements, ``bt`` a program."""
+    """Geometry of one fast cast: ``n_tiles`` tiles of ``tc`` elements, ``bt`` a program.
+
+    ``inner`` > 1: the tiles run along ``axis``, which has ``inner`` elements after it (a
+    program takes ``bt`` tiles side by side along those elements).
+    """
 
     n_tiles: int
     tc: int
@@ -132,6 +139,15 @@ class FastPlan:
     sub: int
     bt: int
     warps: int
+    inner: int = 1
+    axis: int = -1  # non-negative when inner > 1
+
+    @property
+    def programs(self) -> int:
+        """The kernel's grid."""
+        if self.inner == 1:
+            return triton.cdiv(self.n_tiles, self.bt)
+        return self.n_tiles // self.inner * triton.cdiv(self.inner, self.bt)
 
 
 def why_not_fast(
@@ -145,13 +161,13 @@ def why_not_fast(
         return "unscaled or codebook format"
     if s.is_2d or s.is_tensor or s.sparsity[1] or s.zero is not None:
         return "2-D or tensor tiles, sparsity or zero points"
-    if not shape or axis % len(shape) != len(shape) - 1:
-        return "tiles not along the last axis"
+    if not shape:
+        return "a 0-D tensor"
     if n.bits > 8 or s.scale.bits > 8:
         return "elements or scales over 8 bits"
     tc = s.tiles[0].size
-    if tc <= 0 or tc & (tc - 1) or tc > 1024 or shape[-1] % tc:
-        return "tile length not a power of two dividing the last axis"
+    if tc <= 0 or tc & (tc - 1) or tc > 1024 or shape[axis % len(shape)] % tc:
+        return "tile length not a power of two dividing the tiled axis"
     if s.scale.is_exponent:
         frac = n.int_fraction_bits
         low = -s.scale.bias - frac
@@ -192,7 +208,11 @@ def _fast_plan(
     assert s is not None
     tc = s.tiles[0].size
     sub = s.tiles[0].subtile or tc
-    return FastPlan(math.prod(shape) // tc, tc, tc // sub, sub, max(1, block // tc), warps)
+    a = axis % len(shape)
+    inner = math.prod(shape[a + 1 :])
+    n_tiles = math.prod(shape) // tc
+    bt = max(1, block // tc)
+    return FastPlan(n_tiles, tc, tc // sub, sub, bt, warps, inner, a if inner > 1 else -1)
 
 
 def _group(bits: int) -> tuple[int, int]:
@@ -332,10 +352,11 @@ def _launch(
         E_NANCODE=e.nan_code,
         E_LIM=float(e.maxm),
         FULL_INT=full_int_range and not e.is_float,
+        INNER=fp.inner > 1,
         num_warps=fp.warps,
         enable_fp_fusion=False,
     )
-    grid = (triton.cdiv(fp.n_tiles, fp.bt),)
+    grid = (fp.programs,)
     return _Launch(
         grid, fp.n_tiles, code_nbytes, meta_count, meta_nbytes, s.tenscale is not None, consts
     )
@@ -364,7 +385,13 @@ def quantize(
     Returns:
         The same dict as `onnxq.cast.triton.quantize`; with ``packed``, ``codes`` and
         ``meta`` are packing.py's byte streams (compress mode) instead of unpacked codes.
+
+    Raises:
+        ValueError: ``packed`` for tiles along a non-last axis (their codes are not
+            contiguous in the stream: the caller packs the unpacked ones).
     """
+    if packed and fp.inner > 1:
+        raise ValueError("the fast kernel packs codes of tiles along the last axis only")
     x = x.contiguous()
     shape = tuple(x.shape)
     launch = _launch(
@@ -418,6 +445,7 @@ def quantize(
         launch.n_tiles,
         launch.code_nbytes,
         launch.meta_nbytes,
+        fp.inner,
         **launch.consts,
     )
     out: dict[str, Any] = {}
@@ -426,9 +454,11 @@ def quantize(
     if not want_codes:
         return out
     out["codes"] = codes if packed else codes.view(shape)
-    out["scale"] = scale.view(*shape[:-1], shape[-1] // fp.tc)
+    a = fp.axis if fp.inner > 1 else len(shape) - 1
+    out["scale"] = scale.view(*shape[:a], shape[a] // fp.tc, *shape[a + 1 :])
     if launch.meta_count:
-        out["meta"] = meta if packed else meta.view(*shape[:-1], shape[-1] // fp.sub)
+        meta_grid = (*shape[:a], shape[a] // fp.sub, *shape[a + 1 :])
+        out["meta"] = meta if packed else meta.view(meta_grid)
     tenscale = dt.sspec.tenscale if dt.sspec is not None else None
     if tenscale is not None:
         if tenscale.bits <= 8:

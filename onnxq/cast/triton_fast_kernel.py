@@ -172,24 +172,40 @@ def _amax_kernel(
 
 # -- phases of the fast kernel (in the order it runs them) -----------------------------------------
 @triton.jit
-def _fast_offsets(pid, n_tiles, BT: tl.constexpr, TC: tl.constexpr, G3: tl.constexpr):
+def _fast_offsets(
+    pid, n_tiles, inner, BT: tl.constexpr, TC: tl.constexpr, G3: tl.constexpr, INNER: tl.constexpr
+):
     # the program's first element, its tiles and the offsets of its block
     BLOCK: tl.constexpr = BT * TC
-    start = pid.to(tl.int64) * BLOCK
-    tile = pid * BT + tl.arange(0, BT)
-    t_ok = tile < n_tiles
-    if G3 > 1:
-        # Compress with sub-byte codes: each packing group lies along the innermost axis,
-        # so the bytes come out of an in-register sum, with no reshape of the block
-        offs = (
-            tl.arange(0, BT)[:, None, None] * TC
-            + tl.arange(0, TC // G3)[None, :, None] * G3
-            + tl.arange(0, G3)[None, None, :]
-        )
-        ok = t_ok[:, None, None] & (offs >= 0)
-    else:
-        offs = tl.arange(0, BT)[:, None] * TC + tl.arange(0, TC)[None, :]
+    if INNER:
+        # Tiles along an axis with `inner` elements after it (NCHW channels): a program
+        # takes BT tiles side by side, one per inner position, so each of the tile's TC rows
+        # is BT consecutive elements (coalesced). Row r of tile (row, i) is at
+        # (row * TC + r) * inner + i; the tile's index (scale grid) is row * inner + i.
+        n_ib = (inner + BT - 1) // BT
+        row = pid // n_ib
+        i = (pid - row * n_ib) * BT + tl.arange(0, BT)
+        start = row.to(tl.int64) * TC * inner + (pid - row * n_ib) * BT
+        tile = row.to(tl.int64) * inner + i
+        t_ok = i < inner
+        offs = tl.arange(0, BT)[:, None] + tl.arange(0, TC)[None, :].to(tl.int64) * inner
         ok = t_ok[:, None] & (offs >= 0)
+    else:
+        start = pid.to(tl.int64) * BLOCK
+        tile = pid * BT + tl.arange(0, BT)
+        t_ok = tile < n_tiles
+        if G3 > 1:
+            # Compress with sub-byte codes: each packing group lies along the innermost axis,
+            # so the bytes come out of an in-register sum, with no reshape of the block
+            offs = (
+                tl.arange(0, BT)[:, None, None] * TC
+                + tl.arange(0, TC // G3)[None, :, None] * G3
+                + tl.arange(0, G3)[None, None, :]
+            )
+            ok = t_ok[:, None, None] & (offs >= 0)
+        else:
+            offs = tl.arange(0, BT)[:, None] * TC + tl.arange(0, TC)[None, :]
+            ok = t_ok[:, None] & (offs >= 0)
     return start, tile, t_ok, offs, ok
 
 
@@ -526,17 +542,38 @@ def _store_shift_bits(
     t_ok,
     pid,
     meta_nbytes,
+    inner,
     BT: tl.constexpr,
     NSUB: tl.constexpr,
     PACKED: tl.constexpr,
+    INNER: tl.constexpr,
 ):
     # MX shift bits: one byte per subtile, or (PACKED) one bit
     bits = below.to(tl.int32) & t_ok[:, None]
     if PACKED:
         _pack_store(meta_ptr, bits, pid, meta_nbytes, BT, NSUB, 1, 8, 8, 1, False)
     else:
-        moffs = tile[:, None] * NSUB + tl.arange(0, NSUB)[None, :]
+        if INNER:  # the subtile grid: subtile s of tile (row, i) at (row * NSUB + s) * inner + i
+            row = tile // inner
+            i = tile - row * inner
+            moffs = (row[:, None] * NSUB + tl.arange(0, NSUB)[None, :]) * inner + i[:, None]
+        else:
+            moffs = tile[:, None] * NSUB + tl.arange(0, NSUB)[None, :]
         tl.store(meta_ptr + moffs, bits.to(tl.uint8), mask=t_ok[:, None])
+
+
+@triton.jit
+def _float_scaled(a, xb, neg, eff, E_NEGZERO: tl.constexpr):
+    # The magnitudes over a float scale. A zero scale (an all-zero tile, or one that
+    # underflows the scale format) sends every element but NaN to +0, negative ones included
+    # (reference `_float_scaled`); without a -0 code (NVFP4) r = 0 drops the sign already, so
+    # no work per element.
+    scaled = eff > 0
+    v = tl.where(scaled, tl.div_rn(a, eff), 0.0)
+    if E_NEGZERO:
+        neg = neg & scaled
+        xb = tl.where(scaled, xb, xb & 0x7FFFFFFF)
+    return v, neg, xb
 
 
 # -- the kernel ------------------------------------------------------------------------------------
@@ -552,6 +589,7 @@ def _fast_kernel(
     n_tiles,
     code_nbytes,
     meta_nbytes,
+    inner,  # INNER: elements after the tiled axis
     TC: tl.constexpr,
     NSUB: tl.constexpr,
     SUB: tl.constexpr,
@@ -597,9 +635,10 @@ def _fast_kernel(
     T_MBITS: tl.constexpr,
     T_EMIN: tl.constexpr,
     T_MAXF: tl.constexpr,
+    INNER: tl.constexpr = False,  # tiles along a non-last axis (whole tiles, not PACKED)
 ):
     pid = tl.program_id(0)
-    start, tile, t_ok, offs, ok = _fast_offsets(pid, n_tiles, BT, TC, G3)
+    start, tile, t_ok, offs, ok = _fast_offsets(pid, n_tiles, inner, BT, TC, G3, INNER)
     xb, _raw = _load_bits(x_ptr + start, offs, ok, OUT_KIND)
     a = (xb & 0x7FFFFFFF).to(tl.float32, bitcast=True)
     neg = xb < 0
@@ -619,14 +658,7 @@ def _fast_kernel(
         ts = _tensor_scale(top_ptr, ts_code_ptr, TS, TS_DENOM, T_ROUND, T_MBITS, T_EMIN, T_MAXF)
         eff_t, scode = _float_scale(amax_b, tnan, ts, EL_MAXF, S_MBITS, S_EMIN, S_MAXF, S_NAN, TS)
         eff = _expand(eff_t, BT, NSUB, SUB, TC, False, G3)
-        # a zero scale (an all-zero tile, or one that underflows the scale format) sends
-        # every element but NaN to +0, negative ones included (reference `_float_scaled`);
-        # without a -0 code (NVFP4) r = 0 drops the sign already, so no work per element
-        scaled = eff > 0
-        v = tl.where(scaled, tl.div_rn(a, eff), 0.0)
-        if E_NEGZERO:
-            neg = neg & scaled
-            xb = tl.where(scaled, xb, xb & 0x7FFFFFFF)
+        v, neg, xb = _float_scaled(a, xb, neg, eff, E_NEGZERO)
         kk = 0
         bound = float("inf")
     r = _round_elems(v, neg, kk, bound, E_FLOAT, E_MBITS, E_EMIN, E_MAXF, E_LIM, FULL_INT, SPLIT)
@@ -660,4 +692,6 @@ def _fast_kernel(
         )
         tl.store(scale_ptr + tile, scode.to(tl.uint8), mask=t_ok)
         if SHIFT:
-            _store_shift_bits(meta_ptr, below, tile, t_ok, pid, meta_nbytes, BT, NSUB, PACKED)
+            _store_shift_bits(
+                meta_ptr, below, tile, t_ok, pid, meta_nbytes, inner, BT, NSUB, PACKED, INNER
+            )

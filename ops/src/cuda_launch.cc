@@ -257,6 +257,11 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
     per = K.chunk;
   } else if (K.op == kOpFastValues || K.op == kOpFastCodes || K.op == kOpFastPacked) {
     units = b.n_tiles;  // BT whole tiles a program
+  } else if (K.op == kOpFastValuesInner) {
+    // a program a row of tiles (the tiled axis's tile and what precedes it) and BT inner
+    // positions: triton_fast.FastPlan.programs
+    units = b.inner > 0 ? b.n_tiles / b.inner * ((b.inner + K.bt - 1) / K.bt) : 0;
+    per = 1;
   } else if (K.op == kOpAmax) {
     units = b.numel;  // BLOCK * ROUNDS elements a program (it strides over the grid)
     per = K.chunk;
@@ -378,8 +383,9 @@ Scratch::~Scratch() {
 }
 
 // The fast path (onnxq/cast/triton_fast.py: whole tiles, one pass) takes a quantization when
-// the last axis is a multiple of the tile and the library has its kernels for the input type;
-// the general kernels (onnxq/cast/triton.py) take the rest. ONNXQ_CUDA_FAST=0 sends every
+// the tiled axis is a multiple of the tile and the library has its kernels for the input type
+// (along another axis than the last: values only); the general kernels (onnxq/cast/triton.py)
+// take the rest. ONNXQ_CUDA_FAST=0 sends every
 // quantization to the general kernels (tests and comparisons; read at each call).
 bool fast_enabled() {
   const char* e = std::getenv("ONNXQ_CUDA_FAST");
@@ -426,10 +432,15 @@ bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, con
                   bool values, bool codes, bool packed, std::initializer_list<const void*> ptrs,
                   int* kv, int* kc) {
   *kv = *kc = -1;
-  if (!fast_enabled() || !as_default_modes(F, m) || F.tile < 1 || g.b.inner != 1 ||
-      g.b.C % F.tile != 0 || !aligned16(ptrs))
+  if (!fast_enabled() || !as_default_modes(F, m) || F.tile < 1 || g.b.C % F.tile != 0 ||
+      !aligned16(ptrs))
     return false;
   if (F.tenscale_bits && (g.numel % 16 != 0 || amax_kernel(x_type, g.numel) < 0)) return false;
+  if (g.b.inner != 1) {  // tiles along a non-last axis: values only (the activations' cast)
+    if (packed || codes || !values) return false;
+    *kv = find_kernel(fi, kOpFastValuesInner, x_type);
+    return *kv >= 0;
+  }
   if (packed) {  // 8-bit codes without shift bits: the packed layouts are the unpacked ones
     const bool same = F.code_bits == 8 && !F.sub;
     *kc = find_kernel(fi, same ? kOpFastCodes : kOpFastPacked, x_type);

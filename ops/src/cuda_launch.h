@@ -85,7 +85,10 @@ enum Op : int {
   // the codebook blocks for tiles along an axis with elements after it (LAST=False)
   kOpCbPlainInner = 18,
   kOpCbSubInner = 19,
-  kOpCbLongInner = 20
+  kOpCbLongInner = 20,
+  // the fast values kernel for whole tiles along an axis with elements after it (INNER: a
+  // program takes bt tiles side by side along those elements)
+  kOpFastValuesInner = 21
 };
 
 struct AotFormat {

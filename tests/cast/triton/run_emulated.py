@@ -381,6 +381,32 @@ def modes(r: Run) -> None:
         )  # fmt: skip
 
 
+# whole tiles along axis 1 with elements after it: the fast values kernel's INNER compile
+# (fewer inner positions than a program's tiles; more, so a row of tiles takes programs)
+INNER_FAST_SHAPES = ((2, 64, 3), (1, 32, 300))
+
+
+def inner_fast(r: Run) -> None:
+    """Values alone (QuantizeDequantizeMX's cast) of whole tiles along a non-last axis."""
+    for i, preset in enumerate(PRESETS):
+        for j, shape in enumerate(INNER_FAST_SHAPES):
+            x_type = 2 if j == 0 else 0
+            x, xr = _preset_input(shape, 200 + i, x_type)
+            y = np.zeros_like(x)
+            name = f"{preset} {shape} axis 1 values"
+            if r.call(
+                name, r.lib.onnxq_cuda_quantize, preset.encode(), None, r.dev(x), x_type, 3,
+                (ctypes.c_int64 * 3)(*shape), 1, r.dev(y), None, None, None, None, None,
+            ):  # fmt: skip
+                want = onnxq.cast(xr, preset, backend="reference", axis=1)
+                if x_type == 2:
+                    want = want.astype(ml_dtypes.bfloat16).view(np.uint16)
+                if not np.array_equal(_bits(y), _bits(want)):
+                    r.bad.append(name)
+            else:
+                r.bad.append(name)
+
+
 # preset names the library embeds under another name (the same code), in any case
 ALIASES = (("mxfp8", "mxfp8e4"), ("MXINT4", "bfp8"), ("e4m3fn_e8m0_t32", "mxfp8e4"))
 
@@ -508,6 +534,7 @@ def main() -> None:
     refusals(r)
     presets(r)
     modes(r)
+    inner_fast(r)
     aliases(r)
     wrappers(r)
     print(json.dumps(dict(bad=r.bad, refused=r.refused, launches=r.launches, errors=r.emu.errors)))

@@ -309,7 +309,7 @@ def launch(k, ptrs, geo):
 def fast_geo(f, shape, packed):  # the launcher's Bind for the fast kernels
     numel = math.prod(shape)
     nmeta = numel // f.sub if f.sub else 0
-    return dict(n_tiles=numel // f.tile, numel=numel,
+    return dict(n_tiles=numel // f.tile, numel=numel, inner=1,
                 code_nbytes=(numel * f.code_bits + 7) // 8 if packed else numel,
                 meta_nbytes=(nmeta + 7) // 8 if packed else nmeta)
 
@@ -992,9 +992,12 @@ def test_tiles_along_a_non_last_axis_equal_the_reference(preset: str) -> None:
             x = _data(shape, 20 + i).astype(_np_dtype(ftype))
             got = cuda_aot.quantize(_to_torch(x), preset, axis=axis)
             packed = cuda_aot.quantize_packed(_to_torch(x), preset, axis=axis)
+            # values alone: the fast kernel's INNER compile where the axis is whole tiles
+            alone = cuda_aot.quantize(_to_torch(x), preset, axis=axis, want_codes=False)
             torch.cuda.synchronize()
             ref = onnxq.cast(x, preset, backend="reference", axis=axis)
             np.testing.assert_array_equal(_bits(got["values"]), _ref_bits(ref), err_msg=where)
+            np.testing.assert_array_equal(_bits(alone["values"]), _ref_bits(ref), err_msg=where)
             q = onnxq.cast(x, preset, mode="compress", backend="reference", axis=axis)
             _assert_packed(packed, q, where)
             _assert_packed_decode(preset, shape, q, ftype, where, axis)

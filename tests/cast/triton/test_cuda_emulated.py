@@ -165,6 +165,20 @@ def test_modes_run_on_the_general_kernels_and_the_rest_are_refused(emulated: dic
     assert la["modes stochastic"] == la["modes search"] == []
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+def test_values_of_whole_tiles_along_a_non_last_axis_take_the_fast_kernel(
+    emulated: dict, preset: str
+) -> None:
+    # the INNER compile of the fast values kernel (its bits: the first test); NVFP4's tensor
+    # amax pass first
+    from tests.cast.triton.run_emulated import INNER_FAST_SHAPES
+
+    amax = ["amax"] if datatype(preset).sspec.tenscale is not None else []
+    for shape in INNER_FAST_SHAPES:
+        symbols = emulated["launches"][f"{preset} {shape} axis 1 values"]
+        assert _kinds(symbols) == [*amax, "f"] and symbols[-1].startswith("f21_"), symbols
+
+
 def test_other_names_of_an_embedded_format_take_its_kernels(emulated: dict) -> None:
     # the bits: the first test
     from tests.cast.triton.run_emulated import ALIASES
@@ -429,11 +443,14 @@ def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
     assert result["errors"] == []
     assert len(result["same"]) == len(want) and all(result["same"]), result["same"]
     kinds = _kinds(result["kernels"])
-    # every activation on the kernels: 24 casts (3 layers x 8); the attention keys, tiled along
-    # axis 2 (6), through the general LAST=False compile; the fast kernel where the last axis
-    # is a multiple of the tile (the hidden size), the general one elsewhere (18 tokens)
+    # every activation on the kernels: 24 casts (3 layers x 8); the fast kernel where the
+    # tiled axis is a multiple of the tile (the hidden size; the keys' head dim, 32, along
+    # axis 2: the INNER values kernel), the general one elsewhere (18 tokens: the values,
+    # along axis 2 too, on the LAST=False compile), and for modes and QuantizeMX's codes
     inner = [k for k in result["kernels"] if k.split("_")[0] in ("q14", "q15", "q16")]
-    assert len(inner) == 6, result["kernels"]
+    inner_fast = [k for k in result["kernels"] if k.startswith("f21_")]
+    fast_keys = case["fuse"] and "modes" not in case
+    assert (len(inner), len(inner_fast)) == ((3, 3) if fast_keys else (6, 0)), result["kernels"]
     assert kinds.count("f") + kinds.count("q") == 24, kinds
     # the modes: the general kernels only (the fast one is compiled for the defaults)
     assert kinds.count("f") == 0 if "modes" in case else kinds.count("f") >= 12, kinds

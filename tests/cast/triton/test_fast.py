@@ -74,7 +74,8 @@ def hostile(shape: tuple[int, ...], tile: int, seed: int) -> np.ndarray:
 
 def check(x: np.ndarray, name: str, dtype: str, modes=("virtual", "actual", "compress"), **kw):
     rmode = RoundMode.parse(kw.get("round_mode", "even"))
-    assert tf.fast_plan(tuple(x.shape), datatype(name), x.ndim - 1, rmode) is not None, name
+    axis = kw.get("axis", -1)
+    assert tf.fast_plan(tuple(x.shape), datatype(name), axis, rmode) is not None, name
     compare(
         x,
         dtype,
@@ -94,6 +95,23 @@ def test_presets_on_hostile_tiles(name: str, dtype: str) -> None:
     # 3 x 5 rows of 4 tiles: 60 tiles, so the last program block ends inside the tensor
     shape = (3, 5, 4 * tile) if not GPU else (37, 3, 16 * tile)
     check(hostile(shape, tile, seed=len(name)), name, dtype)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_tiles_along_a_non_last_axis(name: str) -> None:
+    """Tiles along an axis with elements after it (NCHW channels): the kernel's INNER block
+    of tiles side by side. Fewer inner positions than a program's tiles (masked), more (two
+    programs a tile row, the second partial), the scale and shift-bit grids, every mode's
+    layout (compress packs the unpacked codes afterwards)."""
+    tile = datatype(name).sspec.tiles[0].size
+    bt = tf._BLOCK // tile
+    for i, (outer, tiles, inner) in enumerate([(2, 2, 5), (1, 1, bt + 3)]):
+        # hostile tiles along the last axis, moved to axis 1
+        h = hostile((outer, inner, tiles * tile), tile, seed=len(name) + i)
+        x = np.ascontiguousarray(np.moveaxis(h, 2, 1))
+        plan = tf.fast_plan(x.shape, datatype(name), 1, RoundMode.EVEN)
+        assert plan is not None and plan.inner == inner and plan.axis == 1
+        check(x, name, "float32" if i else "bfloat16", axis=1)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +248,7 @@ def test_a_bad_pack_group_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     ("shape", "axis", "kw", "why"),
     [
         ((4, 100), 1, {}, "tile length"),
-        ((64, 4), 0, {}, "last axis"),
+        ((40, 4), 0, {}, "dividing the tiled axis"),
         ((4, 64), 1, {"round_mode": "stochastic"}, "round modes"),
         ((4, 64), 1, {"dtype": "uint4_block32"}, "zero points"),
     ],
