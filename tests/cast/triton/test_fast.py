@@ -18,27 +18,15 @@ from tests.cast.triton.support import GPU, assert_same, assert_same_qtensor, com
 # isort: split
 import onnxq
 from onnxq.cast import triton_fast as tf
+from onnxq.cast.aot_spec import PRESETS
 from onnxq.cast.api import cast, upcast
 from onnxq.cast.torch_bridge import upcast_triton
 from onnxq.formats.datatype import datatype
 from onnxq.formats.modes import RoundMode
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-FAST = [
-    "mxfp8e4",
-    "mxfp8e5",
-    "mxfp6e2",
-    "mxfp6e3",
-    "mxfp4",
-    "mxint8",
-    "mxint4",
-    "bfp16",
-    "bfp8",
-    "mx9",
-    "mx6",
-    "mx4",
-    "nvfp4",
-]
+# every MX / BFP / NVFP4 preset with 1-D tiles (those the C library embeds) and an alias
+FAST = [*PRESETS, "mxint4"]
 FLOAT_FAST = ["mxfp8e4", "mxfp8e5", "mxfp6e2", "mxfp6e3", "mxfp4", "nvfp4"]
 
 
