@@ -140,7 +140,7 @@ class FastPlan:
     bt: int
     warps: int
     inner: int = 1
-    axis: int = -1  # non-negative when inner > 1
+    axis: int = -1  # the tiled axis (non-negative)
 
     @property
     def programs(self) -> int:
@@ -212,7 +212,7 @@ def _fast_plan(
     inner = math.prod(shape[a + 1 :])
     n_tiles = math.prod(shape) // tc
     bt = max(1, block // tc)
-    return FastPlan(n_tiles, tc, tc // sub, sub, bt, warps, inner, a if inner > 1 else -1)
+    return FastPlan(n_tiles, tc, tc // sub, sub, bt, warps, inner, a)
 
 
 def _group(bits: int) -> tuple[int, int]:
@@ -454,7 +454,7 @@ def quantize(
     if not want_codes:
         return out
     out["codes"] = codes if packed else codes.view(shape)
-    a = fp.axis if fp.inner > 1 else len(shape) - 1
+    a = fp.axis
     out["scale"] = scale.view(*shape[:a], shape[a] // fp.tc, *shape[a + 1 :])
     if launch.meta_count:
         meta_grid = (*shape[:a], shape[a] // fp.sub, *shape[a + 1 :])

@@ -100,6 +100,11 @@ def test_tiles_along_a_non_last_axis(name: str) -> None:
         plan = tf.fast_plan(x.shape, datatype(name), 1, RoundMode.EVEN)
         assert plan is not None and plan.inner == inner and plan.axis == 1
         check(x, name, "float32" if i else "bfloat16", axis=1)
+    # only size-1 dims after the axis: the last-axis block, the grids shaped for axis 1
+    x = hostile((2, 2 * tile), tile, seed=len(name))[:, :, None]
+    plan = tf.fast_plan(x.shape, datatype(name), 1, RoundMode.EVEN)
+    assert plan is not None and plan.inner == 1 and plan.axis == 1
+    check(x, name, "float32", axis=1)
 
 
 @pytest.mark.parametrize(
