@@ -193,19 +193,11 @@ def _stream(device: Any, stream: Any) -> int:
 def _modes(round_mode: Any, scale_mode: Any, nan_policy: Any, int_range: str) -> Any:
     """The C ABI's ``onnxq_modes`` (by reference) for `onnxq.cast`'s mode arguments."""
     from onnxq.cast import native
-    from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode
+    from onnxq.cast.request import INT_RANGES
 
-    if int_range not in ("symmetric", "full"):
-        raise ValueError(f"int_range is 'symmetric' or 'full', not {int_range!r}")
-    return ctypes.byref(
-        native._Modes(
-            native._ROUND[RoundMode.parse(round_mode)],
-            native._SCALE[ScaleMode.parse(scale_mode)],
-            native._POLICY[NanPolicy.parse(nan_policy)],
-            int(int_range == "full"),
-            0,
-        )
-    )
+    if int_range not in INT_RANGES:
+        raise ValueError(f"unknown int_range {int_range!r}: expected 'symmetric' or 'full'")
+    return ctypes.byref(native.c_modes(round_mode, scale_mode, nan_policy, int_range == "full"))
 
 
 def _call(fn: Any, *args: Any) -> None:

@@ -103,6 +103,23 @@ class _Modes(ctypes.Structure):
     ]
 
 
+def c_modes(
+    round_mode: RoundMode | str,
+    scale_mode: ScaleMode | str,
+    nan_policy: NanPolicy | str,
+    full_int_range: bool,
+    seed: int = 0,
+) -> _Modes:
+    """The C ABI's ``onnxq_modes`` for `onnxq.cast`'s modes (members or their names)."""
+    return _Modes(
+        _ROUND[RoundMode.parse(round_mode)],
+        _SCALE[ScaleMode.parse(scale_mode)],
+        _POLICY[NanPolicy.parse(nan_policy)],
+        int(full_int_range),
+        int(seed) & 0xFFFFFFFFFFFFFFFF,
+    )
+
+
 def _candidates() -> list[Path]:
     here = Path(__file__).resolve().parent.parent  # the onnxq package
     found = []
@@ -352,13 +369,7 @@ def quantize(
                 meta = np.zeros(meta_shape, dtype=np.uint8)
     if s is not None and s.sparsity[1]:
         mask = np.empty(x.shape, dtype=np.uint8)
-    modes = _Modes(
-        _ROUND[round_mode],
-        _SCALE[scale_mode],
-        _POLICY[nan_policy],
-        int(full_int_range),
-        int(seed) & 0xFFFFFFFFFFFFFFFF,
-    )
+    modes = c_modes(round_mode, scale_mode, nan_policy, full_int_range, seed)
     shape = (ctypes.c_int64 * x.ndim)(*x.shape)
     err = ctypes.create_string_buffer(1024)
     status = lib.onnxq_quantize(

@@ -30,7 +30,6 @@ from fake_cuda import Emulator  # noqa: E402
 from onnxq.cast import cuda_aot  # noqa: E402
 from onnxq.cast.aot_spec import PRESETS  # noqa: E402
 from onnxq.formats.datatype import datatype  # noqa: E402
-from onnxq.formats.modes import NanPolicy, RoundMode, ScaleMode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 AOT = ROOT / "ops" / "build" / "aot"
@@ -193,16 +192,11 @@ def _c_modes(modes: dict[str, Any] | None) -> Any:
     """The C ABI's modes for `onnxq.cast`'s mode arguments (None: NULL, the defaults)."""
     if modes is None:
         return None
-    from onnxq.cast import native
-
-    return ctypes.byref(
-        native._Modes(
-            native._ROUND[RoundMode.parse(modes.get("round_mode", "even"))],
-            native._SCALE[ScaleMode.parse(modes.get("scale_mode", "floor"))],
-            native._POLICY[NanPolicy.parse(modes.get("nan_policy", "element"))],
-            int(modes.get("int_range", "symmetric") == "full"),
-            0,
-        )
+    return cuda_aot._modes(
+        modes.get("round_mode", "even"),
+        modes.get("scale_mode", "floor"),
+        modes.get("nan_policy", "element"),
+        modes.get("int_range", "symmetric"),
     )
 
 

@@ -180,6 +180,18 @@ def test_generation_records_the_modes_the_general_kernels_take(
                 assert roles[param] == param, (k["symbol"], param)
 
 
+def test_the_mode_tables_are_in_the_c_abis_numbering() -> None:
+    # AotFormat's tables are indexed by onnxq_modes' numbers: aot_spec.MODES lists the modes
+    # in that order, which native.c_modes (the C ABI's) must give back
+    for i, name in enumerate(aot_spec.MODES["round_mode"]):
+        assert native.c_modes(name, "floor", "element", False).round_mode == i
+    for i, name in enumerate(aot_spec.MODES["scale_mode"]):
+        assert native.c_modes("even", name, "element", False).scale_mode == i
+    for i, name in enumerate(aot_spec.MODES["nan_policy"]):
+        assert native.c_modes("even", "floor", name, False).nan_policy == i
+    assert aot_spec.MODES["full_int_range"] == (False, True)
+
+
 def test_generation_refuses_a_mode_that_changes_another_parameter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
