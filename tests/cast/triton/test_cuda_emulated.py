@@ -409,14 +409,8 @@ def _ort_headers() -> Path | None:
     return None
 
 
-@pytest.mark.parametrize(
-    "case",
-    MODEL_CASES,
-    ids=lambda c: f"{c['activations']}-fuse{c['fuse']}{'-modes' * ('modes' in c)}",
-)
-def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
-    fake_driver: Path, case: dict, tmp_path: Path
-) -> None:
+def _model_on_cuda_kernels(fake_driver: Path, case: dict, tmp: Path) -> tuple[dict, str]:
+    """Run `run_emulated_model` for the case; its outputs are the CPU provider's, bit for bit."""
     pytest.importorskip("onnxruntime")
     from onnxq import runtime
     from tests.cast.triton.fake_cuda import build_allocator
@@ -433,15 +427,25 @@ def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
     want = runtime.session(
         quantized(case), providers=["CPUExecutionProvider"], decode_weights="run"
     ).run(None, example_inputs(case["model"]))
-    np.savez(tmp_path / "want.npz", *want)
-    arg = dict(
-        case, allocator=str(build_allocator(tmp_path, include)), want=str(tmp_path / "want.npz")
-    )
+    np.savez(tmp / "want.npz", *want)
+    arg = dict(case, allocator=str(build_allocator(tmp, include)), want=str(tmp / "want.npz"))
     result, log = _run(
         "run_emulated_model.py", fake_driver, json.dumps(arg), ONNXQ_CUDA_OPS_ON_CPU_PROVIDER="1"
     )
     assert result["errors"] == []
     assert len(result["same"]) == len(want) and all(result["same"]), result["same"]
+    return result, log
+
+
+@pytest.mark.parametrize(
+    "case",
+    MODEL_CASES,
+    ids=lambda c: f"{c['activations']}-fuse{c['fuse']}{'-modes' * ('modes' in c)}",
+)
+def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
+    fake_driver: Path, case: dict, tmp_path: Path
+) -> None:
+    result, log = _model_on_cuda_kernels(fake_driver, case, tmp_path)
     kinds = _kinds(result["kernels"])
     # every activation on the kernels: 24 casts (3 layers x 8); the fast kernel where the
     # tiled axis is a multiple of the tile (the hidden size; the keys' head dim, 32, along
@@ -464,3 +468,19 @@ def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
     else:  # each pair: a quantize, then unpacking and the decode
         assert kinds.count("dq") + kinds.count("dqi") == 24, kinds
         assert warnings == [], warnings
+
+
+def test_a_cnn_on_the_cuda_provider_kernels_gives_the_cpu_bits(
+    fake_driver: Path, tmp_path: Path
+) -> None:
+    # PP-OCRv4's direction classifier (NCHW convolutions, batch 2): activations tiled along
+    # the channels, on the fast INNER values kernel where the channels are whole tiles and on
+    # the general LAST=False compile elsewhere, none on the host fallback
+    case = dict(
+        model="ppocrv4_cls", weights="bfp16", activations="mxfp8e4", fuse=True,
+        weight_storage="fake",
+    )  # fmt: skip
+    result, log = _model_on_cuda_kernels(fake_driver, case, tmp_path)
+    ops = [k.split("_")[0] for k in result["kernels"]]
+    assert ops.count("f21") >= 5 and ops.count("q14") >= 5, ops
+    assert [ln for ln in log.splitlines() if "with host copies" in ln] == []
