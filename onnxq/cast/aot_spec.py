@@ -16,7 +16,9 @@ import math
 from typing import Any
 
 # Every MX / BFP / NVFP4 preset with 1-D tiles (`onnxq formats`; aliases such as mxfp8 and
-# mxint4 share their code with one of these): the deployment recipes' formats among them
+# mxint4 share their code with one of these): the deployment recipes' formats among them, and
+# BFP16 with 8 values per exponent (`--preset bfp16-deploy --block-size 8`, a code: no preset
+# name). Its general kernels are bfp16's (tiles up to 16 share one compile): the fast ones cost.
 PRESETS = (
     "mxfp8e4",
     "mxfp8e5",
@@ -26,6 +28,7 @@ PRESETS = (
     "mxint8",
     "bfp16",
     "bfp8",
+    "int8_e8m0_t8",
     "mx9",
     "mx6",
     "mx4",

@@ -12,11 +12,11 @@ the host fallback where their axis needs it. Weights are decoded at each run
 
 Run as a script with ``TRITON_INTERPRET=1``, ``ONNXQ_LIBCUDA``,
 ``ONNXQ_CUDA_OPS_ON_CPU_PROVIDER=1``; argument: a JSON object with ``model``, ``weights``,
-``activations``, ``fuse``, ``weight_storage`` and ``modes`` (a recipe's mode keys; both
-optional), ``allocator`` (the built allocator
-library) and ``want`` (an .npz of
-the CPU provider's outputs). Prints one JSON object: ``same`` (each output equal bit for bit),
-``kernels`` (the kernels launched), ``errors`` (exceptions in the launch callback).
+``activations`` (or ``preset`` and ``block_size``: a deployment recipe), ``fuse``,
+``weight_storage`` and ``modes`` (a recipe's mode keys; both optional), ``allocator`` (the
+built allocator library) and ``want`` (an .npz of the CPU provider's outputs). Prints one
+JSON object: ``same`` (each output equal bit for bit), ``kernels`` (the kernels launched),
+``errors`` (exceptions in the launch callback).
 """
 
 from __future__ import annotations
@@ -41,14 +41,20 @@ from tests.models.real import example_inputs, model_path  # noqa: E402
 
 def quantized(case: dict) -> object:
     """The model as `onnxq quantize` writes it for the case (shared with the test)."""
-    return onnxq.quantize_model(
-        str(model_path(case["model"])),
-        recipe={
+    if "preset" in case:  # `onnxq quantize --preset NAME [--block-size N]`
+        from onnxq.graph.recipe import deployment_recipe
+
+        recipe = deployment_recipe(case["preset"], case.get("block_size"))
+    else:
+        recipe = {
             "weights": case["weights"],
             "activations": case["activations"],
             **case.get("modes", {}),
             "custom_ops_only": "modes" in case,  # modes without a standard-ONNX fallback
-        },
+        }
+    return onnxq.quantize_model(
+        str(model_path(case["model"])),
+        recipe=recipe,
         fuse=case["fuse"],
         weight_storage=case.get("weight_storage", "packed"),
     )

@@ -201,7 +201,7 @@ def test_preset_launchers_take_the_fast_and_general_paths(emulated: dict, preset
     la = {
         name: _kinds(v) for name, v in emulated["launches"].items() if name.startswith(preset + " ")
     }
-    fast, odd = f"{preset} (3, 64)", f"{preset} (3, 40)"
+    fast, odd = f"{preset} (3, 64)", f"{preset} (3, 36)"
     # a last axis that is a multiple of the tile: one pass writes the packed layouts
     assert la[f"{fast} quantize 0"] == la[f"{fast} quantize 2"] == [*amax, "f"]
     assert la[f"{fast} unpacked"] == [*amax, "f", "f"]  # values, then codes
@@ -264,10 +264,10 @@ def test_onnxruntime_cuda_quantize_and_qdq_take_the_fast_and_general_kernels(
     packs = {"mxfp8e4": 0, "mx6": 2, "nvfp4": 1}[preset]
     for x_type in (0, 2):
         assert la[f"ort {preset} (3, 64) quantize {x_type}"] == [*amax, "f"]
-        assert la[f"ort {preset} (3, 40) quantize {x_type}"] == [*stats, "q", *["pack"] * packs]
+        assert la[f"ort {preset} (3, 36) quantize {x_type}"] == [*stats, "q", *["pack"] * packs]
         # QuantizeDequantizeMX: the values kernel alone
         assert la[f"ort {preset} (3, 64) qdq {x_type}"] == [*amax, "f"]
-        assert la[f"ort {preset} (3, 40) qdq {x_type}"] == [*stats, "q"]
+        assert la[f"ort {preset} (3, 36) qdq {x_type}"] == [*stats, "q"]
 
 
 def test_onnxruntime_nodes_with_modes_run_on_the_general_kernels(
@@ -468,6 +468,24 @@ def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
     else:  # each pair: a quantize, then unpacking and the decode
         assert kinds.count("dq") + kinds.count("dqi") == 24, kinds
         assert warnings == [], warnings
+
+
+def test_the_bfp16_deployment_recipe_with_blocks_of_8_runs_on_the_cuda_kernels(
+    fake_driver: Path, tmp_path: Path
+) -> None:
+    # `--preset bfp16-deploy --block-size 8` (int8_e8m0_t8, the BFP16 other tools use): every
+    # activation on the kernels (none on the host fallback), the fast one where the tiled
+    # axis is a multiple of 8 (the hidden size, the keys' head dim along axis 2; not the
+    # 18-token axis of the attention probabilities)
+    case = dict(
+        model="minilm", preset="bfp16-deploy", block_size=8, fuse=True, weight_storage="fake"
+    )
+    result, log = _model_on_cuda_kernels(fake_driver, case, tmp_path)
+    symbols = result["kernels"]
+    assert all("int8_e8m0_t8" in k for k in symbols if k[0] == "f"), symbols
+    kinds = _kinds(symbols)
+    assert kinds.count("f") + kinds.count("q") == 24 and kinds.count("f") >= 12, kinds
+    assert [ln for ln in log.splitlines() if "with host copies" in ln] == []
 
 
 def test_a_cnn_on_the_cuda_provider_kernels_gives_the_cpu_bits(
