@@ -284,13 +284,41 @@ int find_kernel(int fmt, int op, int io_type) {
   return -1;
 }
 
-// By preset name, by canonical code, or by any preset name of an embedded code (mxfp8,
-// MXINT4: a custom op's dtype attribute may name any of them).
+bool same_number(const onnxq_number& a, const onnxq_number& b) {
+  return a.kind == b.kind && a.ebits == b.ebits && a.mbits == b.mbits && a.bias == b.bias &&
+         a.infnan == b.infnan;
+}
+
+// The parsed data types are the same format (embedded formats have no codebook).
+bool same_format(const onnxq_format& a, const onnxq_format& b) {
+  if (a.cb_index_bits || b.cb_index_bits) return false;
+  return same_number(a.elem, b.elem) && a.scaled == b.scaled && same_number(a.scale, b.scale) &&
+         a.has_zero == b.has_zero && (!a.has_zero || same_number(a.zero, b.zero)) &&
+         a.has_tenscale == b.has_tenscale &&
+         (!a.has_tenscale || same_number(a.tenscale, b.tenscale)) && a.ntiles == b.ntiles &&
+         a.tile[0] == b.tile[0] && a.tile[1] == b.tile[1] && a.sub[0] == b.sub[0] &&
+         a.sub[1] == b.sub[1] && a.sparse_n == b.sparse_n && a.sparse_m == b.sparse_m &&
+         a.sparse_dim == b.sparse_dim;
+}
+
+// By preset name, by canonical code, by any preset name of an embedded code (mxfp8, MXINT4),
+// or by any other spelling of its code (E4M3FN_E8M0_T32, e4m3_e8m0_t32, float8_e4m3fn_...,
+// int8_e8m0_t16s0): a custom op's dtype attribute may hold any text the CPU op parses.
 int format_index(const std::string& dtype) {
   const std::string alias = preset_code(dtype);
   const std::string& want = alias.empty() ? dtype : alias;
   for (int i = 0; i < kFormatCount; ++i)
     if (want == kAotFormats[i].preset || want == kAotFormats[i].code) return i;
+  ParsedType given;
+  if (!parse_dtype(dtype, &given).empty()) return -1;
+  static const std::vector<ParsedType> embedded = [] {
+    std::vector<ParsedType> v(kFormatCount);
+    for (int i = 0; i < kFormatCount; ++i)
+      if (!parse_dtype(kAotFormats[i].code, &v[i]).empty()) v[i].fmt.cb_index_bits = -1;
+    return v;
+  }();
+  for (int i = 0; i < kFormatCount; ++i)
+    if (same_format(given.fmt, embedded[i].fmt)) return i;
   return -1;
 }
 
@@ -361,8 +389,9 @@ const AotFormat& format_for(const std::string& dtype) {
   if (kKernelCount == 0) throw Error{kNoKernels};
   int fi = format_index(dtype);
   if (fi < 0)
-    throw Error{"no CUDA kernel for data type '" + dtype + "' (the library has kernels for " +
-                format_list() + "; other formats run on the Triton or CPU engines)"};
+    throw Error{"no CUDA kernel for data type " + quote_code(dtype) +
+                " (the library has kernels for " + format_list() +
+                "; other formats run on the Triton or CPU engines)"};
   return kAotFormats[fi];
 }
 

@@ -402,8 +402,19 @@ def inner_fast(r: Run) -> None:
                 r.bad.append(name)
 
 
-# preset names the library embeds under another name (the same code), in any case
-ALIASES = (("mxfp8", "mxfp8e4"), ("MXINT4", "bfp8"), ("e4m3fn_e8m0_t32", "mxfp8e4"))
+# formats the library embeds under another name: preset names (the same code) in any case,
+# the canonical code, and the code's other spellings (any case, torch's element names, e4m3
+# for e4m3fn, a subtile of 0)
+ALIASES = (
+    ("mxfp8", "mxfp8e4"),
+    ("MXINT4", "bfp8"),
+    ("e4m3fn_e8m0_t32", "mxfp8e4"),
+    ("E4M3FN_E8M0_T32", "mxfp8e4"),
+    ("float8_e4m3fn_e8m0_t32", "mxfp8e4"),
+    ("e4m3_e8m0_t32", "mxfp8e4"),
+    ("int8_e8m0_t16s0", "bfp16"),
+    ("Int8_E8M0_T8", "int8_e8m0_t8"),
+)
 
 
 def aliases(r: Run) -> None:

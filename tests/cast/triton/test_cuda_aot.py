@@ -908,7 +908,7 @@ def test_gpu_refuses_host_memory_and_wrong_dtypes() -> None:
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         cuda_aot.quantize(torch.zeros(4, 32, dtype=torch.float64, device="cuda"), "mxfp4")
     with pytest.raises(RuntimeError, match="no CUDA kernel for data type"):
-        cuda_aot.quantize(torch.zeros(4, 32, device="cuda"), "mxfp6e3")
+        cuda_aot.quantize(torch.zeros(4, 32, device="cuda"), "int8_e8m0_t64")  # not embedded
     codes = torch.zeros(4, 32, dtype=torch.uint8, device="cuda")
     with pytest.raises(TypeError, match="scale must be uint8"):
         cuda_aot.dequantize("mxfp4", codes, torch.zeros(4, 1, dtype=torch.float32, device="cuda"))
