@@ -51,19 +51,24 @@ std::string shown(const std::string& s, size_t keep = 40) {
 
 std::string quote(const std::string& s) { return shown(s, kMaxCodeLength); }
 
-// limits.normalize: strip surrounding ASCII whitespace, check length and characters (ASCII
-// letters, digits, '_', '.', '-'; NUL, NBSP and other bytes are refused), lowercase.
-std::string normalize(const std::string& code, std::string* out) {
+// The text without surrounding ASCII whitespace.
+std::string strip_space(const std::string& code) {
   size_t b = 0, e = code.size();
   auto space = [](char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
   };
+  while (b < e && space(code[b])) ++b;
+  while (e > b && space(code[e - 1])) --e;
+  return code.substr(b, e - b);
+}
+
+// limits.normalize: strip surrounding ASCII whitespace, check length and characters (ASCII
+// letters, digits, '_', '.', '-'; NUL, NBSP and other bytes are refused), lowercase.
+std::string normalize(const std::string& code, std::string* out) {
   if (code.size() > kMaxCodeLength)  // surrounding whitespace counts: messages echo the code
     return shown(code) + ": a data type code has at most " + std::to_string(kMaxCodeLength) +
            " characters";
-  while (b < e && space(code[b])) ++b;
-  while (e > b && space(code[e - 1])) --e;
-  std::string text = code.substr(b, e - b);
+  std::string text = strip_space(code);
   for (size_t i = 0; i < text.size(); ++i) {
     char c = text[i];
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
@@ -872,11 +877,14 @@ std::string parse_dtype(const std::string& text, ParsedType* out) {
   if (!bad.empty()) return bad;
   if (const std::string preset = preset_code(text); !preset.empty()) {
     std::string e = parse_code(preset, out);
-    out->code = text;
+    out->code = strip_space(text);
     return e;
   }
   std::string e = parse_code(text, out);
-  if (e.empty()) return e;
+  if (e.empty()) {
+    out->code = strip_space(text);  // for messages: no line break (normalize checked the rest)
+    return e;
+  }
   bool looks_like_code = key.find('_') != std::string::npos;
   for (const char* p : {"e", "int", "uint", "float", "bfloat", "binary", "cb"})
     looks_like_code = looks_like_code || key.rfind(p, 0) == 0;

@@ -20,7 +20,7 @@ struct ParsedType {
   std::vector<double> mags, table;  // implicit codebooks: [maps][half], [maps][2 * half]
   std::vector<uint8_t> even;        // [maps][half]: 1 where the magnitude's compute code is even
   bool generic_codebook = false;    // a codebook with no description: mappings come from Table
-  std::string code;                 // the text as given (for messages)
+  std::string code;                 // the text as given, stripped of surrounding whitespace
 };
 
 // Parses a preset name or a data type code as onnxq.datatype() does; "" or an error message.

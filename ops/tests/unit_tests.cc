@@ -69,9 +69,10 @@ void test_presets() {
   CHECK(!p.fmt.has_zero && !p.fmt.has_tenscale && p.fmt.sparse_m == 0);
   CHECK(p.fmt.cb_index_bits == 0 && !p.generic_codebook);
   // Presets are case-insensitive and surrounding ASCII whitespace is stripped; code keeps the
-  // text as given (for messages).
+  // text as given without that whitespace (for one-line messages), its case too.
   CHECK(ACCEPT("MXFP4").fmt.tile[0] == 32);
-  CHECK(ACCEPT(" mxfp4\t").code == " mxfp4\t");
+  CHECK(ACCEPT(" mxfp4\t").code == "mxfp4");
+  CHECK(ACCEPT("\n E2M1FNUZ_E8M0_T32 \r\n").code == "E2M1FNUZ_E8M0_T32");
   ParsedType mx6 = ACCEPT("\r\nmx6\x0b\x0c");
   CHECK(mx6.fmt.elem.kind == 1 && mx6.fmt.tile[0] == 16);
   CHECK(mx6.fmt.sub[0] == 1 && mx6.fmt.sub[1] == 2);

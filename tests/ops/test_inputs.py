@@ -261,6 +261,11 @@ DEQUANT_CASES: list[
      lambda: encoded("mxfp4"), {}, "is not a codebook"),
     ("cb-meta-missing", "CodebookLookup", "cb41fi_e2m2fnuz_e8m0_t8s4",
      lambda: _with("cb41fi_e2m2fnuz_e8m0_t8s4", Meta=None), {}, "input Meta is required"),
+    # a dtype with a line break around it parses (as onnxq.datatype); the message quotes
+    # the code without it: one line
+    ("cb-meta-missing-dtype-spaced", "CodebookLookup", "\n cb41fi_e2m2fnuz_e8m0_t8s4 \r\n",
+     lambda: _with("cb41fi_e2m2fnuz_e8m0_t8s4", Meta=None), {},
+     "input Meta is required for dtype 'cb41fi_e2m2fnuz_e8m0_t8s4', shape"),
     ("cb-meta-2d", "CodebookLookup", "cb41fi_e2m2fnuz_e8m0_t8s4",
      lambda: _with("cb41fi_e2m2fnuz_e8m0_t8s4",
                    Meta=encoded("cb41fi_e2m2fnuz_e8m0_t8s4")["Meta"].reshape(2, 4)), {},
