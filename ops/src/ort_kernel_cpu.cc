@@ -50,13 +50,13 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info) {
   }
   attr_int(info, "axis", &k->axis);
   if (k->kind == kQuantDequant && (k->parsed.generic_codebook || k->fmt.codebook()))
-    throw OpError("dtype '" + dtype + "' is a codebook, which this op does not cast; use the " +
-                  "QuantizeMX -> CodebookLookup pair");
+    throw OpError("dtype '" + k->parsed.code + "' is a codebook, which this op does not cast; " +
+                  "use the QuantizeMX -> CodebookLookup pair");
   if (k->kind == kQuantize || k->kind == kQuantDequant) {
     std::string s;
     if (k->parsed.generic_codebook)
-      throw OpError("dtype '" + dtype + "' is a generic codebook with no mappings; QuantizeMX " +
-                    "encodes presets and implicit codebooks (cb<I><M><desc>_...)");
+      throw OpError("dtype '" + k->parsed.code + "' is a generic codebook with no mappings; " +
+                    "QuantizeMX encodes presets and implicit codebooks (cb<I><M><desc>_...)");
     if (attr_string(info, "round_mode", &s))
       k->modes.round_mode = choice("round_mode", s, {"even", "away", "zero", "stochastic"});
     if (attr_string(info, "scale_mode", &s) && s == "search")
@@ -78,7 +78,7 @@ void init_kernel(Kernel* k, const OrtKernelInfo* info) {
     return;
   }
   if (k->kind == kLookup && !k->fmt.codebook() && !k->parsed.generic_codebook)
-    throw OpError("dtype '" + dtype + "' is not a codebook; use DequantizeMX");
+    throw OpError("dtype '" + k->parsed.code + "' is not a codebook; use DequantizeMX");
   // DequantizeMX may leave the attribute out: its Shape input then gives X's shape (checked
   // at each Run, node_shape).
   if (attr_ints(info, "shape", &k->shape)) {
