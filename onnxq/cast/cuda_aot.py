@@ -32,6 +32,7 @@ __all__ = [
     "formats",
     "info",
     "lookup_packed",
+    "node_support",
     "quantize",
     "quantize_packed",
 ]
@@ -60,6 +61,9 @@ def _lib() -> ctypes.CDLL:
     lib.onnxq_cuda_available.argtypes = [s, sz]
     lib.onnxq_cuda_info.restype = i32
     lib.onnxq_cuda_info.argtypes = [s, sz]
+    if hasattr(lib, "onnxq_cuda_node_support"):
+        lib.onnxq_cuda_node_support.restype = i32
+        lib.onnxq_cuda_node_support.argtypes = [s, s, p, s, sz]
     lib.onnxq_cuda_quantize.restype = i32
     lib.onnxq_cuda_quantize.argtypes = [
         s,
@@ -117,6 +121,46 @@ def _lib() -> ctypes.CDLL:
     lib.onnxq_cuda_lookup_packed.argtypes = [s, p, i32, ctypes.POINTER(i64), i32]
     lib.onnxq_cuda_lookup_packed.argtypes += [p, p, p, p, i32, p, s, sz]
     return lib
+
+
+def node_support(
+    op_type: str,
+    dtype: str,
+    *,
+    round_mode: str = "even",
+    scale_mode: str = "floor",
+    nan_policy: str = "element",
+    int_range: str = "symmetric",
+) -> str:
+    """Why onnxruntime's CUDA provider would run this onnxq node on the CPU ("" when not).
+
+    Decided as the library decides at session creation (no driver or GPU needed): ``""`` for a
+    node on the embedded GPU kernels, else the reason (a format or mode without kernels: the
+    node's CPU kernel on host copies, one warning per node; MatMulMX and GatherMX: no CUDA
+    kernel at all). The arguments are the node's op type and attributes.
+
+    Raises:
+        ValueError: an unknown op type or mode, a ``dtype`` that does not parse, or a
+            CodebookLookup of a format that is no codebook (the op's other checks at session
+            creation, of its attributes and inputs, are not made here).
+        RuntimeError: the native library is missing or predates this function.
+    """
+    from onnxq.cast.native import c_modes
+
+    lib = _lib()
+    if not hasattr(lib, "onnxq_cuda_node_support"):
+        raise RuntimeError("the native library predates onnxq_cuda_node_support; rebuild it")
+    if int_range not in ("symmetric", "full"):
+        raise ValueError(f"int_range {int_range!r}: expected 'symmetric' or 'full'")
+    modes = c_modes(round_mode, scale_mode, nan_policy, int_range == "full")
+    err = ctypes.create_string_buffer(_ERRLEN)
+    rc = lib.onnxq_cuda_node_support(
+        op_type.encode(), dtype.encode(), ctypes.addressof(modes), err, _ERRLEN
+    )
+    why = err.value.decode(errors="replace").removeprefix("[onnxq_cuda_node_support] ")
+    if rc == 2:
+        raise ValueError(why)
+    return why if rc else ""
 
 
 def info() -> tuple[int, str]:

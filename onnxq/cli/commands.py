@@ -40,8 +40,10 @@ from onnxq.cli.common import (
 )
 from onnxq.cli.inputs import feeds, parse_dims, run_session, save_npz, session
 from onnxq.graph.inspect import (
+    CudaPlacement,
     MalformedNodeError,
     QuantizedTensor,
+    cuda_placement,
     file_bytes,
     inspect_model,
     skipped_activations,
@@ -425,8 +427,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if before
         else "weights: none",
     ]
+    cuda = _cuda_lines(cuda_placement(model))
+    lines += ["", *cuda] if cuda else []
     print("\n".join(lines))
     return 0
+
+
+def _cuda_lines(p: CudaPlacement) -> list[str]:
+    """Where onnxruntime's CUDA provider would run the onnxq nodes (none: no lines)."""
+    label = "onnxruntime CUDA provider"
+    if p.unknown:
+        return [f"{label}: not known here ({one_line(p.unknown)[:200]})"]
+    if not p.nodes:
+        return []
+    if not p.cpu:
+        return [f"{label}: all {p.nodes} onnxq nodes on the library's GPU kernels"]
+    on_cpu = p.nodes - p.kernels
+    lines = [
+        f"{label}: {p.nodes} onnxq nodes, {p.kernels} on the library's GPU kernels, "
+        f"{on_cpu} on the CPU:"
+    ]
+    for why, names in sorted(p.cpu.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"  {len(names)} (e.g. {one_line(names[0])[:80]!r}): {one_line(why)[:300]}")
+    return lines
 
 
 # -- export and formats ----------------------------------------------------------------------

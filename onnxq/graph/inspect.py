@@ -6,7 +6,8 @@ activation decoded by an onnxq op from a computed input, or quantized and decode
 QuantizeDequantizeMX node), the activations the quantizer left in float with the reason
 (``onnxq_skipped``), and the weights' bytes as float and as stored. Nothing here reads
 external data: sizes come from each tensor's dims and type. ``onnxq inspect`` prints what it
-returns.
+returns. `cuda_placement` says which of its onnxq nodes onnxruntime's CUDA provider would run
+on the library's GPU kernels, and why the others would run on the CPU.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from onnxq.graph.walk import node_attrs, stored_tensors, walk_graphs
 
 __all__ = [
     "DECODE_OPS",
+    "CudaPlacement",
     "MalformedNodeError",
     "ModelSummary",
     "QuantizedTensor",
+    "cuda_placement",
     "data_files",
     "file_bytes",
     "format_name",
@@ -219,6 +222,82 @@ def inspect_model(model: onnx.ModelProto) -> ModelSummary:
         stored_bytes=sum(tensor_bytes(t) for t in stored.values()),
         skipped=skipped_activations(meta),
     )
+
+
+@dataclasses.dataclass
+class CudaPlacement:
+    """Where onnxruntime's CUDA provider would run a model's onnxq nodes (`cuda_placement`).
+
+    ``kernels``: the nodes on the library's GPU kernels; ``cpu``: the names of the others by
+    reason (a format or mode without kernels takes the node's CPU kernel on host copies;
+    MatMulMX and GatherMX have no CUDA kernel); ``unknown``: why nothing could be said (the
+    library is missing or has no GPU kernels), else "".
+    """
+
+    kernels: int = 0
+    cpu: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    unknown: str = ""
+
+    @property
+    def nodes(self) -> int:
+        """The onnxq nodes of the model."""
+        return self.kernels + sum(len(v) for v in self.cpu.values())
+
+
+_MODE_ATTRS = ("round_mode", "scale_mode", "nan_policy", "int_range")
+
+
+def cuda_placement(model: onnx.ModelProto) -> CudaPlacement:
+    """Which onnxq nodes (subgraphs too) the library's GPU kernels run on the CUDA provider.
+
+    Decided from each node's op type, ``dtype`` and mode attributes as the library decides at
+    session creation (`onnxq.cast.cuda_aot.node_support`); needs no GPU. The shapes do not
+    matter: tiles along any axis run on the kernels. A node the ops would refuse is listed
+    under its error. A decoder of a constant weight in the main graph is listed as such:
+    `onnxq.runtime.session` decodes it once, when the session is created.
+    """
+    nodes = [
+        node
+        for graph in walk_graphs(model.graph)
+        for node in graph.node
+        if node.domain == DOMAIN and node.op_type in OPS
+    ]
+    stored = {t.name for t in model.graph.initializer}
+    weights = {
+        id(node)
+        for node in model.graph.node
+        if node.op_type in DECODE_OPS and all(i in stored for i in node.input if i)
+    }
+    found = CudaPlacement()
+    if not nodes:
+        return found
+    try:
+        from onnxq.cast import cuda_aot
+
+        count, text = cuda_aot.info()
+        if count == 0:
+            found.unknown = text
+        elif not hasattr(cuda_aot._lib(), "onnxq_cuda_node_support"):
+            found.unknown = "the native library predates onnxq_cuda_node_support; rebuild it"
+    except RuntimeError as err:
+        found.unknown = str(err)
+    if found.unknown:
+        return found
+    for node in nodes:
+        attrs = _attrs(node)
+        modes = {k: str(attrs[k]) for k in _MODE_ATTRS if k in attrs}
+        try:
+            dtype = str(attrs.get("dtype", attrs.get("onnxq_dtype", "")))
+            why = cuda_aot.node_support(node.op_type, dtype, **modes)
+        except ValueError as err:
+            why = f"refused by the ops: {err}"
+        if why and id(node) in weights:
+            why = f"a constant weight (onnxq.runtime.session decodes it once, at creation): {why}"
+        if why:
+            found.cpu.setdefault(why, []).append(node.name or node.op_type)
+        else:
+            found.kernels += 1
+    return found
 
 
 def quantized_tensor(

@@ -131,6 +131,15 @@ ONNXQ_API int32_t onnxq_cuda_available(char* err, size_t errlen);
 /* Number of embedded kernels (0: built without them); a description (or why none) in out. */
 ONNXQ_API int32_t onnxq_cuda_info(char* out, size_t outlen);
 
+/* Where onnxruntime's CUDA execution provider runs a node of op_type (QuantizeMX,
+ * DequantizeMX, QuantizeDequantizeMX, CodebookLookup, MatMulMX, GatherMX) with the `dtype`
+ * attribute and modes (NULL: the defaults), decided as at session creation, with no driver or
+ * GPU: 0 on the embedded kernels; 1 on the CPU (the host fallback, or an op with no CUDA
+ * kernel), err says why; 2 an unknown op type, a dtype that does not parse or a
+ * CodebookLookup of a format that is no codebook, err says why. */
+ONNXQ_API int32_t onnxq_cuda_node_support(const char* op_type, const char* dtype,
+                                          const onnxq_modes* modes, char* err, size_t errlen);
+
 /* Quantize x (float type x_type) of shape[ndim], tiles along `axis` (-ndim .. ndim - 1).
  * values (x_type, x's shape) and codes may each be NULL, not both; with codes, scale is required
  * and meta too for MX9/MX6-style formats, tenscale is optional. modes may be NULL (defaults);

@@ -67,6 +67,47 @@ int32_t onnxq_cuda_info(char* out, size_t outlen) {
   return onnxq::cuda::kernel_count();
 }
 
+int32_t onnxq_cuda_node_support(const char* op_type, const char* dtype,
+                                const onnxq_modes* modes, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_node_support] ";
+  if (!op_type || !dtype) return status(err, errlen, op, "op_type and dtype are required");
+  const std::string type = op_type;
+  if (type == "MatMulMX" || type == "GatherMX") {
+    status(err, errlen, op, type + " has no CUDA kernel: onnxruntime runs it on the CPU provider");
+    return 1;
+  }
+  const bool lookup = type == "CodebookLookup";
+  const bool quantizes = type == "QuantizeMX" || type == "QuantizeDequantizeMX";
+  if (!lookup && !quantizes && type != "DequantizeMX") {
+    status(err, errlen, op, "unknown op type " + onnxq::quote_code(type));
+    return 2;
+  }
+  try {
+    onnxq::ParsedType parsed;
+    std::string bad = onnxq::parse_dtype(dtype, &parsed);
+    if (!bad.empty()) {
+      status(err, errlen, op, bad);
+      return 2;
+    }
+    onnxq::Modes m;
+    if (modes) {
+      m.round_mode = modes->round_mode;
+      m.scale_mode = modes->scale_mode;
+      m.nan_policy = modes->nan_policy;
+      m.full_int_range = modes->full_int_range != 0;
+    }
+    std::string invalid;
+    const std::string why = onnxq::cuda::node_reason(parsed, lookup, quantizes, m, &invalid);
+    if (!status(err, errlen, op, why)) return 0;  // on the kernels
+    return invalid.empty() ? 1 : 2;
+  } catch (const std::exception& e) {
+    status(err, errlen, op, e.what());
+  } catch (...) {
+    status(err, errlen, op, "unknown error");
+  }
+  return 2;
+}
+
 int32_t onnxq_cuda_quantize(const char* dtype, const onnxq_modes* modes, const void* x,
                             int32_t x_type, int32_t ndim, const int64_t* shape, int32_t axis,
                             void* values, void* codes, void* scale, void* tenscale, uint8_t* meta,

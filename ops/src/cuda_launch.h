@@ -8,8 +8,9 @@
 #include <string>
 
 namespace onnxq {
-struct Format;  // kernels.h
-struct Modes;   // kernels.h
+struct Format;      // kernels.h
+struct Modes;       // kernels.h
+struct ParsedType;  // parse.h
 namespace cuda {
 
 // Parameter roles of the generated kernel table (onnxq/cast/aot.py ROLE_IDS).
@@ -177,6 +178,14 @@ std::string lookup_packed(const Format& f, int ndim, const int64_t* shape, int a
 // Whether `lookup_packed` has kernels for format f with tiles along any axis (whatever
 // the shape, up to the tile's length: t0 is checked at each call); "" when it has.
 std::string lookup_supported(const Format& f);
+
+// Why onnxruntime's CUDA provider runs a node of data type `p` on the host fallback ("" when
+// the embedded kernels run it; no driver or GPU needed): CodebookLookup (`lookup`) by the
+// format's structure (a generic codebook's values come with each Run, so zeros stand in for
+// them), the other ops by the embedded formats and, for the quantizing ones (`quantizes`),
+// the modes. *invalid: why the data type cannot be a codebook format at all ("" else).
+std::string node_reason(const ParsedType& p, bool lookup, bool quantizes, const Modes& m,
+                        std::string* invalid);
 
 // Copies between device and host memory on `stream`, for the custom ops' host fallback
 // (ort_kernel_cuda.cc, cuda_copy.cc): copy_to_host returns once the bytes are on the host (the

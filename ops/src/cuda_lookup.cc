@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "cuda_internal.h"
 #include "cuda_launch.h"
 #include "kernels.h"
+#include "parse.h"
 
 namespace onnxq {
 namespace cuda {
@@ -179,6 +181,28 @@ std::string lookup_supported(const Format& f) {
     check_format(f);
     return std::string();
   });
+}
+
+std::string node_reason(const ParsedType& p, bool lookup, bool quantizes, const Modes& m,
+                        std::string* invalid) {
+  invalid->clear();
+  if (kernel_count() == 0) return describe();
+  const std::string dtype = "dtype " + quote_code(p.code);
+  if (!lookup) {
+    if (!find_format(p.code))
+      return dtype + " has no CUDA kernel in this library (" + describe() + ")";
+    return quantizes ? modes_supported(m) : "";
+  }
+  if (p.fmt.cb_index_bits == 0) *invalid = "the data type is not a codebook";
+  if (!invalid->empty()) return dtype + ": " + *invalid + " (DequantizeMX decodes it)";
+  Format f;
+  std::vector<double> zeros;
+  if (p.generic_codebook)
+    zeros.assign(size_t(1) << (p.fmt.cb_meta_bits + p.fmt.cb_index_bits), 0.0);
+  *invalid = to_format(p, p.generic_codebook ? &zeros : nullptr, &f);
+  if (!invalid->empty()) return dtype + ": " + *invalid;
+  const std::string e = lookup_supported(f);
+  return e.empty() ? "" : dtype + ": " + e.substr(0, e.find(kUseCpu));
 }
 
 std::string lookup_packed(const Format& f, int ndim, const int64_t* shape, int axis,

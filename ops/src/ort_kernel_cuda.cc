@@ -18,33 +18,16 @@ namespace ort {
 
 namespace {
 
-// Why the device kernels cannot run this CodebookLookup ("" when they can): the format's
-// structure (tiles, scale, widths) decides; a generic codebook's values come with the Table
-// input at each Run, so zeros stand in for them here.
-std::string lookup_reason(const Kernel& k) {
-  Format probe;
-  const Format* f = &k.fmt;
-  if (!k.fmt_ready) {
-    const int bits = k.parsed.fmt.cb_meta_bits + k.parsed.fmt.cb_index_bits;
-    std::vector<double> zeros(size_t(1) << bits, 0.0);
-    std::string e = to_format(k.parsed, &zeros, &probe);
-    if (!e.empty()) throw OpError("dtype '" + k.parsed.code + "': " + e);
-    f = &probe;
-  }
-  std::string e = cuda::lookup_supported(*f);
-  if (!e.empty()) return "dtype '" + k.parsed.code + "': " + e.substr(0, e.find("; run this node"));
-  return "";
-}
-
-// Why the device kernels cannot run the node ("" when they can; tiles along any axis).
+// Why the device kernels cannot run the node ("" when they can; tiles along any axis): the
+// reason onnxq_cuda_node_support gives too.
 std::string init_reason(Kernel* k) {
-  if (k->kind == kLookup) return lookup_reason(*k);
-  k->gpu = cuda::find_format(k->parsed.code);
-  if (!k->gpu)
-    return "dtype '" + k->parsed.code + "' has no CUDA kernel in this library (" +
-           cuda::describe() + ")";
-  if (k->kind == kQuantize || k->kind == kQuantDequant) return cuda::modes_supported(k->modes);
-  return "";
+  std::string invalid;
+  std::string why = cuda::node_reason(k->parsed, k->kind == kLookup,
+                                      k->kind == kQuantize || k->kind == kQuantDequant,
+                                      k->modes, &invalid);
+  if (!invalid.empty()) throw OpError(why);
+  if (k->kind != kLookup) k->gpu = cuda::find_format(k->parsed.code);
+  return why;
 }
 
 // The node's name for a log line: control characters as '?', at most 200 characters (a

@@ -432,6 +432,42 @@ def test_inspect_float_model_has_no_quantized_tensors(
     assert "no quantized tensors" in out and "(100.0%)" in out
 
 
+def test_inspect_says_where_onnxruntimes_cuda_provider_runs_the_nodes(
+    tiny: Path, tmp_path: Path
+) -> None:
+    # MXFP4 weights and MXFP8 activations: every node on the GPU kernels; 2-D tile weights:
+    # their DequantizeMX nodes on the CPU, with the reason
+    from onnxq.cast import cuda_aot
+
+    reports = {}
+    for weights in ("mxfp4", "int8_e8m0_t8_t4"):
+        out = tmp_path / f"{weights}.onnx"
+        argv = ["quantize", str(tiny), "-o", str(out), "--weights", weights]
+        code, _, err = _run([*argv, "--activations", "mxfp8"])
+        assert code == 0, err
+        code, text, err = _run(["inspect", str(out)])
+        assert code == 0, err
+        at = text.index("onnxruntime CUDA provider:")
+        reports[weights] = text[at:].splitlines()
+    if cuda_aot.info()[0] == 0:  # a library built without GPU kernels
+        for line, *rest in reports.values():
+            assert not rest and line.startswith("onnxruntime CUDA provider: not known here (")
+            assert "built without GPU kernels" in line, line
+        return
+    assert reports["mxfp4"] == [
+        "onnxruntime CUDA provider: all 4 onnxq nodes on the library's GPU kernels"
+    ]
+    head, why = reports["int8_e8m0_t8_t4"]
+    assert (
+        head
+        == "onnxruntime CUDA provider: 4 onnxq nodes, 2 on the library's GPU kernels, 2 on the CPU:"
+    )
+    # the packed weights' decoders: constant, so onnxq.runtime.session decodes them at creation
+    constant = "a constant weight (onnxq.runtime.session decodes it once, at creation)"
+    no_kernel = "dtype 'int8_e8m0_t8_t4' has no CUDA kernel"
+    assert why.startswith(f"  2 (e.g. 'w1__dq'): {constant}: {no_kernel}"), why
+
+
 # -- bad input ---------------------------------------------------------------------------------
 def _bad_files(tmp_path: Path, tiny: Path) -> dict[str, Path]:
     files = {"missing": tmp_path / "nope.onnx", "directory": tmp_path / "folder"}

@@ -21,6 +21,7 @@ from onnxq.compare import (
 from onnxq.graph.inspect import (
     DECODE_OPS,
     MalformedNodeError,
+    cuda_placement,
     data_files,
     file_bytes,
     format_name,
@@ -113,6 +114,49 @@ def test_nodes_in_subgraphs_count() -> None:
     model = _model()
     model.graph.node.append(cond)
     assert len(inspect_model(model).tensors) == 9
+
+
+def _gpu_kernels() -> bool:
+    from onnxq.cast import cuda_aot
+
+    try:
+        return cuda_aot.info()[0] > 0
+    except RuntimeError:  # no native library
+        return False
+
+
+def test_cuda_placement_counts_subgraphs_and_lists_the_nodes_on_the_cpu() -> None:
+    if not _gpu_kernels():
+        pytest.skip("the native library has no GPU kernels")
+    model = _model()  # mxfp4 and mxfp8: on the kernels (DequantizeLinear is not an onnxq op)
+    inner = _model().graph
+    inner.ClearField("initializer")
+    inner.node[0].attribute[-1].s = b"int8_e8m0_t8_t4"  # 2-D tiles: no kernel
+    inner.node[2].attribute.append(helper.make_attribute("round_mode", "stochastic"))
+    inner.node.append(helper.make_node("QuantizeMX", ["b"], ["bq", "bs"], domain="onnxq"))
+    model.graph.node.append(
+        helper.make_node("If", ["c"], ["o"], then_branch=inner, else_branch=_model().graph)
+    )
+    found = cuda_placement(model)
+    assert (found.kernels, found.nodes, found.unknown) == (7, 10, "")
+    reasons = {why.split(" (")[0]: names for why, names in found.cpu.items()}
+    assert reasons["dtype 'int8_e8m0_t8_t4' has no CUDA kernel in this library"] == ["DequantizeMX"]
+    stochastic = "stochastic rounding has no CUDA kernel"
+    assert [n for w, n in found.cpu.items() if w.startswith(stochastic)] == [["QuantizeMX"]]
+    # a node without dtype: the ops refuse it, so does the report
+    assert [w for w in found.cpu if w.startswith("refused by the ops: ")] != []
+
+
+def test_cuda_placement_without_the_library_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxq.cast import cuda_aot
+
+    def missing() -> tuple[int, str]:
+        raise RuntimeError("the onnxq native library is not built")
+
+    monkeypatch.setattr(cuda_aot, "info", missing)
+    found = cuda_placement(_model())
+    assert found.unknown == "the onnxq native library is not built" and found.nodes == 0
+    assert cuda_placement(onnx.ModelProto()).unknown == ""  # no onnxq node: nothing to say
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -643,6 +644,57 @@ def test_modes_without_kernels_are_refused_before_the_driver(modes: tuple, needl
         rest = (None,) * (5 if fn is lib.onnxq_cuda_quantize else 4)
         rc = fn(b"mxfp4", ctypes.byref(c_modes), 4096, 0, 1, shape, -1, 8192, *rest, err, 512)
         assert rc == 1 and needle in err.value.decode(), err.value.decode()
+
+
+# (op type, dtype, modes) -> the reason the CUDA provider runs the node on the CPU ("" none)
+NODE_SUPPORT = [
+    (("QuantizeDequantizeMX", "mxfp8", {}), ""),
+    (("QuantizeMX", "\n E4M3_E8M0_T32 ", {"round_mode": "away", "scale_mode": "midmax"}), ""),
+    (("DequantizeMX", "int8_e8m0_t8", {}), ""),  # BFP16 --block-size 8
+    (("CodebookLookup", "cb41_e2m2fnuz_e8m0_t32", {}), ""),  # generic: the Table at each Run
+    (("QuantizeMX", "int8_e8m0_t64", {}), "dtype 'int8_e8m0_t64' has no CUDA kernel"),
+    (("DequantizeMX", "int8_e8m0_t8_t4", {}), "dtype 'int8_e8m0_t8_t4' has no CUDA kernel"),
+    (("QuantizeMX", "mx6", {"round_mode": "stochastic"}), "stochastic rounding has no CUDA"),
+    (("QuantizeDequantizeMX", "mx6", {"scale_mode": "search"}), "scale mode 'search' has no"),
+    (("DequantizeMX", "mx6", {"round_mode": "stochastic"}), ""),  # modes: quantize only
+    (("CodebookLookup", "cb41fi_e2m2fnuz_e8m0_t4_t8", {}), "tiles along one axis only"),
+    (("MatMulMX", "mxfp4", {}), "MatMulMX has no CUDA kernel: onnxruntime runs it on the CPU"),
+    (("GatherMX", "mxfp4", {}), "GatherMX has no CUDA kernel"),
+]
+
+
+@pytest.mark.parametrize(("node", "reason"), NODE_SUPPORT)
+def test_node_support_says_where_the_cuda_provider_runs_a_node(node: tuple, reason: str) -> None:
+    # no GPU needed: what `onnxq inspect` reports (test_cuda_emulated checks it against the
+    # session's own decisions)
+    from onnxq.cast import cuda_aot
+
+    why = cuda_aot.node_support(node[0], node[1], **node[2])
+    if _info()[0] == 0:  # no CUDA registrations: every node on the CPU provider
+        assert "built without GPU kernels" in why, why
+        return
+    assert (why == "") if not reason else (reason in why), why
+    assert "\n" not in why
+
+
+@pytest.mark.parametrize(
+    ("node", "error"),
+    [
+        (("Unknown", "mxfp4", {}), "unknown op type 'Unknown'"),
+        (("QuantizeMX", "mxfp4\x01", {}), "unexpected character '\\x01'"),
+        (("QuantizeMX", "", {}), "data type"),
+        (("CodebookLookup", "mxfp4", {}), "dtype 'mxfp4': the data type is not a codebook"),
+        (("QuantizeMX", "mxfp4", {"round_mode": "up"}), "round"),
+        (("QuantizeMX", "mxfp4", {"int_range": "wide"}), "int_range 'wide'"),
+    ],
+)
+def test_node_support_refuses_what_the_ops_refuse(node: tuple, error: str) -> None:
+    from onnxq.cast import cuda_aot
+
+    if _info()[0] == 0:
+        pytest.skip("built without GPU kernels")
+    with pytest.raises(ValueError, match=re.escape(error)):
+        cuda_aot.node_support(node[0], node[1], **node[2])
 
 
 # -- on a GPU ------------------------------------------------------------------------------------

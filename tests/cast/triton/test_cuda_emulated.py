@@ -352,6 +352,40 @@ def test_nodes_the_kernels_cannot_run_take_the_cpu_kernel_on_host_copies(
             assert "host copies" not in sections[name], name
 
 
+# The host cases' nodes: (op type, dtype, mode attributes)
+HOST_NODES = {
+    "host 2-d tiles": ("QuantizeMX", "int8_e8m0_t8_t4", {}),
+    "host codebook quantize": ("QuantizeMX", "cb41fi_e2m2fnuz_e8m0_t32", {}),
+    "host stochastic": ("QuantizeMX", "mxfp8e4", {"round_mode": "stochastic"}),
+    "host qdq 2-d tiles": ("QuantizeDequantizeMX", "int8_e8m0_t8_t4", {}),
+    "host dequantize 2-d tiles": ("DequantizeMX", "int8_e8m0_t8_t4", {}),
+    **{
+        f"host lookup {c}": ("CodebookLookup", c, {})
+        for c in ("cb41fi_e2m2fnuz_e8m0_t4_t8", "cb41fi_e2m2fnuz_e8m0_t128s64")
+    },
+}
+
+
+def test_node_support_gives_the_reason_the_session_logs(emulated_ort: tuple[dict, str]) -> None:
+    # `onnxq inspect`'s report (cuda_aot.node_support, no GPU) against what the CUDA
+    # provider's kernels decided at session creation: the same reason, word for word, for the
+    # host cases; none for the nodes that launched kernels
+    from onnxq.cast import cuda_aot
+    from tests.cast.triton.run_emulated_ort import MODE_NODES
+
+    _, log = emulated_ort
+    sections = _log_sections(log)
+    assert set(HOST_NODES) == set(HOST_REASONS)
+    for name, (op, dtype, modes) in HOST_NODES.items():
+        why = cuda_aot.node_support(op, dtype, **modes)
+        (line,) = [ln for ln in sections[name].splitlines() if "host copies" in ln]
+        assert f"a run): {why}. ONNXQ_CUDA_HOST_FALLBACK=0" in line, (why, line)
+    for dtype, modes in MODE_NODES:
+        for op, case in (("QuantizeMX", "quantize"), ("QuantizeDequantizeMX", "qdq")):
+            assert cuda_aot.node_support(op, dtype, **modes) == "", (op, dtype, modes)
+            assert "host copies" not in sections[f"ort modes {dtype} {case}"]
+
+
 def test_host_fallback_off_refuses_the_same_nodes(emulated_ort: tuple[dict, str]) -> None:
     result, _ = emulated_ort
     strict = {n for n in result["launches"] if n.startswith("strict ")}
