@@ -22,8 +22,8 @@ int32_t status(char* err, size_t errlen, const char* op, const std::string& msg)
   return 1;
 }
 
-// The C ABI's modes (null: the defaults); `why` says what the CUDA kernels cannot do.
-onnxq::Modes modes_of(const onnxq_modes* m, std::string* why) {
+// The C ABI's modes (null: the defaults).
+onnxq::Modes to_modes(const onnxq_modes* m) {
   onnxq::Modes modes;
   if (m) {
     modes.round_mode = m->round_mode;
@@ -32,6 +32,12 @@ onnxq::Modes modes_of(const onnxq_modes* m, std::string* why) {
     modes.full_int_range = m->full_int_range != 0;
     modes.seed = m->seed;
   }
+  return modes;
+}
+
+// ... checked: `why` says what the CUDA kernels cannot do.
+onnxq::Modes modes_of(const onnxq_modes* m, std::string* why) {
+  const onnxq::Modes modes = to_modes(m);
   *why = onnxq::cuda::modes_supported(modes);
   if (!why->empty()) *why += "; use the Triton or CPU engines for it";
   return modes;
@@ -89,15 +95,9 @@ int32_t onnxq_cuda_node_support(const char* op_type, const char* dtype,
       status(err, errlen, op, bad);
       return 2;
     }
-    onnxq::Modes m;
-    if (modes) {
-      m.round_mode = modes->round_mode;
-      m.scale_mode = modes->scale_mode;
-      m.nan_policy = modes->nan_policy;
-      m.full_int_range = modes->full_int_range != 0;
-    }
     std::string invalid;
-    const std::string why = onnxq::cuda::node_reason(parsed, lookup, quantizes, m, &invalid);
+    const std::string why =
+        onnxq::cuda::node_reason(parsed, lookup, quantizes, to_modes(modes), &invalid);
     if (!status(err, errlen, op, why)) return 0;  // on the kernels
     return invalid.empty() ? 1 : 2;
   } catch (const std::exception& e) {
