@@ -262,7 +262,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if save is not None:
         inputs = [("model", args.model), ("--inputs file", args.inputs)]
         not_an_input(save, "--save", [*inputs, *external_inputs(src, model)])
-    sess = session(src, repr(args.model))
+    device = _cuda_device(args)
+    sess = session(src, repr(args.model), device)
+    if device is not None:
+        _cuda_note(model, repr(args.model))
     values = feeds(sess.get_inputs(), args.inputs, args.batch, parse_dims(args.dim), args.seed)
     names = [o.name for o in sess.get_outputs()]
     outputs = run_session(sess, values, names, repr(args.model))
@@ -286,7 +289,7 @@ def _shape(a: np.ndarray) -> str:
 def _sessions(args: argparse.Namespace) -> tuple[Any, Any, list[str], onnx.ModelProto]:
     """The float and quantized sessions, the layers both expose and the float model."""
     f_src, f_model = load_model(args.float_model)
-    q_src, _ = load_model(args.quant_model)
+    q_src, q_model = load_model(args.quant_model)
     layers: list[str] = []
     f_target: Path | onnx.ModelProto = f_src
     q_target: Path | onnx.ModelProto = q_src
@@ -297,9 +300,39 @@ def _sessions(args: argparse.Namespace) -> tuple[Any, Any, list[str], onnx.Model
         in_quant = set(compare.expose_outputs(q_full, wanted))
         layers = [n for n in compare.expose_outputs(f_full, wanted) if n in in_quant]
         f_target, q_target = f_full, q_full
-    f_sess = session(f_target, repr(args.float_model))
-    q_sess = session(q_target, repr(args.quant_model))
+    device = _cuda_device(args)
+    f_sess = session(f_target, repr(args.float_model), device)
+    q_sess = session(q_target, repr(args.quant_model), device)
+    if device is not None:
+        _cuda_note(q_model, repr(args.quant_model))
     return f_sess, q_sess, layers, f_model
+
+
+def _cuda_device(args: argparse.Namespace) -> int | None:
+    """The GPU of ``--cuda`` (``--device``, default 0), or None for the CPU provider."""
+    if args.device is not None and not args.cuda:
+        raise UsageError(f"--device {args.device} needs --cuda", "add --cuda, or drop --device")
+    return (args.device or 0) if args.cuda else None
+
+
+def _cuda_note(model: onnx.ModelProto, label: str) -> None:
+    """One line on stderr when onnxq nodes of the model run on the CPU at each run."""
+    from onnxq import runtime
+
+    placement = cuda_placement(model)
+    if placement.unknown and runtime.has_custom_ops():  # a library without GPU kernels
+        print(
+            f"note: the onnxq nodes of {label} run on the CPU with the CUDA provider: "
+            f"{one_line(placement.unknown)[:200]}",
+            file=sys.stderr,
+        )
+    elif placement.cpu_at_run:
+        print(
+            f"note: {placement.cpu_at_run} onnxq node(s) of {label} run on the CPU with the "
+            "CUDA provider (no GPU kernel for their format, modes or op); `onnxq inspect` "
+            "lists them with the reasons",
+            file=sys.stderr,
+        )
 
 
 def _output_pairs(f_sess: Any, q_sess: Any, layers: list[str]) -> list[tuple[str, str]]:

@@ -36,31 +36,65 @@ _ORT_TYPES = {
 _MAX_GENERATED = 1 << 30  # values per generated input (4 GiB of float32)
 
 
-def session(model: Path | onnx.ModelProto, label: str) -> Any:
+def providers(cuda_device: int | None) -> list[Any]:
+    """The providers to ask for: the CPU, or the CUDA provider on ``cuda_device`` first.
+
+    Raises:
+        UsageError: a CUDA device was asked for and this onnxruntime has no CUDA provider.
+    """
+    if cuda_device is None:
+        return ["CPUExecutionProvider"]
+    import onnxruntime as ort
+
+    have = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in have:
+        raise UsageError(
+            f"--cuda: this onnxruntime ({ort.__version__}) has no CUDA execution provider "
+            f"(it has {', '.join(have)})",
+            "install onnxruntime-gpu in place of onnxruntime, or leave out --cuda",
+        )
+    cuda = ("CUDAExecutionProvider", {"device_id": str(cuda_device)})
+    return [cuda, "CPUExecutionProvider"]
+
+
+def session(model: Path | onnx.ModelProto, label: str, cuda_device: int | None = None) -> Any:
     """An onnxruntime session, with the onnxq custom ops when the library is built.
 
     Without the library a plain session still runs what onnxq writes (function fallbacks).
+    ``cuda_device``: run on the CUDA provider on that GPU (the CPU provider takes the rest).
+
+    Raises:
+        UsageError: onnxruntime cannot load the model, or has no working CUDA provider.
     """
     import onnxruntime as ort
 
     from onnxq import runtime
 
+    chosen = providers(cuda_device)
     options = ort.SessionOptions()
     options.log_severity_level = 4  # the command reports errors itself, in one line
     try:
         if runtime.has_custom_ops():
             source: Any = str(model) if isinstance(model, Path) else model
-            return runtime.session(source, sess_options=options)
-        source = str(model) if isinstance(model, Path) else model.SerializeToString()
-        return ort.InferenceSession(
-            source, sess_options=options, providers=["CPUExecutionProvider"]
-        )
+            sess = runtime.session(source, sess_options=options, providers=chosen)
+        else:
+            source = str(model) if isinstance(model, Path) else model.SerializeToString()
+            sess = ort.InferenceSession(source, sess_options=options, providers=chosen)
     except Exception as err:  # onnxruntime raises its own exception types
         raise UsageError(
             f"onnxruntime cannot load {label}: {one_line(err)[:300]}",
             "check the model with onnx.checker; models with onnxq ops need the custom-op "
             "library (pip install -e .) or embedded function fallbacks",
         ) from None
+    if cuda_device is not None and "CUDAExecutionProvider" not in sess.get_providers():
+        # onnxruntime falls back to the CPU when its CUDA provider cannot start
+        raise UsageError(
+            f"--cuda: onnxruntime could not start its CUDA provider on device {cuda_device} "
+            f"for {label} (the session has {', '.join(sess.get_providers())})",
+            "check the GPU (nvidia-smi), --device, and the CUDA and cuDNN libraries "
+            "onnxruntime-gpu needs",
+        )
+    return sess
 
 
 def count(option: str, low: int, high: int) -> Callable[[str], int]:

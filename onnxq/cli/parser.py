@@ -107,6 +107,22 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_provider_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cuda",
+        action="store_true",
+        help="run on onnxruntime's CUDA execution provider (needs onnxruntime-gpu): the onnxq "
+        "ops on the library's GPU kernels, nodes without kernels on the CPU (`onnxq inspect` "
+        "lists them); default: the CPU provider",
+    )
+    p.add_argument(
+        "--device",
+        type=count("--device", 0, 1023),
+        metavar="N",
+        help="with --cuda: the GPU to run on (default 0)",
+    )
+
+
 def _add_quantize(sub: _Subparsers) -> None:
     """The ``quantize`` subcommand's parser."""
     q = sub.add_parser(
@@ -226,6 +242,7 @@ def _add_run(sub: _Subparsers) -> None:
     )
     r.add_argument("model", metavar="MODEL", help="the .onnx model")
     _add_input_options(r)
+    _add_provider_options(r)
     r.add_argument("--save", metavar="OUT.npz", help="also save the outputs, by name, to OUT.npz")
     r.set_defaults(handler=commands.cmd_run)
 
@@ -242,6 +259,7 @@ def _add_compare(sub: _Subparsers) -> None:
     c.add_argument("float_model", metavar="FLOAT", help="the float .onnx model")
     c.add_argument("quant_model", metavar="QUANT", help="the quantized .onnx model")
     _add_input_options(c)
+    _add_provider_options(c)
     c.add_argument(
         "--layers",
         action="store_true",

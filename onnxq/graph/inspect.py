@@ -27,6 +27,7 @@ from onnxq.graph.tiling import reshaped_outputs
 from onnxq.graph.walk import node_attrs, stored_tensors, walk_graphs
 
 __all__ = [
+    "CONSTANT_WEIGHT",
     "DECODE_OPS",
     "CudaPlacement",
     "MalformedNodeError",
@@ -243,6 +244,15 @@ class CudaPlacement:
         """The onnxq nodes of the model."""
         return self.kernels + sum(len(v) for v in self.cpu.values())
 
+    @property
+    def cpu_at_run(self) -> int:
+        """The nodes on the CPU at each run under `onnxq.runtime.session` (no constant weights)."""
+        return sum(len(v) for w, v in self.cpu.items() if not w.startswith(CONSTANT_WEIGHT))
+
+
+# How `cuda_placement` marks the decoder of a constant weight
+CONSTANT_WEIGHT = "a constant weight (onnxq.runtime.session decodes it once, at creation)"
+
 
 _MODE_ATTRS = ("round_mode", "scale_mode", "nan_policy", "int_range")
 
@@ -292,7 +302,7 @@ def cuda_placement(model: onnx.ModelProto) -> CudaPlacement:
         except ValueError as err:
             why = f"refused by the ops: {err}"
         if why and id(node) in weights:
-            why = f"a constant weight (onnxq.runtime.session decodes it once, at creation): {why}"
+            why = f"{CONSTANT_WEIGHT}: {why}"
         if why:
             found.cpu.setdefault(why, []).append(node.name or node.op_type)
         else:

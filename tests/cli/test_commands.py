@@ -389,6 +389,99 @@ def test_compare_identical_models_is_exact(tiny: Path, capsys: pytest.CaptureFix
     assert out.splitlines()[2].split()[2:6] == ["1.000000", "inf", "0", "100.00%"]
 
 
+def test_cuda_needs_a_cuda_provider_and_device_needs_cuda(quantized: Path, tiny: Path) -> None:
+    import onnxruntime as ort
+
+    for argv in (["run", str(quantized)], ["compare", str(tiny), str(quantized)]):
+        code, out, err = _run([*argv, "--cuda", "--device", "0"])
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            assert code == 0, err  # onnxruntime-gpu: the session runs (or says why not)
+            continue
+        assert code == 2 and out == "", (code, out)
+        assert err.startswith("onnxq: error: --cuda: this onnxruntime (") and "Traceback" not in err
+        assert "has no CUDA execution provider" in err and "install onnxruntime-gpu" in err
+        code, _, err = _run([*argv, "--device", "1"])
+        assert code == 2 and "--device 1 needs --cuda" in err, err
+
+
+class _FakeCudaSession:
+    """A CPU session that reports the providers a CUDA run would (or would not) have."""
+
+    def __init__(self, real: Any, started: bool) -> None:
+        self._real, self._started = real, started
+
+    def get_providers(self) -> list[str]:
+        head = ["CUDAExecutionProvider"] if self._started else []
+        return [*head, "CPUExecutionProvider"]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_cuda_sessions_ask_for_the_device_and_refuse_a_silent_cpu_fallback(
+    quantized: Path, monkeypatch: pytest.MonkeyPatch, started: bool
+) -> None:
+    # onnxruntime-gpu is not installed here: its provider list and its sessions are stood in
+    # for; the sessions run on the CPU underneath
+    import onnxruntime as ort
+
+    from onnxq.cli.common import UsageError
+    from onnxq.cli.inputs import session
+
+    real = ort.InferenceSession
+    asked: list = []
+
+    def fake(*args: Any, providers: list, **kwargs: Any) -> _FakeCudaSession:
+        asked.append(providers)
+        return _FakeCudaSession(real(*args, providers=["CPUExecutionProvider"], **kwargs), started)
+
+    monkeypatch.setattr(
+        ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
+    monkeypatch.setattr(ort, "InferenceSession", fake)
+    if started:
+        sess = session(quantized, "'q'", 3)
+        assert sess.get_inputs()[0].name == "x"
+    else:
+        with pytest.raises(UsageError, match="could not start its CUDA provider on device 3"):
+            session(quantized, "'q'", 3)
+    # (onnxq.runtime.session decodes the constant weights in a CPU session first)
+    assert asked[-1] == [("CUDAExecutionProvider", {"device_id": "3"}), "CPUExecutionProvider"]
+    assert all(p == ["CPUExecutionProvider"] for p in asked[:-1]), asked
+
+
+def test_the_cuda_note_counts_the_nodes_on_the_cpu_at_each_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from onnxq.cast import cuda_aot
+    from onnxq.cli import commands
+
+    qdq = "QuantizeDequantizeMX"
+    nodes = [
+        helper.make_node(qdq, ["x"], ["a"], domain="onnxq", dtype="mxfp8"),  # GPU kernels
+        helper.make_node(qdq, ["a"], ["b"], domain="onnxq", dtype="mxfp8", round_mode="stochastic"),
+        # a constant weight without kernels: decoded when onnxq.runtime.session starts
+        helper.make_node(
+            "DequantizeMX", ["q", "s"], ["w"], domain="onnxq", dtype="int8_e8m0_t8_t4"
+        ),
+    ]
+    inits = [helper.make_tensor(n, TensorProto.UINT8, [1], [0]) for n in ("q", "s")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
+    commands._cuda_note(model, "'m.onnx'")
+    err = capsys.readouterr().err
+    if cuda_aot.info()[0] == 0:
+        assert err.startswith("note: the onnxq nodes of 'm.onnx' run on the CPU with the CUDA")
+        return
+    assert err == (
+        "note: 1 onnxq node(s) of 'm.onnx' run on the CPU with the CUDA provider (no GPU kernel "
+        "for their format, modes or op); `onnxq inspect` lists them with the reasons\n"
+    )
+    del model.graph.node[1]  # the stochastic node: nothing left on the CPU at run time
+    commands._cuda_note(model, "'m.onnx'")
+    assert capsys.readouterr().err == ""
+
+
 def test_compare_layers_reports_intermediate_tensors(
     tiny: Path, quantized: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
