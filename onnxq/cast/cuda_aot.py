@@ -153,10 +153,13 @@ def node_support(
     if int_range not in ("symmetric", "full"):
         raise ValueError(f"int_range {int_range!r}: expected 'symmetric' or 'full'")
     modes = c_modes(round_mode, scale_mode, nan_policy, int_range == "full")
+    # the C strings end at a NUL, which the ops refuse inside a dtype; text that is not UTF-8
+    # (lone surrogates) keeps its escapes, which no op type or dtype has
+    texts = [t.encode(errors="backslashreplace") for t in (op_type, dtype)]
+    if any(b"\0" in t for t in texts):
+        raise ValueError(f"{(op_type + ' ' + dtype)!r}: a NUL byte in the op type or dtype")
     err = ctypes.create_string_buffer(_ERRLEN)
-    rc = lib.onnxq_cuda_node_support(
-        op_type.encode(), dtype.encode(), ctypes.addressof(modes), err, _ERRLEN
-    )
+    rc = lib.onnxq_cuda_node_support(*texts, ctypes.addressof(modes), err, _ERRLEN)
     why = err.value.decode(errors="replace").removeprefix("[onnxq_cuda_node_support] ")
     if rc == 2:
         raise ValueError(why)

@@ -686,6 +686,11 @@ def test_node_support_says_where_the_cuda_provider_runs_a_node(node: tuple, reas
         (("CodebookLookup", "mxfp4", {}), "dtype 'mxfp4': the data type is not a codebook"),
         (("QuantizeMX", "mxfp4", {"round_mode": "up"}), "round"),
         (("QuantizeMX", "mxfp4", {"int_range": "wide"}), "int_range 'wide'"),
+        (("QuantizeMX", "mxfp4\0junk", {}), "a NUL byte"),  # C would read 'mxfp4'
+        (("QuantizeMX\0", "mxfp4", {}), "a NUL byte"),
+        (("QuantizeMX", "mxfp4\udcff", {}), "unexpected character '\\'"),
+        (("QuantizeMX", "e" * 100_000, {}), "at most"),
+        (("Q" * 100_000, "mxfp4", {}), "unknown op type 'QQQ"),
     ],
 )
 def test_node_support_refuses_what_the_ops_refuse(node: tuple, error: str) -> None:
