@@ -40,6 +40,7 @@ from onnxq.cast.aot_spec import (
     OP_CB_SUB,
     OP_DEQUANT,
     OP_DEQUANT_INNER,
+    OP_FAST_CODES_INNER,
     OP_FAST_VALUES_INNER,
     OP_PACK,
     OP_QUANT_BOTH,
@@ -276,6 +277,7 @@ def _fast_specs(
     specs = []
     variants = [(op, want, _FAST_SHAPES, -1) for op, want in FAST_OPS]
     variants.append((OP_FAST_VALUES_INNER, "values", _FAST_INNER_SHAPES, 1))
+    variants.append((OP_FAST_CODES_INNER, "codes", _FAST_INNER_SHAPES, 1))
     for op, want, shapes, axis in variants:
         if want == "packed" and info.code_bits == 8 and not info.sub:
             continue  # the packed layouts are the unpacked ones: OP_FAST_CODES

@@ -47,9 +47,10 @@ OP_QUANT_BOTH = 6  # values and codes in one launch
 OP_FAST_VALUES, OP_FAST_CODES, OP_FAST_PACKED, OP_AMAX = 7, 8, 9, 10
 # (formats with 8-bit codes and no shift bits have no OP_FAST_PACKED: the layouts are the same)
 FAST_OPS = ((OP_FAST_VALUES, "values"), (OP_FAST_CODES, "codes"), (OP_FAST_PACKED, "packed"))
-# ... and its values kernel for whole tiles along an axis with elements after it (INNER: a
-# program's tiles side by side; the activations' QuantizeDequantizeMX of NCHW tensors)
-OP_FAST_VALUES_INNER = 21
+# ... and its values and codes kernels for whole tiles along an axis with elements after it
+# (INNER: a program's tiles side by side; the activations' QuantizeDequantizeMX of NCHW
+# tensors, and QuantizeMX's codes, which the pack kernels then pack)
+OP_FAST_VALUES_INNER, OP_FAST_CODES_INNER = 21, 22
 AMAX_ROUNDS = (1, 4, 16, 64)  # the tensor-amax pass's blocks per program: the variants compiled
 # Codebook decoding (CodebookLookup; onnxq.cast.triton_codebook's `_cb_dequant_kernel`): images
 # that serve every codebook data type, the format's numbers passed at run time. By block:

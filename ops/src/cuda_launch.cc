@@ -257,7 +257,7 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
     per = K.chunk;
   } else if (K.op == kOpFastValues || K.op == kOpFastCodes || K.op == kOpFastPacked) {
     units = b.n_tiles;  // BT whole tiles a program
-  } else if (K.op == kOpFastValuesInner) {
+  } else if (K.op == kOpFastValuesInner || K.op == kOpFastCodesInner) {
     // a program a row of tiles (the tiled axis's tile and what precedes it) and BT inner
     // positions: triton_fast.FastPlan.programs
     units = b.inner > 0 ? b.n_tiles / b.inner * ((b.inner + K.bt - 1) / K.bt) : 0;
@@ -413,8 +413,8 @@ Scratch::~Scratch() {
 
 // The fast path (onnxq/cast/triton_fast.py: whole tiles, one pass) takes a quantization when
 // the tiled axis is a multiple of the tile and the library has its kernels for the input type
-// (along another axis than the last: values only); the general kernels (onnxq/cast/triton.py)
-// take the rest. ONNXQ_CUDA_FAST=0 sends every
+// (along another axis than the last: values and unpacked codes); the general kernels
+// (onnxq/cast/triton.py) take the rest. ONNXQ_CUDA_FAST=0 sends every
 // quantization to the general kernels (tests and comparisons; read at each call).
 bool fast_enabled() {
   const char* e = std::getenv("ONNXQ_CUDA_FAST");
@@ -465,10 +465,11 @@ bool fast_kernels(const AotFormat& F, int fi, const Geometry& g, int x_type, con
       !aligned16(ptrs))
     return false;
   if (F.tenscale_bits && (g.numel % 16 != 0 || amax_kernel(x_type, g.numel) < 0)) return false;
-  if (g.b.inner != 1) {  // tiles along a non-last axis: values only (the activations' cast)
-    if (packed || codes || !values) return false;
-    *kv = find_kernel(fi, kOpFastValuesInner, x_type);
-    return *kv >= 0;
+  if (g.b.inner != 1) {  // tiles along a non-last axis: values, unpacked codes (one each)
+    if (packed) return false;  // the general path packs the codes kernel's output
+    if (values) *kv = find_kernel(fi, kOpFastValuesInner, x_type);
+    if (codes) *kc = find_kernel(fi, kOpFastCodesInner, x_type);
+    return (!values || *kv >= 0) && (!codes || *kc >= 0);
   }
   if (packed) {  // 8-bit codes without shift bits: the packed layouts are the unpacked ones
     const bool same = F.code_bits == 8 && !F.sub;

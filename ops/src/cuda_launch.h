@@ -87,9 +87,10 @@ enum Op : int {
   kOpCbPlainInner = 18,
   kOpCbSubInner = 19,
   kOpCbLongInner = 20,
-  // the fast values kernel for whole tiles along an axis with elements after it (INNER: a
-  // program takes bt tiles side by side along those elements)
-  kOpFastValuesInner = 21
+  // the fast values and codes kernels for whole tiles along an axis with elements after it
+  // (INNER: a program takes bt tiles side by side along those elements)
+  kOpFastValuesInner = 21,
+  kOpFastCodesInner = 22
 };
 
 struct AotFormat {

@@ -311,7 +311,7 @@ def _dequantize_packed(
 
 # tiles along axis 1 with elements after it (NCHW-like): the general kernels' LAST=False
 # compile; axis 1 of length 40 leaves a partial tile, and its subtiles for MX6
-INNER_SHAPE = (2, 40, 3)
+INNER_SHAPE = (2, 36, 3)  # 36: a multiple of no tile (the general kernels)
 
 
 def inner_axis(r: Run, i: int, preset: str) -> None:
@@ -376,15 +376,22 @@ def modes(r: Run) -> None:
         )  # fmt: skip
 
 
-# whole tiles along axis 1 with elements after it: the fast values kernel's INNER compile
-# (fewer inner positions than a program's tiles; more, so a row of tiles takes programs)
+# whole tiles along axis 1 with elements after it: the fast values and codes kernels' INNER
+# compiles (fewer inner positions than a program's tiles; more, so a row of tiles takes
+# programs)
 INNER_FAST_SHAPES = ((2, 64, 3), (1, 32, 300))
 
 
 def inner_fast(r: Run) -> None:
-    """Values alone (QuantizeDequantizeMX's cast) of whole tiles along a non-last axis."""
+    """Whole tiles along a non-last axis: values alone (QuantizeDequantizeMX's cast), values
+    and codes (two INNER passes), the packed layouts (the codes pass, then the pack kernels)."""
     for i, preset in enumerate(PRESETS):
         for j, shape in enumerate(INNER_FAST_SHAPES):
+            tag = f"{preset} {shape} axis 1"
+            x, xr = _preset_input(shape, 200 + i, 0)
+            _quantize_unpacked(r, f"{tag} unpacked", preset, x, xr, axis=1)
+            want = onnxq.cast(xr, preset, mode="compress", backend="reference", axis=1)
+            _quantize_packed(r, f"{tag} packed", preset, x, 0, want, axis=1)
             x_type = 2 if j == 0 else 0
             x, xr = _preset_input(shape, 200 + i, x_type)
             y = np.zeros_like(x)

@@ -84,14 +84,21 @@ def test_generation_covers_every_specialisation(manifest: tuple[dict, bytes]) ->
     assert want <= have
     stats = {k["io_type"] for k in m["kernels"] if k["op"] == aot.OP_STATS}
     assert stats == set(aot.FLOATS)  # NVFP4's tensor amax, every input type
-    # the fast path: values, codes and (where the layouts differ) packed codes, every preset and
-    # input type; the tensor amax in every compiled ROUNDS variant
+    # the fast path: values, codes and (where the layouts differ) packed codes, values and
+    # codes along a non-last axis (INNER), every preset and input type; the tensor amax in
+    # every compiled ROUNDS variant
     fmts = {f["preset"]: f for f in m["formats"]}
+    both = (
+        aot.OP_FAST_VALUES,
+        aot.OP_FAST_CODES,
+        aot.OP_FAST_VALUES_INNER,
+        aot.OP_FAST_CODES_INNER,
+    )
     fast = {
         (p, op, t)
         for p in aot.PRESETS
         for t in aot.FLOATS
-        for op in (aot.OP_FAST_VALUES, aot.OP_FAST_CODES)
+        for op in both
         + ((aot.OP_FAST_PACKED,) if fmts[p]["code_bits"] < 8 or fmts[p]["sub"] else ())
     }
     assert fast <= have

@@ -166,17 +166,27 @@ def test_modes_run_on_the_general_kernels_and_the_rest_are_refused(emulated: dic
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_values_of_whole_tiles_along_a_non_last_axis_take_the_fast_kernel(
+def test_whole_tiles_along_a_non_last_axis_take_the_fast_kernels(
     emulated: dict, preset: str
 ) -> None:
     # the INNER compile of the fast values kernel (its bits: the first test); NVFP4's tensor
     # amax pass first
     from tests.cast.triton.run_emulated import INNER_FAST_SHAPES
 
-    amax = ["amax"] if datatype(preset).sspec.tenscale is not None else []
+    dt = datatype(preset)
+    amax = ["amax"] if dt.sspec.tenscale is not None else []
+    packs = ["pack"] * (int(dt.nspec.bits < 8) + int(bool(dt.sspec.tiles[0].subtile)))
     for shape in INNER_FAST_SHAPES:
-        symbols = emulated["launches"][f"{preset} {shape} axis 1 values"]
+        la = emulated["launches"]
+        symbols = la[f"{preset} {shape} axis 1 values"]
         assert _kinds(symbols) == [*amax, "f"] and symbols[-1].startswith("f21_"), symbols
+        # values and codes: two INNER passes (after NVFP4's amax pass)
+        symbols = la[f"{preset} {shape} axis 1 unpacked"]
+        assert _kinds(symbols) == [*amax, "f", "f"], symbols
+        assert symbols[-2].startswith("f21_") and symbols[-1].startswith("f22_"), symbols
+        # QuantizeMX's layouts: the codes pass into scratch, then the pack kernels
+        symbols = la[f"{preset} {shape} axis 1 packed"]
+        assert _kinds(symbols) == [*amax, "f", *packs] and symbols[len(amax)].startswith("f22_")
 
 
 def test_other_names_of_an_embedded_format_take_its_kernels(emulated: dict) -> None:
@@ -220,7 +230,9 @@ def test_preset_launchers_tile_along_a_non_last_axis(emulated: dict, preset: str
     dt = datatype(preset)
     stats = ["stats"] if dt.sspec.tenscale is not None else []
     packs = int(dt.nspec.bits < 8) + int(bool(dt.sspec.tiles[0].subtile))
-    tag = f"{preset} (2, 40, 3) axis 1"
+    from tests.cast.triton.run_emulated import INNER_SHAPE
+
+    tag = f"{preset} {INNER_SHAPE} axis 1"
     la = emulated["launches"]
     for x_type in (0, 2):
         assert _kinds(la[f"{tag} quantize {x_type}"]) == [*stats, "q", *["pack"] * packs]
@@ -483,12 +495,13 @@ def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
     kinds = _kinds(result["kernels"])
     # every activation on the kernels: 24 casts (3 layers x 8); the fast kernel where the
     # tiled axis is a multiple of the tile (the hidden size; the keys' head dim, 32, along
-    # axis 2: the INNER values kernel), the general one elsewhere (18 tokens: the values,
-    # along axis 2 too, on the LAST=False compile), and for modes and QuantizeMX's codes
+    # axis 2: the INNER values kernel, or QuantizeMX's INNER codes kernel), the general one
+    # elsewhere (the values along the 16 tokens, axis 2 too: whole MX9 tiles, not MXFP8's 32;
+    # on the LAST=False compile), and for modes
     inner = [k for k in result["kernels"] if k.split("_")[0] in ("q14", "q15", "q16")]
-    inner_fast = [k for k in result["kernels"] if k.startswith("f21_")]
-    fast_keys = case["fuse"] and "modes" not in case
-    assert (len(inner), len(inner_fast)) == ((3, 3) if fast_keys else (6, 0)), result["kernels"]
+    inner_fast = [k for k in result["kernels"] if k.startswith(("f21_", "f22_"))]
+    want = (6, 0) if "modes" in case else (0, 6) if case["activations"] == "mx9" else (3, 3)
+    assert (len(inner), len(inner_fast)) == want, result["kernels"]
     assert kinds.count("f") + kinds.count("q") == 24, kinds
     # the modes: the general kernels only (the fast one is compiled for the defaults)
     assert kinds.count("f") == 0 if "modes" in case else kinds.count("f") >= 12, kinds
