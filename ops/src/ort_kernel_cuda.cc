@@ -119,8 +119,9 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, 
   void* meta =
       output(ctx, kQOut.meta, "Meta", {nmeta ? packed_nbytes(nmeta, 1) : 0}, kU8, why);
   output(ctx, kQOut.mask, "Mask", {0}, kU8, why);
+  // the embedded format's canonical code: the launcher matches it as text (no parse a run)
   std::string e = cuda::quantize_packed(
-      k.parsed.code, x.data, float_kind(x.type), static_cast<int>(x.shape.size()),
+      F.code, x.data, float_kind(x.type), static_cast<int>(x.shape.size()),
       x.shape.data(), axis, q, scale, F.tenscale_bits ? ts : nullptr, nmeta ? meta : nullptr,
       gpu_stream(ctx), &k.modes);
   if (!e.empty()) throw OpError(e);
@@ -130,7 +131,7 @@ void compute_cuda_quantize(const Kernel& k, OrtKernelContext* ctx, const In& x, 
 void compute_cuda_quant_dequant(const Kernel& k, OrtKernelContext* ctx, const In& x, int axis) {
   void* y = output(ctx, kOutY, "Y", x.shape, x.type, "input X of type " + type_name(x.type));
   if (!y) throw OpError("output Y is missing");
-  std::string e = cuda::quantize(k.parsed.code, x.data, float_kind(x.type),
+  std::string e = cuda::quantize(k.gpu->code, x.data, float_kind(x.type),
                                  static_cast<int>(x.shape.size()), x.shape.data(), axis, y,
                                  nullptr, nullptr, nullptr, nullptr, gpu_stream(ctx),
                                  &k.modes);
@@ -163,7 +164,7 @@ void compute_cuda_dequantize(const Kernel& k, OrtKernelContext* ctx,
   if (!y) throw OpError("output Y is missing");
   if (count == 0) return;  // an empty Y
   std::string e = cuda::dequantize_packed(
-      k.parsed.code, static_cast<int>(shape.size()), shape.data(), axis, q.data, scale.data, ts,
+      F.code, static_cast<int>(shape.size()), shape.data(), axis, q.data, scale.data, ts,
       meta, y, float_kind(k.out_type), gpu_stream(ctx));
   if (!e.empty()) throw OpError(e + " (shape " + shape_str(shape) + ")");
 }

@@ -331,6 +331,8 @@ def modes(o: OrtRun) -> None:
             o.r.check(name, y, onnxq.cast(x, dt, backend="reference", **attrs))
     # a dtype attribute naming an embedded format by another preset name
     qdq(o, "ort alias mxfp8 qdq", "mxfp8", _input((4, 64), 130))
+    # ... and by another spelling of its code, whitespace around it
+    qdq(o, "ort spelled e4m3 qdq", "\n E4M3_E8M0_T32 ", _input((4, 64), 131))
 
 
 def host_fallback(o: OrtRun) -> None:
