@@ -22,6 +22,7 @@ from typing import Any
 import onnx
 
 from onnxq.formats.datatype import datatype, datatypes
+from onnxq.graph.load_decode import foldable
 from onnxq.graph.schemas import DOMAIN, OPS
 from onnxq.graph.tiling import reshaped_outputs
 from onnxq.graph.walk import node_attrs, stored_tensors, walk_graphs
@@ -272,15 +273,13 @@ def cuda_placement(model: onnx.ModelProto) -> CudaPlacement:
         for node in graph.node
         if node.domain == DOMAIN and node.op_type in OPS
     ]
-    stored = {t.name for t in model.graph.initializer}
-    weights = {
-        id(node)
-        for node in model.graph.node
-        if node.op_type in DECODE_OPS and all(i in stored for i in node.input if i)
-    }
     found = CudaPlacement()
     if not nodes:
         return found
+    # what onnxq.runtime.session decodes at creation: main-graph decoders (foldable returns
+    # copies, so by output name)
+    folded = {fold.node.output[0] for fold in foldable(model)}
+    weights = {id(n) for n in model.graph.node if n.output and n.output[0] in folded}
     try:
         from onnxq.cast import cuda_aot
 

@@ -463,10 +463,13 @@ def test_the_cuda_note_counts_the_nodes_on_the_cpu_at_each_run(
         helper.make_node(qdq, ["a"], ["b"], domain="onnxq", dtype="mxfp8", round_mode="stochastic"),
         # a constant weight without kernels: decoded when onnxq.runtime.session starts
         helper.make_node(
-            "DequantizeMX", ["q", "s"], ["w"], domain="onnxq", dtype="int8_e8m0_t8_t4"
+            "DequantizeMX", ["q", "s"], ["w"], domain="onnxq", dtype="int8_e8m0_t8_t4", shape=[8, 4]
         ),
     ]
-    inits = [helper.make_tensor(n, TensorProto.UINT8, [1], [0]) for n in ("q", "s")]
+    # 32 int8 codes, one E8M0 scale per 8x4 tile
+    inits = [
+        helper.make_tensor(n, TensorProto.UINT8, [k], [0] * k) for n, k in (("q", 32), ("s", 1))
+    ]
     model = helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
     commands._cuda_note(model, "'m.onnx'")
     err = capsys.readouterr().err
