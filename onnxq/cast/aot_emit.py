@@ -20,6 +20,7 @@ from onnxq.cast.aot_spec import (
     FORMAT_VERSION,
     MODE_PARAMS,
     MODES,
+    OP_GATHER_ROWS,
     OP_PACK,
     OP_UNPACK,
     PTX_ARCH,
@@ -30,6 +31,7 @@ from onnxq.cast.aot_spec import (
 )
 
 _Span = tuple[int, int]  # (offset, bytes) in kernels.bin
+_BYTE_OPS = (OP_PACK, OP_UNPACK, OP_GATHER_ROWS)  # io_type: a number (bits), no float type
 
 
 def _c_str(s: str) -> str:
@@ -105,7 +107,7 @@ def _kernel_tables(
                 "module": k.module,
                 "op": k.op,
                 "format": formats[k.fmt].preset if k.fmt >= 0 else None,
-                "io_type": k.io_type if k.op in (OP_PACK, OP_UNPACK) else FLOATS[k.io_type],
+                "io_type": k.io_type if k.op in _BYTE_OPS else FLOATS[k.io_type],
                 "constexprs": k.constexprs,
                 "options": k.options,
                 "signature": k.signature,

@@ -42,6 +42,7 @@ from onnxq.cast.aot_spec import (
     OP_DEQUANT_INNER,
     OP_FAST_CODES_INNER,
     OP_FAST_VALUES_INNER,
+    OP_GATHER_ROWS,
     OP_PACK,
     OP_QUANT_BOTH,
     OP_QUANT_CODES,
@@ -391,6 +392,7 @@ def specialisations(
             kernels.extend(_dequant_specs(tm, dt, info, fi, k, consts))
     kernels.extend(_cb_specs(consts))
     kernels.extend(_pack_specs())
+    kernels.append(_gather_spec())
     return formats, kernels, consts
 
 
@@ -469,6 +471,29 @@ def _pack_specs() -> list[KernelSpec]:
             )
             specs.append(spec)
     return specs
+
+
+def _gather_spec() -> KernelSpec:
+    """GatherMX's row copy (onnxq.cast.triton_gather): one byte-copy image for every stream."""
+    from onnxq.cast import triton_gather
+
+    sig = {"src_ptr": "*u8", "dst_ptr": "*u8", "rows_ptr": "*i32", "count": "i32",
+           "row_bits": "i32", "BLOCK": "constexpr"}  # fmt: skip
+    roles = [("src_ptr", "src", -1), ("dst_ptr", "dst", -1), ("rows_ptr", "rows", -1),
+             ("count", "count", -1), ("row_bits", "row_bits", -1)]  # fmt: skip
+    return KernelSpec(
+        "gather_rows",
+        "_gather_rows_kernel",
+        OP_GATHER_ROWS,
+        -1,
+        0,
+        sig,
+        {"BLOCK": triton_gather.BLOCK},
+        dict(_OPTION_DEFAULTS),
+        roles,
+        chunk=triton_gather.BLOCK,
+        module="onnxq.cast.triton_gather",
+    )
 
 
 def _set_bt(ce: dict[str, Any]) -> None:

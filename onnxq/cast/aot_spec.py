@@ -51,6 +51,10 @@ FAST_OPS = ((OP_FAST_VALUES, "values"), (OP_FAST_CODES, "codes"), (OP_FAST_PACKE
 # (INNER: a program's tiles side by side; the activations' QuantizeDequantizeMX of NCHW
 # tensors, and QuantizeMX's codes, which the pack kernels then pack)
 OP_FAST_VALUES_INNER, OP_FAST_CODES_INNER = 21, 22
+# GatherMX: the rows its indices name copied out of a packed stream (onnxq.cast.triton_gather;
+# `count` rows of `row_bits` bits), one image for every stream and format; the decode kernels
+# then read the compact table
+OP_GATHER_ROWS = 23
 AMAX_ROUNDS = (1, 4, 16, 64)  # the tensor-amax pass's blocks per program: the variants compiled
 # Codebook decoding (CodebookLookup; onnxq.cast.triton_codebook's `_cb_dequant_kernel`): images
 # that serve every codebook data type, the format's numbers passed at run time. By block:
@@ -96,6 +100,7 @@ ROLE_IDS = {
     "src": 12,  # pack / unpack input
     "dst": 13,  # pack / unpack output
     "table": 14,  # a codebook's float64 table, [2^meta_bits][2^index_bits], uploaded per call
+    "rows": 15,  # GatherMX: the table rows to copy, int32, uploaded per call
     "n_units": 20,
     "n_chunks": 21,
     "C": 22,
@@ -126,6 +131,7 @@ ROLE_IDS = {
     "nan_nf": 43,
     "full_int": 44,
     "bump_t": 45,
+    "row_bits": 46,  # GatherMX: bits of one row of the packed stream
 }
 # The modes the general quantize kernel takes at run time, in the C ABI's numbering
 # (onnxq_ops.h `onnxq_modes`): stochastic rounding (a constexpr) and scale search (a loop of

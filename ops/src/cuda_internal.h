@@ -56,7 +56,7 @@ struct Extent {
 Extent extent(int ndim, const int64_t* shape, int axis);
 
 // What the launcher passes for each parameter role (cuda_launch.h Role).
-constexpr int kPtrRoles = 15;  // kRoleX .. kRoleTable
+constexpr int kPtrRoles = 16;  // kRoleX .. kRoleRows
 struct Bind {
   const void* ptr[kPtrRoles] = {};  // by pointer role
   int64_t n_units = 0, n_chunks = 0, C = 0, TC = 0, inner = 1, nC = 0, sub_cols = 1;
@@ -64,6 +64,7 @@ struct Bind {
   int64_t n_tiles = 0, code_nbytes = 0, meta_nbytes = 0, numel = 0;  // fast path, tensor amax
   int64_t nsub = 1, sub = 0, s_bias = 0, s_nan = 0, s_mask = 0, ib = 0, nmap = 1;  // codebooks
   int64_t rmode = 0, nan_nf = 0, full_int = 0, bump_t = 0;  // general quantize: mode numbers
+  int64_t row_bits = 0;                                      // GatherMX's row copy
 };
 // Queues kernel k on `stream` (g_mutex held, the device's context current).
 void launch(Device& dv, int k, const Bind& b, CUstream stream);

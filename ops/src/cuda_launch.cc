@@ -230,6 +230,7 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
       case kRoleNanNf: s32 = static_cast<int32_t>(b.nan_nf); break;
       case kRoleFullInt: s32 = static_cast<int32_t>(b.full_int); break;
       case kRoleBumpT: s32 = static_cast<int32_t>(b.bump_t); break;
+      case kRoleRowBits: s32 = static_cast<int32_t>(b.row_bits); break;
       default: scalar = false;
     }
     if (scalar && K.div16 && p.role == kRoleNumel && s32 % 16 != 0)
@@ -254,6 +255,9 @@ void launch(Device& dv, int k, const Bind& b, CUstream stream) {
   int64_t units = b.n_units, per = K.bt;
   if (K.op == kOpPack || K.op == kOpUnpack) {
     units = K.op == kOpPack ? b.nbytes : b.count;
+    per = K.chunk;
+  } else if (K.op == kOpGatherRows) {
+    units = (b.count * b.row_bits + 7) / 8;  // bytes of the rows copied
     per = K.chunk;
   } else if (K.op == kOpFastValues || K.op == kOpFastCodes || K.op == kOpFastPacked) {
     units = b.n_tiles;  // BT whole tiles a program

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace onnxq {
 struct Format;      // kernels.h
@@ -30,6 +31,7 @@ enum Role : int {
   kRoleSrc = 12,
   kRoleDst = 13,
   kRoleTable = 14,  // a codebook's float64 table (uploaded for the call)
+  kRoleRows = 15,   // GatherMX: the table rows to copy (int32, uploaded for the call)
   kRoleNUnits = 20,
   kRoleNChunks = 21,
   kRoleC = 22,
@@ -58,6 +60,7 @@ enum Role : int {
   kRoleNanNf = 43,
   kRoleFullInt = 44,
   kRoleBumpT = 45,
+  kRoleRowBits = 46,  // GatherMX: bits of a row of the packed stream (kRoleCount: rows)
 };
 
 enum Op : int {
@@ -90,7 +93,9 @@ enum Op : int {
   // the fast values and codes kernels for whole tiles along an axis with elements after it
   // (INNER: a program takes bt tiles side by side along those elements)
   kOpFastValuesInner = 21,
-  kOpFastCodesInner = 22
+  kOpFastCodesInner = 22,
+  // GatherMX: rows of a packed stream copied out (onnxq/cast/triton_gather.py), every format
+  kOpGatherRows = 23
 };
 
 struct AotFormat {
@@ -187,6 +192,31 @@ std::string lookup_supported(const Format& f);
 // the modes. *invalid: why the data type cannot be a codebook format at all ("" else).
 std::string node_reason(const ParsedType& p, bool lookup, bool quantizes, const Modes& m,
                         std::string* invalid);
+
+// GatherMX (docs/ops.md) on the device: rows `rows` (n of them, host memory, each in [0,
+// shape[0])) of the packed table of `shape`, tiles along `axis`, decoded into `values` (n x the
+// row's shape, type values_type) in their order. f: the table's format, an embedded preset's
+// (`code` its dtype) or a codebook's (its table included); q, scale, tenscale, meta_packed:
+// the table's packed inputs on the device, as GatherMX takes them. The rows of each stream are
+// copied into stream-ordered scratch, then decoded by dequantize_packed / lookup_packed.
+std::string gather_packed(const Format& f, const std::string& code,
+                          const std::vector<int64_t>& shape, int axis, const int64_t* rows,
+                          int64_t n, const void* q, const void* scale, const void* tenscale,
+                          const void* meta_packed, void* values, int values_type, void* stream);
+// A row of GatherMX's table in each packed stream: elements, bits of codes, scale codes, meta.
+struct GatherRow {
+  int64_t elems = 0, q_bits = 0, scale_bits = 0, meta_bits = 0;
+};
+// Why gather_packed cannot run a table of `shape` (tiles along `axis`, in [0, ndim)) of format
+// f ("" when it can; *row then says what a row holds): a format without kernels, or tiles
+// that run along the rows (axis 0).
+std::string gather_layout(const Format& f, const std::string& code,
+                          const std::vector<int64_t>& shape, int axis, GatherRow* row);
+// Why onnxruntime's CUDA provider runs a GatherMX node of data type `p` (attributes `shape`
+// and `axis`) on the host fallback ("" when on the kernels); *invalid: why the CPU op would
+// refuse the node ("" else). No driver or GPU needed.
+std::string gather_reason(const ParsedType& p, const std::vector<int64_t>& shape, int64_t axis,
+                          std::string* invalid);
 
 // Copies between device and host memory on `stream`, for the custom ops' host fallback
 // (ort_kernel_cuda.cc, cuda_copy.cc): copy_to_host returns once the bytes are on the host (the
