@@ -21,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import operator
+from collections.abc import Sequence
 from typing import Any
 
 from onnxq.formats.datatype import DataType
@@ -64,6 +66,9 @@ def _lib() -> ctypes.CDLL:
     if hasattr(lib, "onnxq_cuda_node_support"):
         lib.onnxq_cuda_node_support.restype = i32
         lib.onnxq_cuda_node_support.argtypes = [s, s, p, s, sz]
+    if hasattr(lib, "onnxq_cuda_node_support_shape"):
+        lib.onnxq_cuda_node_support_shape.restype = i32
+        lib.onnxq_cuda_node_support_shape.argtypes = [s, s, p, i32, p, i32, s, sz]
     lib.onnxq_cuda_quantize.restype = i32
     lib.onnxq_cuda_quantize.argtypes = [
         s,
@@ -120,6 +125,10 @@ def _lib() -> ctypes.CDLL:
     lib.onnxq_cuda_lookup_packed.restype = i32
     lib.onnxq_cuda_lookup_packed.argtypes = [s, p, i32, ctypes.POINTER(i64), i32]
     lib.onnxq_cuda_lookup_packed.argtypes += [p, p, p, p, i32, p, s, sz]
+    if hasattr(lib, "onnxq_cuda_gather_packed"):
+        lib.onnxq_cuda_gather_packed.restype = i32
+        lib.onnxq_cuda_gather_packed.argtypes = [s, p, i32, ctypes.POINTER(i64), i32, p, i64]
+        lib.onnxq_cuda_gather_packed.argtypes += [p, p, p, p, p, i32, p, s, sz]
     return lib
 
 
@@ -131,25 +140,29 @@ def node_support(
     scale_mode: str = "floor",
     nan_policy: str = "element",
     int_range: str = "symmetric",
+    shape: Sequence[int] | None = None,
+    axis: int = -1,
 ) -> str:
     """Why onnxruntime's CUDA provider would run this onnxq node on the CPU ("" when not).
 
     Decided as the library decides at session creation (no driver or GPU needed): ``""`` for a
-    node on the embedded GPU kernels, else the reason (a format or mode without kernels: the
-    node's CPU kernel on host copies, one warning per node; MatMulMX and GatherMX: no CUDA
-    kernel at all). The arguments are the node's op type and attributes.
+    node on the embedded GPU kernels, else the reason (a format, mode or table layout without
+    kernels: the node's CPU kernel on host copies, one warning per node; MatMulMX: no CUDA
+    kernel at all). The arguments are the node's op type and attributes; GatherMX needs its
+    ``shape`` and ``axis`` (its table's), which the other ops ignore.
 
     Raises:
-        ValueError: an unknown op type or mode, a ``dtype`` that does not parse, or a
-            CodebookLookup of a format that is no codebook (the op's other checks at session
-            creation, of its attributes and inputs, are not made here).
+        ValueError: an unknown op type or mode, a ``dtype`` that does not parse, a
+            CodebookLookup of a format that is no codebook, or a GatherMX without a shape or
+            with a shape and axis it refuses (the op's other checks at session creation, of
+            its attributes and inputs, are not made here).
         RuntimeError: the native library is missing or predates this function.
     """
     from onnxq.cast.native import c_modes
 
     lib = _lib()
-    if not hasattr(lib, "onnxq_cuda_node_support"):
-        raise RuntimeError("the native library predates onnxq_cuda_node_support; rebuild it")
+    if not hasattr(lib, "onnxq_cuda_node_support_shape"):
+        raise RuntimeError("the native library predates onnxq_cuda_node_support_shape; rebuild it")
     if int_range not in ("symmetric", "full"):
         raise ValueError(f"int_range {int_range!r}: expected 'symmetric' or 'full'")
     modes = c_modes(round_mode, scale_mode, nan_policy, int_range == "full")
@@ -158,8 +171,24 @@ def node_support(
     texts = [t.encode(errors="backslashreplace") for t in (op_type, dtype)]
     if any(b"\0" in t for t in texts):
         raise ValueError(f"{(op_type + ' ' + dtype)!r}: a NUL byte in the op type or dtype")
+    if shape is not None:
+        try:  # a model's attributes: integers only, and none past int64 / int32
+            shape, axis = [operator.index(d) for d in shape], operator.index(axis)
+        except TypeError:
+            raise ValueError(f"shape {shape!r} and axis {axis!r} must be integers") from None
+        if any(not -(2**63) <= d < 2**63 for d in shape) or not -(2**31) <= axis < 2**31:
+            raise ValueError(f"axis {axis} or a dim of the shape {shape} is out of range")
+    dims = (ctypes.c_int64 * max(1, len(shape or ())))(*(shape or ()))
     err = ctypes.create_string_buffer(_ERRLEN)
-    rc = lib.onnxq_cuda_node_support(*texts, ctypes.addressof(modes), err, _ERRLEN)
+    rc = lib.onnxq_cuda_node_support_shape(
+        *texts,
+        ctypes.addressof(modes),
+        -1 if shape is None else len(shape),
+        ctypes.addressof(dims),
+        axis if shape is not None else 0,
+        err,
+        _ERRLEN,
+    )
     why = err.value.decode(errors="replace").removeprefix("[onnxq_cuda_node_support] ")
     if rc == 2:
         raise ValueError(why)
@@ -484,6 +513,25 @@ def _packed_inputs(code: str, fields: dict[str, tuple[Any, int, int]]) -> dict[s
     return flat
 
 
+def _packed_fields(
+    dt: DataType, shape: tuple[int, ...], axis: int, q: Any, scale: Any, tenscale: Any, meta: Any
+) -> dict[str, tuple[Any, int, int]]:
+    """The packed inputs a table of ``shape`` needs (`_packed_inputs`' argument).
+
+    Codes, scale grid, MX shift bits or a codebook's meta bits, tensor scale.
+    """
+    grid, sub_grid = _grid(dt, shape, axis)
+    book = getattr(dt.nspec, "is_codebook", False)
+    bits = dt.nspec.index_bits if book else dt.nspec.bits
+    fields = {"q": (q, (math.prod(shape) * bits + 7) // 8, 1), "scale": (scale, math.prod(grid), 1)}
+    meta_bits = dt.nspec.meta_bits if book else int(sub_grid is not None)
+    if meta_bits:
+        fields["meta"] = (meta, (math.prod(sub_grid or grid) * meta_bits + 7) // 8, 1)
+    if dt.sspec.tenscale is not None:
+        fields["tenscale"] = (tenscale, 1, 4)
+    return fields
+
+
 def dequantize_packed(
     dtype: DataType | str,
     shape: tuple[int, ...],
@@ -509,14 +557,7 @@ def dequantize_packed(
         raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
     dt = _as_datatype(dtype)
     shape = tuple(shape)
-    grid, meta_shape = _grid(dt, shape, axis)
-    n = math.prod(shape)
-    fields = {"q": (q, (n * dt.nspec.bits + 7) // 8, 1), "scale": (scale, math.prod(grid), 1)}
-    if meta_shape is not None:
-        fields["meta"] = (meta, (math.prod(meta_shape) + 7) // 8, 1)
-    if dt.sspec.tenscale is not None:
-        fields["tenscale"] = (tenscale, 1, 4)
-    flat = _packed_inputs(dt.code, fields)
+    flat = _packed_inputs(dt.code, _packed_fields(dt, shape, axis, q, scale, tenscale, meta))
     y = torch.empty(shape, dtype=out_dtype, device=flat["q"].device)
     arr = (ctypes.c_int64 * len(shape))(*shape)
     _call(
@@ -572,14 +613,7 @@ def lookup_packed(
     if not getattr(book, "is_codebook", False):
         raise TypeError(f"{dt.code} is not a codebook; use dequantize_packed")
     shape = tuple(shape)
-    grid, sub_grid = _grid(dt, shape, axis)
-    fields = {
-        "q": (q, (math.prod(shape) * book.index_bits + 7) // 8, 1),
-        "scale": (scale, math.prod(grid), 1),
-    }
-    if book.meta_bits:
-        fields["meta"] = (meta, (math.prod(sub_grid or grid) * book.meta_bits + 7) // 8, 1)
-    flat = _packed_inputs(dt.code, fields)
+    flat = _packed_inputs(dt.code, _packed_fields(dt, shape, axis, q, scale, None, meta))
     table = None if book.is_implicit else np.ascontiguousarray(book.table(), dtype=np.float64)
     y = torch.empty(shape, dtype=out_dtype, device=flat["q"].device)
     _call(
@@ -592,6 +626,60 @@ def lookup_packed(
         flat["q"].data_ptr(),
         flat["scale"].data_ptr(),
         flat["meta"].data_ptr() if "meta" in flat else None,
+        y.data_ptr(),
+        kinds[out_dtype],
+        _stream(y.device, stream),
+    )
+    return y
+
+
+def gather_packed(
+    dtype: DataType | str,
+    shape: tuple[int, ...],
+    rows: Any,
+    q: Any,
+    scale: Any,
+    *,
+    tenscale: Any = None,
+    meta: Any = None,
+    out_dtype: Any = None,
+    axis: int = -1,
+    stream: Any = None,
+) -> Any:
+    """GatherMX on CUDA tensors: rows ``rows`` of the packed table of ``shape``, decoded.
+
+    ``rows``: row indices in ``[0, shape[0])`` (a sequence or CPU tensor: the library reads
+    them on the host). The table's inputs are `dequantize_packed`'s (a codebook's:
+    `lookup_packed`'s); tiles along ``axis``, not 0. Returns ``(len(rows), *shape[1:])``.
+
+    Raises:
+        TypeError, ValueError, RuntimeError: as `dequantize_packed`; an index out of range
+            or tiles along the rows (RuntimeError).
+    """
+    import numpy as np
+    import torch
+
+    out_dtype = torch.float32 if out_dtype is None else out_dtype
+    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
+    if out_dtype not in kinds:
+        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    dt, shape = _as_datatype(dtype), tuple(shape)
+    flat = _packed_inputs(dt.code, _packed_fields(dt, shape, axis, q, scale, tenscale, meta))
+    idx = np.ascontiguousarray(torch.as_tensor(rows).cpu().numpy(), dtype=np.int64).reshape(-1)
+    book = dt.nspec
+    generic = getattr(book, "is_codebook", False) and not book.is_implicit
+    table = np.ascontiguousarray(book.table(), dtype=np.float64) if generic else None
+    y = torch.empty((len(idx), *shape[1:]), dtype=out_dtype, device=flat["q"].device)
+    _call(
+        _lib().onnxq_cuda_gather_packed,
+        dt.code.encode(),
+        None if table is None else table.ctypes.data,
+        len(shape),
+        (ctypes.c_int64 * len(shape))(*shape),
+        axis,
+        idx.ctypes.data,
+        len(idx),
+        *(flat[n].data_ptr() if n in flat else None for n in ("q", "scale", "tenscale", "meta")),
         y.data_ptr(),
         kinds[out_dtype],
         _stream(y.device, stream),

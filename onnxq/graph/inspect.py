@@ -231,8 +231,8 @@ class CudaPlacement:
     """Where onnxruntime's CUDA provider would run a model's onnxq nodes (`cuda_placement`).
 
     ``kernels``: the nodes on the library's GPU kernels; ``cpu``: the names of the others by
-    reason (a format or mode without kernels takes the node's CPU kernel on host copies;
-    MatMulMX and GatherMX have no CUDA kernel); ``unknown``: why nothing could be said (the
+    reason (a format, mode or GatherMX table without kernels takes the node's CPU kernel on
+    host copies; MatMulMX has no CUDA kernel); ``unknown``: why nothing could be said (the
     library is missing or has no GPU kernels), else "".
     """
 
@@ -263,9 +263,10 @@ def cuda_placement(model: onnx.ModelProto) -> CudaPlacement:
 
     Decided from each node's op type, ``dtype`` and mode attributes as the library decides at
     session creation (`onnxq.cast.cuda_aot.node_support`); needs no GPU. The shapes do not
-    matter: tiles along any axis run on the kernels. A node the ops would refuse is listed
-    under its error. A decoder of a constant weight in the main graph is listed as such:
-    `onnxq.runtime.session` decodes it once, when the session is created.
+    matter (tiles along any axis run on the kernels) but for GatherMX, whose table's shape
+    and axis attributes are passed too. A node the ops would refuse is listed under its error.
+    A decoder of a constant weight in the main graph is listed as such: `onnxq.runtime.session`
+    decodes it once, when the session is created.
     """
     nodes = [
         node
@@ -297,7 +298,10 @@ def cuda_placement(model: onnx.ModelProto) -> CudaPlacement:
         modes = {k: str(attrs[k]) for k in _MODE_ATTRS if k in attrs}
         try:
             dtype = str(attrs.get("dtype", attrs.get("onnxq_dtype", "")))
-            why = cuda_aot.node_support(node.op_type, dtype, **modes)
+            table: dict[str, Any] = {}
+            if node.op_type == "GatherMX":
+                table = dict(shape=attrs.get("shape", []), axis=attrs.get("axis", -1))
+            why = cuda_aot.node_support(node.op_type, dtype, **modes, **table)
         except ValueError as err:
             why = f"refused by the ops: {err}"
         if why and id(node) in weights:

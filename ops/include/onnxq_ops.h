@@ -136,9 +136,18 @@ ONNXQ_API int32_t onnxq_cuda_info(char* out, size_t outlen);
  * attribute and modes (NULL: the defaults), decided as at session creation, with no driver or
  * GPU: 0 on the embedded kernels; 1 on the CPU (the host fallback, or an op with no CUDA
  * kernel), err says why; 2 an unknown op type, a dtype that does not parse or a
- * CodebookLookup of a format that is no codebook, err says why. */
+ * CodebookLookup of a format that is no codebook, err says why. GatherMX's placement depends
+ * on its table too: it needs onnxq_cuda_node_support_shape (2 here). */
 ONNXQ_API int32_t onnxq_cuda_node_support(const char* op_type, const char* dtype,
                                           const onnxq_modes* modes, char* err, size_t errlen);
+
+/* As onnxq_cuda_node_support, with the node's `shape` (ndim dims) and `axis` attributes, which
+ * GatherMX's placement depends on (the other ops ignore them; ndim -1: not given). 2 also for
+ * a GatherMX shape and axis the op refuses. */
+ONNXQ_API int32_t onnxq_cuda_node_support_shape(const char* op_type, const char* dtype,
+                                                const onnxq_modes* modes, int32_t ndim,
+                                                const int64_t* shape, int32_t axis, char* err,
+                                                size_t errlen);
 
 /* Quantize x (float type x_type) of shape[ndim], tiles along `axis` (-ndim .. ndim - 1).
  * values (x_type, x's shape) and codes may each be NULL, not both; with codes, scale is required
@@ -184,6 +193,21 @@ ONNXQ_API int32_t onnxq_cuda_lookup_packed(const char* dtype, const double* tabl
                                            const void* scale, const uint8_t* meta_packed,
                                            void* values, int32_t values_type, void* stream,
                                            char* err, size_t errlen);
+
+/* GatherMX (docs/ops.md) on the device: rows `rows` (nrows of them, host memory, each in
+ * [0, shape[0])) of the packed table of `shape` (tiles along `axis`, not 0) decoded into
+ * values (nrows x shape[1:], float type values_type), in their order. The table's inputs are
+ * onnxq_cuda_dequantize_packed's (an embedded preset) or onnxq_cuda_lookup_packed's (a
+ * codebook; table as there, NULL for other data types); tenscale and meta_packed NULL where
+ * the data type has none. The rows of each packed stream are copied into stream-ordered
+ * scratch, then decoded. */
+ONNXQ_API int32_t onnxq_cuda_gather_packed(const char* dtype, const double* table, int32_t ndim,
+                                           const int64_t* shape, int32_t axis,
+                                           const int64_t* rows, int64_t nrows, const uint8_t* q,
+                                           const void* scale, const void* tenscale,
+                                           const uint8_t* meta_packed, void* values,
+                                           int32_t values_type, void* stream, char* err,
+                                           size_t errlen);
 
 #ifdef __cplusplus
 }

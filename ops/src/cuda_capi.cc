@@ -75,17 +75,30 @@ int32_t onnxq_cuda_info(char* out, size_t outlen) {
 
 int32_t onnxq_cuda_node_support(const char* op_type, const char* dtype,
                                 const onnxq_modes* modes, char* err, size_t errlen) {
+  return onnxq_cuda_node_support_shape(op_type, dtype, modes, -1, nullptr, 0, err, errlen);
+}
+
+int32_t onnxq_cuda_node_support_shape(const char* op_type, const char* dtype,
+                                      const onnxq_modes* modes, int32_t ndim,
+                                      const int64_t* shape, int32_t axis, char* err,
+                                      size_t errlen) {
   const char* op = "[onnxq_cuda_node_support] ";
   if (!op_type || !dtype) return status(err, errlen, op, "op_type and dtype are required");
   const std::string type = op_type;
-  if (type == "MatMulMX" || type == "GatherMX") {
+  if (type == "MatMulMX") {
     status(err, errlen, op, type + " has no CUDA kernel: onnxruntime runs it on the CPU provider");
     return 1;
   }
-  const bool lookup = type == "CodebookLookup";
+  const bool gather = type == "GatherMX", lookup = type == "CodebookLookup";
   const bool quantizes = type == "QuantizeMX" || type == "QuantizeDequantizeMX";
-  if (!lookup && !quantizes && type != "DequantizeMX") {
+  if (!gather && !lookup && !quantizes && type != "DequantizeMX") {
     status(err, errlen, op, "unknown op type " + onnxq::quote_code(type));
+    return 2;
+  }
+  if (gather && (ndim < 1 || ndim > 64 || !shape)) {
+    status(err, errlen, op,
+           "GatherMX needs its table's shape (the node's shape attribute) and axis; "
+           "onnxq_cuda_node_support_shape takes them");
     return 2;
   }
   try {
@@ -97,7 +110,9 @@ int32_t onnxq_cuda_node_support(const char* op_type, const char* dtype,
     }
     std::string invalid;
     const std::string why =
-        onnxq::cuda::node_reason(parsed, lookup, quantizes, to_modes(modes), &invalid);
+        gather ? onnxq::cuda::gather_reason(parsed, std::vector<int64_t>(shape, shape + ndim),
+                                            axis, &invalid)
+               : onnxq::cuda::node_reason(parsed, lookup, quantizes, to_modes(modes), &invalid);
     if (!status(err, errlen, op, why)) return 0;  // on the kernels
     return invalid.empty() ? 1 : 2;
   } catch (const std::exception& e) {
@@ -182,6 +197,42 @@ int32_t onnxq_cuda_lookup_packed(const char* dtype, const double* table, int32_t
     return status(err, errlen, op,
                   onnxq::cuda::lookup_packed(f, ndim, shape, axis, q, scale, meta_packed, values,
                                              values_type, stream));
+  } catch (const std::exception& ex) {
+    return status(err, errlen, op, ex.what());
+  } catch (...) {
+    return status(err, errlen, op, "unknown error");
+  }
+}
+
+int32_t onnxq_cuda_gather_packed(const char* dtype, const double* table, int32_t ndim,
+                                 const int64_t* shape, int32_t axis, const int64_t* rows,
+                                 int64_t nrows, const uint8_t* q, const void* scale,
+                                 const void* tenscale, const uint8_t* meta_packed, void* values,
+                                 int32_t values_type, void* stream, char* err, size_t errlen) {
+  const char* op = "[onnxq_cuda_gather_packed] ";
+  if (!dtype) return status(err, errlen, op, "dtype is null");
+  if (ndim < 1 || ndim > 64 || !shape) return status(err, errlen, op, "the table needs a shape");
+  if (nrows < 0 || (nrows && !rows)) return status(err, errlen, op, "rows is null or negative");
+  try {
+    onnxq::ParsedType parsed;
+    std::string e = onnxq::parse_dtype(dtype, &parsed);
+    if (!e.empty()) return status(err, errlen, op, "dtype " + onnxq::quote_code(dtype) + ": " + e);
+    std::vector<double> values_of_table;
+    if (table && parsed.fmt.cb_index_bits) {
+      const size_t n = size_t(1) << (parsed.fmt.cb_meta_bits + parsed.fmt.cb_index_bits);
+      values_of_table.assign(table, table + n);
+    }
+    const std::vector<int64_t> dims(shape, shape + ndim);
+    std::string invalid;
+    const std::string why = onnxq::cuda::gather_reason(parsed, dims, axis, &invalid);
+    if (!why.empty()) return status(err, errlen, op, why);  // checks the shape and axis
+    onnxq::Format f;
+    e = onnxq::to_format(parsed, values_of_table.empty() ? nullptr : &values_of_table, &f);
+    if (!e.empty()) return status(err, errlen, op, "dtype " + onnxq::quote_code(dtype) + ": " + e);
+    return status(err, errlen, op,
+                  onnxq::cuda::gather_packed(f, parsed.code, dims, axis < 0 ? axis + ndim : axis,
+                                             rows, nrows, q, scale, tenscale, meta_packed,
+                                             values, values_type, stream));
   } catch (const std::exception& ex) {
     return status(err, errlen, op, ex.what());
   } catch (...) {

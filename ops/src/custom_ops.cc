@@ -157,8 +157,8 @@ OpDef make_def(OpKind kind, TypeList inputs, TypeList outputs, bool cuda = false
   d.GetOutputCharacteristic = [](const OrtCustomOp* op, size_t i) noexcept {
     return def(op).out_char[i];
   };
-  // DequantizeMX's Shape input and CodebookLookup's Table are read on the host, also on the
-  // CUDA execution provider (the table goes to the device with the launch).
+  // DequantizeMX's Shape input, the Table inputs and GatherMX's Indices are read on the host,
+  // also on the CUDA execution provider (a table goes to the device with the launch).
   d.GetInputMemoryType = [](const OrtCustomOp* op, size_t i) noexcept {
     const OpDef& o = def(op);
     return o.cuda && reads_on_host(o.kind, i) ? OrtMemTypeCPUInput : OrtMemTypeDefault;
@@ -184,9 +184,9 @@ std::vector<OpDef>& op_defs() {
   const TypeList codes = {kU8, kU16, kU32};
   const char* env = std::getenv("ONNXQ_CUDA_OPS");
   const bool cuda = cuda::kernel_count() > 0 && !(env && std::string(env) == "0");
-  // QuantizeMX / DequantizeMX / CodebookLookup / QuantizeDequantizeMX: on the CPU, and (when
-  // the library embeds GPU kernels; ONNXQ_CUDA_OPS=0 leaves them out) on the CUDA execution
-  // provider.
+  // QuantizeMX / DequantizeMX / CodebookLookup / QuantizeDequantizeMX / GatherMX: on the CPU,
+  // and (when the library embeds GPU kernels; ONNXQ_CUDA_OPS=0 leaves them out) on the CUDA
+  // execution provider. MatMulMX (below) runs on the CPU only.
   for (bool on_cuda : {false, true}) {
     if (on_cuda ? !cuda : cuda && cuda_kernels_on_cpu_provider()) continue;
     for (auto x : {kTF32, kTF16, kTBF16, kAny})
@@ -204,6 +204,15 @@ std::vector<OpDef>& op_defs() {
     for (auto x : {kTF32, kTF16, kTBF16})
       defs.push_back(make_def(kQuantDequant, {x}, {x}, on_cuda));
     defs.push_back(make_def(kQuantDequant, {kAny}, {kAny}, on_cuda));
+    // GatherMX: Indices int64 or int32, then DequantizeMX's inputs and Table. Every input is
+    // typed in a variant (an "any" input would share its type with Y's).
+    for (auto ix : {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32})
+      for (auto sc : codes)
+        for (auto z : codes)
+          for (auto t : codes)
+            defs.push_back(
+                make_def(kGather, {ix, kU8, sc, z, t, kU8, kU8, kTF32}, {kAny}, on_cuda));
+    defs.push_back(make_def(kGather, any_inputs(kGather), {kAny}, on_cuda));
   }
   // MatMulMX: float32 A, Bias and Y (its kernel refuses other output types).
   for (auto sc : codes)
@@ -211,14 +220,6 @@ std::vector<OpDef>& op_defs() {
       for (auto t : codes)
         defs.push_back(make_def(kMatMul, {kTF32, kU8, sc, z, t, kU8, kU8, kTF32}, {kTF32}));
   defs.push_back(make_def(kMatMul, any_inputs(kMatMul), {kTF32}));
-  // GatherMX (CPU only): Indices int64 or int32, then DequantizeMX's inputs and Table. Every
-  // input is typed in a variant (an "any" input would share its type with Y's).
-  for (auto ix : {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32})
-    for (auto sc : codes)
-      for (auto z : codes)
-        for (auto t : codes)
-          defs.push_back(make_def(kGather, {ix, kU8, sc, z, t, kU8, kU8, kTF32}, {kAny}));
-  defs.push_back(make_def(kGather, any_inputs(kGather), {kAny}));
   return defs;
 }
 

@@ -50,11 +50,19 @@ static_assert(kInX >= 0 && kQOut.q >= 0 && kQOut.scale >= 0 && kQOut.zero >= 0 &
                   contract::output_index(kQuantDequant, "Y") == kOutY,
               "schemas.py OPS lacks an input or output the custom ops write");
 
+constexpr int kInGatherIndices = contract::input_index(kGather, "Indices");
+constexpr int kInGatherTable = contract::input_index(kGather, "Table");
+static_assert(kInGatherIndices >= 0 && kInGatherTable >= 0,
+              "schemas.py OPS lacks GatherMX's inputs");
+
 // Inputs read in host memory also on the CUDA execution provider (GetInputMemoryType):
-// DequantizeMX's Shape and CodebookLookup's Table.
+// DequantizeMX's Shape, CodebookLookup's and GatherMX's Table, and GatherMX's Indices (checked
+// on the host, as on the CPU: onnxruntime copies them there).
 inline bool reads_on_host(OpKind kind, size_t index) {
   return (kind == kDequantize && index == static_cast<size_t>(kInShape)) ||
-         (kind == kLookup && index == static_cast<size_t>(kInTable));
+         (kind == kLookup && index == static_cast<size_t>(kInTable)) ||
+         (kind == kGather && (index == static_cast<size_t>(kInGatherIndices) ||
+                              index == static_cast<size_t>(kInGatherTable)));
 }
 
 struct MmxLarge;  // ort_kernel_mmx_large.h
@@ -115,15 +123,18 @@ void compute_quant_dequant(const Kernel& k, OrtKernelContext* ctx);
 // compute on the CPU.
 void init_matmul_mx(Kernel* k, const OrtKernelInfo* info);
 void compute_matmul_mx(const Kernel& k, OrtKernelContext* ctx);
-// GatherMX (gather_mx.cc): refuses at session creation what it cannot decode; Y from the
-// gathered rows' packed codes only.
+// GatherMX (ort_kernel_gather.cc): refuses at session creation what it cannot decode; Y from
+// the gathered rows' packed codes only. compute_gather_cuda: the same on the CUDA execution
+// provider, the packed table in device memory (cuda::gather_packed).
 void init_gather(const Kernel& k);
 void compute_gather(const Kernel& k, OrtKernelContext* ctx);
+void compute_gather_cuda(const Kernel& k, OrtKernelContext* ctx, void* stream);
 
-// QuantizeMX / DequantizeMX / CodebookLookup / QuantizeDequantizeMX on the CUDA execution
-// provider: the embedded kernels on the session's compute stream; a node they cannot run (its
-// format, modes or axis) runs the CPU kernel on host copies of its tensors, with a warning in
-// the session's log (ONNXQ_CUDA_HOST_FALLBACK=0: refused when the session is created instead).
+// QuantizeMX / DequantizeMX / CodebookLookup / QuantizeDequantizeMX / GatherMX on the CUDA
+// execution provider: the embedded kernels on the session's compute stream; a node they
+// cannot run (its format, modes, axis or GatherMX table) runs the CPU kernel on host copies of
+// its tensors, with a warning in the session's log (ONNXQ_CUDA_HOST_FALLBACK=0: refused when
+// the session is created instead).
 void init_cuda_kernel(Kernel* k, const OrtKernelInfo* info);
 void compute_cuda(const Kernel& k, OrtKernelContext* ctx);
 

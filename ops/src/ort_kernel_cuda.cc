@@ -22,11 +22,14 @@ namespace {
 // reason onnxq_cuda_node_support gives too.
 std::string init_reason(Kernel* k) {
   std::string invalid;
-  std::string why = cuda::node_reason(k->parsed, k->kind == kLookup,
-                                      k->kind == kQuantize || k->kind == kQuantDequant,
-                                      k->modes, &invalid);
+  std::string why =
+      k->kind == kGather
+          ? cuda::gather_reason(k->parsed, k->shape, k->axis, &invalid)
+          : cuda::node_reason(k->parsed, k->kind == kLookup,
+                              k->kind == kQuantize || k->kind == kQuantDequant, k->modes,
+                              &invalid);
   if (!invalid.empty()) throw OpError(why);
-  if (k->kind != kLookup) k->gpu = cuda::find_format(k->parsed.code);
+  if (k->kind != kLookup && k->kind != kGather) k->gpu = cuda::find_format(k->parsed.code);
   return why;
 }
 
@@ -217,7 +220,7 @@ class HostCopies final : public IoRedirect {
   }
 
   const void* input(size_t index, const In& in) override {
-    if (reads_on_host(kind_, index)) return in.data;  // Shape, Table: already on the host
+    if (reads_on_host(kind_, index)) return in.data;  // Shape, Table, Indices: on the host
     const int64_t bytes = in.count * element_bytes(in.type);
     if (bytes <= 0)
       throw OpError("input " + std::to_string(index) + " of type " + type_name(in.type) +
@@ -267,6 +270,8 @@ void compute_on_host(const Kernel& k, OrtKernelContext* ctx) {
       compute_quantize(k, ctx);
     } else if (k.kind == kQuantDequant) {
       compute_quant_dequant(k, ctx);
+    } else if (k.kind == kGather) {
+      compute_gather(k, ctx);
     } else {
       compute_dequantize(k, ctx);  // DequantizeMX and CodebookLookup
     }
@@ -279,6 +284,7 @@ void compute_on_host(const Kernel& k, OrtKernelContext* ctx) {
 void compute_cuda(const Kernel& k, OrtKernelContext* ctx) {
   if (!k.host_reason.empty()) return compute_on_host(k, ctx);
   if (k.kind == kLookup) return compute_cuda_lookup(k, ctx);
+  if (k.kind == kGather) return compute_gather_cuda(k, ctx, gpu_stream(ctx));
   if (k.kind == kDequantize) {
     // X's shape: the Shape input (in host memory, GetInputMemoryType) or the attribute.
     const std::vector<int64_t> shape = node_shape(k, input(ctx, kInShape, "Shape"));

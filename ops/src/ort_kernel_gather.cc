@@ -387,26 +387,57 @@ void init_gather(const Kernel& k) {
   if (k.fmt_ready) node_table(k, k.fmt);  // a generic codebook waits for its Table input
 }
 
-void compute_gather(const Kernel& k, OrtKernelContext* ctx) {
+namespace {
+
+// What both providers read and check before decoding: the table, its packed inputs, the rows
+// the indices name (host memory on either provider) and Y.
+struct Gather {
+  Format table_fmt;  // a generic codebook's, with the Table input's values
+  const Format* f = nullptr;
+  Table t;
+  Packed p;
+  std::vector<int64_t> rows;
+  void* y = nullptr;
+};
+
+void prepare(const Kernel& k, OrtKernelContext* ctx, Gather* g) {
   InputFn get = [ctx](int slot, const char* name) { return input(ctx, slot, name); };
-  Format table_fmt;
-  const Format& f = gather_format(k, get, &table_fmt);
-  const Table t = node_table(k, f);
-  const Packed p = check_inputs(k, f, t, get);
+  g->f = &gather_format(k, get, &g->table_fmt);
+  g->t = node_table(k, *g->f);
+  g->p = check_inputs(k, *g->f, g->t, get);
   In idx = get(kGS.idx, "Indices");
   if (!idx) throw OpError("input Indices is missing");
-  const std::vector<int64_t> rows = read_indices(idx, t);
+  g->rows = read_indices(idx, g->t);
   std::vector<int64_t> yshape = idx.shape;
-  yshape.insert(yshape.end(), t.shape.begin() + 1, t.shape.end());
-  const int64_t n = static_cast<int64_t>(rows.size());
-  if (n > 0 && t.row > kMaxCount / n)
+  yshape.insert(yshape.end(), g->t.shape.begin() + 1, g->t.shape.end());
+  const int64_t n = static_cast<int64_t>(g->rows.size());
+  if (n > 0 && g->t.row > kMaxCount / n)
     throw OpError("Y of shape " + shape_str(yshape) + " would hold more than 2^40 elements; " +
                   "gather fewer rows at a time");
-  void* y = output(ctx, kGatherY, "Y", yshape, k.out_type,
-                   "output_type " + std::to_string(k.out_type));
-  if (n == 0) return;  // an empty Y (its data pointer may be null)
-  if (!y) throw OpError("output Y is missing");
-  gather_rows(f, t, p, rows, k.out_type, y, session_parallel_for(ctx));
+  g->y = output(ctx, kGatherY, "Y", yshape, k.out_type,
+                "output_type " + std::to_string(k.out_type));
+  if (n > 0 && !g->y) throw OpError("output Y is missing");
+}
+
+}  // namespace
+
+void compute_gather(const Kernel& k, OrtKernelContext* ctx) {
+  Gather g;
+  prepare(k, ctx, &g);
+  if (g.rows.empty()) return;  // an empty Y (its data pointer may be null)
+  gather_rows(*g.f, g.t, g.p, g.rows, k.out_type, g.y, session_parallel_for(ctx));
+}
+
+void compute_gather_cuda(const Kernel& k, OrtKernelContext* ctx, void* stream) {
+  Gather g;
+  prepare(k, ctx, &g);
+  if (g.rows.empty() || g.t.row == 0) return;  // an empty Y
+  const Packed& p = g.p;
+  std::string e = cuda::gather_packed(
+      *g.f, k.parsed.code, g.t.shape, g.t.axis, g.rows.data(),
+      static_cast<int64_t>(g.rows.size()), p.q, p.scale, p.tenscale, p.meta, g.y,
+      float_kind(k.out_type), stream);
+  if (!e.empty()) throw OpError(e + " (table of shape " + shape_str(g.t.shape) + ")");
 }
 
 }  // namespace ort

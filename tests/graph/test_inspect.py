@@ -147,6 +147,28 @@ def test_cuda_placement_counts_subgraphs_and_lists_the_nodes_on_the_cpu() -> Non
     assert [w for w in found.cpu if w.startswith("refused by the ops: ")] != []
 
 
+def test_cuda_placement_of_gathermx_follows_its_table() -> None:
+    # GatherMX's placement depends on its table's shape and axis attributes: rows of whole
+    # tiles on the kernels, tiles along the rows on the CPU, no shape refused as by the op
+    if not _gpu_kernels():
+        pytest.skip("the native library has no GPU kernels")
+
+    def gather(name: str, **attrs: object) -> onnx.NodeProto:
+        return helper.make_node(
+            "GatherMX", ["i", "q", "s"], [name], name, domain="onnxq", dtype="mxfp4", **attrs
+        )
+
+    nodes = [gather("rows", shape=[10, 33]), gather("along", shape=[64, 6], axis=0)]
+    nodes.append(gather("unshaped"))
+    graph = helper.make_graph(nodes, "g", [], [])
+    found = cuda_placement(helper.make_model(graph))
+    assert (found.kernels, found.nodes) == (1, 3)
+    (along,) = [w for w, names in found.cpu.items() if names == ["along"]]
+    assert along.startswith("its tiles run along the table's rows (axis 0 of [64, 6])"), along
+    (unshaped,) = [w for w, names in found.cpu.items() if names == ["unshaped"]]
+    assert unshaped.startswith("refused by the ops: GatherMX needs its table's shape")
+
+
 def test_cuda_placement_without_the_library_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     from onnxq.cast import cuda_aot
 

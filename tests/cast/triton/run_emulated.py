@@ -495,6 +495,14 @@ def wrappers(r: Run) -> None:
             )
             if not np.array_equal(bits(y), _bits(onnxq.upcast(q, ml_dtypes.bfloat16))):
                 r.bad.append(name)
+            # GatherMX's launch path: rows of 45 4-bit codes (180 bits), repeated, out of order
+            y = cuda_aot.gather_packed(
+                dt, shape, [1, 1, 0], dev(q.data), dev(q.scale), meta=dev(q.meta),
+                out_dtype=torch.bfloat16,
+            )  # fmt: skip
+            want_rows = np.take(onnxq.upcast(q, ml_dtypes.bfloat16), [1, 1, 0], axis=0)
+            if not np.array_equal(bits(y), _bits(want_rows)):
+                r.bad.append(name.replace("lookup", "gather"))
         for preset, shp in (("mx6", (3, 64)), ("nvfp4", (3, 40))):
             x = _input(shp, 71)
             want = onnxq.cast(x, preset, mode="compress", backend="reference")
@@ -515,8 +523,27 @@ def wrappers(r: Run) -> None:
             same &= np.array_equal(
                 bits(unpacked["values"]), _bits(onnxq.cast(x, preset, backend="reference"))
             )
+            y = cuda_aot.gather_packed(
+                preset, shp, torch.tensor([2, 0, 2]), dev(want.data), dev(want.scale),
+                tenscale=dev(want.tenscale), meta=dev(want.meta),
+            )  # fmt: skip
+            same &= np.array_equal(bits(y), _bits(np.take(onnxq.upcast(want), [2, 0, 2], 0)))
             if not same:
                 r.bad.append(f"wrappers {preset}")
+        # GatherMX's refusals, before any launch: a row past the table, tiles along the rows
+        # (the same packed sizes for both tables)
+        t = onnxq.cast(_input((64, 3), 73), "mxfp4", mode="compress", backend="reference", axis=0)
+        for name, shp, rows, axis in (
+            ("wrapper gather row 3", (3, 64), [0, 3], -1),
+            ("wrapper gather axis 0", (64, 3), [0], 0),
+        ):
+            first = len(r.emu.log)
+            try:
+                cuda_aot.gather_packed("mxfp4", shp, rows, dev(t.data), dev(t.scale), axis=axis)
+                r.bad.append(name)
+            except RuntimeError as err:
+                r.refused[name] = str(err)
+            r.launches[name] = r.emu.log[first:]
         # tiles along axis 1 (elements after it): the grids the wrappers size, the axis passed
         x = _input(INNER_SHAPE, 72)
         want = onnxq.cast(x, "mx6", mode="compress", backend="reference", axis=1)

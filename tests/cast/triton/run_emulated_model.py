@@ -7,13 +7,16 @@ on the fake driver, with `fake_ort_allocator.c` as onnxruntime's allocator so th
 intermediate tensor lives in memory the driver counts as device memory: the launches run in
 Triton's interpreter on the model's own activations (dynamic batch and sequence dims), and the
 weights (onnxruntime's initializers, outside the driver's blocks; ``fake_any_memory``) take
-the host fallback where their axis needs it. Weights are decoded at each run
-(``decode_weights="run"``), as on the CUDA provider.
+the host fallback where their axis needs it. With ``packed_inputs`` the onnxq nodes' packed
+weights are graph inputs fed from the driver's blocks instead, so that GatherMX and
+DequantizeMX launch on them. Weights are decoded at each run (``decode_weights="run"``), as
+on the CUDA provider.
 
 Run as a script with ``TRITON_INTERPRET=1``, ``ONNXQ_LIBCUDA``,
 ``ONNXQ_CUDA_OPS_ON_CPU_PROVIDER=1``; argument: a JSON object with ``model``, ``weights``,
 ``activations`` (or ``preset`` and ``block_size``: a deployment recipe), ``fuse``,
-``weight_storage`` and ``modes`` (a recipe's mode keys; both optional), ``allocator`` (the
+``weight_storage``, ``modes`` (a recipe's mode keys), ``recipe`` (more recipe keys) and
+``packed_inputs`` (all four optional), ``allocator`` (the
 built allocator library) and ``want`` (an .npz of the CPU provider's outputs). Prints one
 JSON object: ``same`` (each output equal bit for bit), ``kernels`` (the kernels launched),
 ``errors`` (exceptions in the launch callback).
@@ -26,7 +29,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from onnx import helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests.models
@@ -51,6 +56,7 @@ def quantized(case: dict) -> object:
             "activations": case["activations"],
             **case.get("modes", {}),
             "custom_ops_only": "modes" in case,  # modes without a standard-ONNX fallback
+            **case.get("recipe", {}),  # more recipe keys (op_type_overrides...)
         }
     return onnxq.quantize_model(
         str(model_path(case["model"])),
@@ -58,6 +64,24 @@ def quantized(case: dict) -> object:
         fuse=case["fuse"],
         weight_storage=case.get("weight_storage", "packed"),
     )
+
+
+def packed_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The model with the onnxq nodes' integer initializers (packed codes, scales, meta) as
+    graph inputs, and their values to feed."""
+    used = {name for node in model.graph.node if node.domain == "onnxq" for name in node.input}
+    ints = (onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32)
+    feeds = {}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.initializer[:]
+    for t in model.graph.initializer:
+        if t.name in used and t.data_type in ints:
+            feeds[t.name] = np.ascontiguousarray(numpy_helper.to_array(t))
+            out.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, t.dims))
+        else:
+            out.graph.initializer.append(t)
+    return out, feeds
 
 
 def main() -> None:
@@ -68,11 +92,14 @@ def main() -> None:
     options.log_severity_level = 2  # the host fallback's warnings (stderr)
     options.register_custom_ops_library(case["allocator"])
     options.add_session_config_entry("session.use_env_allocators", "1")
+    model, packed = quantized(case), {}
+    if case.get("packed_inputs"):
+        model, packed = packed_as_inputs(model)
     sess = runtime.session(
-        quantized(case), providers=["CPUExecutionProvider"], sess_options=options,
-        decode_weights="run",
-    )  # fmt: skip
+        model, providers=["CPUExecutionProvider"], sess_options=options, decode_weights="run"
+    )
     feeds = {k: np.ascontiguousarray(v) for k, v in example_inputs(case["model"]).items()}
+    feeds.update(packed)
     for v in feeds.values():
         r.dev(v)
     # copies: onnxruntime's own output arrays must go while the session lives (their buffers

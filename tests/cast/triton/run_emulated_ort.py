@@ -357,6 +357,84 @@ def host_fallback(o: OrtRun) -> None:
         lookup(o, f"host lookup {code}", code, shape, q, 0, runs=2)
 
 
+# GatherMX: (dtype, table shape, tile axis) on the device (the rows' packed codes, scales and
+# meta bits copied out by the row-copy kernel, then decoded): 4-bit codes, rows of 33 codes
+# (132 bits: rows that do not start on a byte), MX shift bits, NVFP4's tensor scale, 8-bit
+# codes with a ragged last tile (70 = 2 * 32 + 6), tiles along axis 1 with elements after it,
+# an implicit codebook with meta bits
+GATHERS = [
+    ("mxfp4", (10, 64), -1),
+    ("mxfp4", (6, 33), -1),
+    ("mx6", (9, 2, 20), -1),
+    ("nvfp4", (7, 48), -1),
+    ("mxfp8e4", (6, 70), -1),
+    ("mxfp4", (5, 64, 3), 1),
+    ("cb41fi_e2m2fnuz_e8m0_t32s8", (8, 64), -1),
+]
+# ... and on the host fallback: tiles along the rows (axis 0), a format without kernels
+HOST_GATHERS = [
+    ("mxfp4", (64, 6), 0),
+    ("int8_channel", (6, 16), -1),
+]
+GATHER_SLOTS = ("q", "scale", "zero", "tenscale", "meta", "mask")
+
+
+def gather(
+    o: OrtRun,
+    name: str,
+    dt: str,
+    shape: tuple[int, ...],
+    axis: int,
+    out: int,
+    idx: np.ndarray,
+    runs: int = 1,
+    implicit: str = "",
+) -> None:
+    """One GatherMX node over a packed table in device memory (Indices, and a generic
+    codebook's Table from the `implicit` one, on the host as on the CUDA provider): Y is the
+    reference decode of the table's rows `idx`."""
+    # each row a magnitude of its own, so that a row decoded with another row's scales shows;
+    # NaN and infinities in row 0 only (a codebook tile with one decodes to NaN)
+    x = _input(shape, 140 + len(name))
+    x[1:] = np.nan_to_num(x[1:], nan=1.0, posinf=3.0, neginf=-3.0)
+    x *= np.exp2(3.0 * (np.arange(shape[0]) % 8) - 8, dtype=np.float32).reshape(
+        -1, *[1] * (len(shape) - 1)
+    )
+    q = onnxq.cast(x, implicit or dt, mode="compress", backend="reference", axis=axis)
+    fields = {n: a for n, a in _fields(q).items() if n in GATHER_SLOTS}
+    names = ["idx"] + [n if n in fields else "" for n in GATHER_SLOTS]
+    host = {"idx": idx}
+    if implicit:
+        names.append("table")
+        host["table"] = np.asarray(datatype(implicit).nspec.table(), np.float32)
+    node = helper.make_node(
+        "GatherMX", names, ["y"], name, domain="onnxq", dtype=dt, shape=list(shape), axis=axis,
+        output_type=ONNX_OUT[out],
+    )  # fmt: skip
+    y = np.zeros(idx.shape + shape[1:], NP_OUT[out])
+    device = {n: _registered(a) for n, a in fields.items()}
+    if o.run(name, [node], device, host, {"y": y}, runs):
+        o.r.check(name, y, np.take(onnxq.upcast(q, NP_OUT[out]), idx, axis=0))
+
+
+def gathers(o: OrtRun) -> None:
+    """GatherMX on the device: negative and repeated indices, int64 and int32, 2-D indices,
+    three output types; a generic codebook with its Table; the host fallback's cases."""
+    idx = np.asarray([[3, -1, 0], [3, 4, 2]], np.int64)
+    for i, (dt, shape, axis) in enumerate(GATHERS):
+        out = i % 3
+        ix = idx if i % 2 else idx.astype(np.int32)
+        gather(o, f"ort gather {dt} {shape} axis {axis} {out}", dt, shape, axis, out, ix)
+    # a generic codebook, its table the Table input; a row's 3 meta units are 3 bits
+    gather(o, "ort gather generic", "cb41_e2m2fnuz_e8m0_t32", (6, 96), -1, 1, idx,
+           implicit="cb41fi_e2m2fnuz_e8m0_t32")  # fmt: skip
+    gather(o, "ort gather no rows", "mxfp4", (10, 64), -1, 0, np.zeros((0, 2), np.int64))
+    for dt, shape, axis in HOST_GATHERS:
+        gather(o, f"host gather {dt} {shape} axis {axis}", dt, shape, axis, 0, idx, runs=2)
+    bad = np.asarray([1, 6], np.int64)  # a table of 6 rows: refused before any launch
+    gather(o, "ort gather out of range", "mxfp4", (6, 64), -1, 0, bad)
+
+
 def odd_name(o: OrtRun) -> None:
     """A node name with a line break and 300 characters: the warning stays one short line."""
     x = _input((4, 64), 8)
@@ -401,6 +479,7 @@ def main() -> None:
     lookups(o)
     modes(o)
     host_fallback(o)
+    gathers(o)
     odd_name(o)
     empty(o)
     strict(o)

@@ -666,7 +666,15 @@ NODE_SUPPORT = [
     (("DequantizeMX", "mx6", {"round_mode": "stochastic"}), ""),  # modes: quantize only
     (("CodebookLookup", "cb41fi_e2m2fnuz_e8m0_t4_t8", {}), "tiles along one axis only"),
     (("MatMulMX", "mxfp4", {}), "MatMulMX has no CUDA kernel: onnxruntime runs it on the CPU"),
-    (("GatherMX", "mxfp4", {}), "GatherMX has no CUDA kernel"),
+    # GatherMX by its table: rows of whole tiles on the kernels (132-bit rows included)
+    (("GatherMX", "mxfp4", {"shape": [10, 33]}), ""),
+    (("GatherMX", "mx6", {"shape": [9, 2, 20], "axis": 2}), ""),
+    (("GatherMX", "mxfp4", {"shape": [5, 64, 3], "axis": -2}), ""),
+    (("GatherMX", "cb41_e2m2fnuz_e8m0_t32", {"shape": [6, 96]}), ""),
+    (("GatherMX", "mxfp4", {"shape": [64, 6], "axis": 0}), "tiles run along the table's rows"),
+    (("GatherMX", "mxfp4", {"shape": [64], "axis": 0}), "tiles run along the table's rows"),
+    (("GatherMX", "int8_channel", {"shape": [6, 16]}), "dtype 'int8_channel' has no CUDA kernel"),
+    (("GatherMX", "cb41fi_e2m2fnuz_e8m0_t4_t8", {"shape": [8, 8]}), "tiles along one axis only"),
 ]
 
 
@@ -698,6 +706,15 @@ def test_node_support_says_where_the_cuda_provider_runs_a_node(node: tuple, reas
         (("QuantizeMX", "mxfp4\udcff", {}), "unexpected character '\\'"),
         (("QuantizeMX", "e" * 100_000, {}), "at most"),
         (("Q" * 100_000, "mxfp4", {}), "unknown op type 'QQQ"),
+        # GatherMX: its table's shape and axis, as the op checks them (hostile attributes)
+        (("GatherMX", "mxfp4", {}), "GatherMX needs its table's shape"),
+        (("GatherMX", "mxfp4", {"shape": []}), "GatherMX needs its table's shape"),
+        (("GatherMX", "mxfp4", {"shape": [0, 32]}), "must hold positive dims"),
+        (("GatherMX", "mxfp4", {"shape": [2**21, 2**20]}), "at most 2^40 elements"),
+        (("GatherMX", "mxfp4", {"shape": [2**70, 2]}), "out of range"),
+        (("GatherMX", "mxfp4", {"shape": [4, 32], "axis": 2}), "axis 2 is out of range"),
+        (("GatherMX", "mxfp4", {"shape": [4.0, 32]}), "must be integers"),
+        (("GatherMX", "e2m1fnuz_e8m0_t32n2m4", {"shape": [4, 32]}), "N:M sparsity"),
     ],
 )
 def test_node_support_refuses_what_the_ops_refuse(node: tuple, error: str) -> None:
@@ -1208,6 +1225,52 @@ def test_codebook_lookup_equals_the_reference(code: str, shape: tuple[int, ...])
     )  # fmt: skip
     torch.cuda.synchronize()
     np.testing.assert_array_equal(_bits(y), _ref_bits(onnxq.upcast(q)), err_msg=generic)
+
+
+# GatherMX's tables: (dtype, shape, axis); rows that end inside a byte (33 or 45 codes of 4
+# bits, 3 meta bits), shift bits, the tensor scale, tiles along axis 1 with elements after it
+GATHERS = [
+    ("mxfp4", (40, 33), -1),
+    ("mx6", (17, 2, 20), -1),
+    ("nvfp4", (9, 48), -1),
+    ("mxfp8e4", (12, 70), -1),
+    ("bfp16", (6, 64, 3), 1),
+    ("cb41fi_e2m2fnuz_e8m0_t32", (8, 96), -1),
+    ("cb42feie_e2m2fnuz_e8m0_t32s8", (5, 45), -1),
+]
+
+
+@gpu
+@pytest.mark.parametrize(("code", "shape", "axis"), GATHERS)
+def test_gathermx_launch_path_equals_the_reference(
+    code: str, shape: tuple[int, ...], axis: int
+) -> None:
+    """GatherMX's launch path (cuda_aot.gather_packed: the row-copy image, then the decode):
+    the reference decode of the table's rows, repeated and out of order, every output type."""
+    import torch
+
+    from onnxq.cast import cuda_aot
+
+    # specials in row 0 only (a codebook tile with a NaN decodes to NaN), each row a magnitude
+    # of its own (a row decoded with another row's scales shows)
+    x = _data(shape, 5)
+    x[1:] = np.nan_to_num(x[1:], nan=1.0, posinf=3.0, neginf=-3.0)
+    x *= np.exp2(3.0 * (np.arange(shape[0]) % 8) - 8, dtype=np.float32).reshape(
+        -1, *[1] * (len(shape) - 1)
+    )
+    q = onnxq.cast(x, code, mode="compress", backend="reference", axis=axis)
+    rows = [shape[0] - 1, 0, 2, 2, 1]
+    extra = {} if q.meta is None else {"meta": _to_torch(q.meta)}
+    if q.tenscale is not None:
+        extra["tenscale"] = _to_torch(q.tenscale.astype(np.uint32))
+    for ftype in TYPES:
+        y = cuda_aot.gather_packed(
+            code, shape, rows, _to_torch(q.data), _to_torch(q.scale), **extra, axis=axis,
+            out_dtype=getattr(torch, ftype),
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        want = np.take(onnxq.upcast(q, _np_dtype(ftype)), rows, axis=0)
+        np.testing.assert_array_equal(_bits(y), _ref_bits(want), err_msg=f"{code} {ftype}")
 
 
 def _ort_cuda() -> tuple[bool, str]:

@@ -115,6 +115,16 @@ def test_codebooks_take_the_block_the_generator_expects(emulated: dict) -> None:
     assert {"cb19_4x8", "cb19_8x32", "cb20_1x512"} <= launched
 
 
+def test_the_gather_wrapper_refuses_before_any_launch(emulated: dict) -> None:
+    # cuda_aot.gather_packed (GatherMX's launch path; its bits: the test above, "wrapper
+    # gather ..." and "wrappers ..." cases): a row past the table, tiles along the rows
+    refused, launches = emulated["refused"], emulated["launches"]
+    assert refused["wrapper gather row 3"].endswith("row 3 is out of range for a table of 3 rows")
+    along = refused["wrapper gather axis 0"]
+    assert "its tiles run along the table's rows (axis 0 of [64, 3])" in along, along
+    assert launches["wrapper gather row 3"] == [] and launches["wrapper gather axis 0"] == []
+
+
 def test_codebook_refusals_name_the_problem(emulated: dict) -> None:
     refused = emulated["refused"]
     want = {
@@ -134,8 +144,10 @@ def test_codebook_refusals_name_the_problem(emulated: dict) -> None:
     for case in want:
         if case not in ("not a codebook", "generic without a table", "host memory", "no meta"):
             assert "run this node on the CPU" in refused[case], case
-    # every lookup and preset case ran (the modes' refusals: the test below)
-    assert set(refused) == set(want) | {"modes stochastic", "modes search"}
+    # every lookup and preset case ran (the modes' and the gather wrapper's refusals: the tests
+    # below and above)
+    gathers = {"wrapper gather row 3", "wrapper gather axis 0"}
+    assert set(refused) == set(want) | {"modes stochastic", "modes search"} | gathers
 
 
 def test_modes_run_on_the_general_kernels_and_the_rest_are_refused(emulated: dict) -> None:
@@ -264,7 +276,8 @@ def test_onnxruntime_cuda_kernels_equal_the_reference(emulated_ort: tuple[dict, 
         kinds = _kinds(result["launches"][n])
         assert ("q" in kinds) != ("dqi" in kinds) and "f" not in kinds, (n, kinds)
     assert len([n for n in ran if n.startswith("ort lookup ")]) == 5
-    assert all(result["launches"][n] for n in ran)
+    assert len([n for n in ran if n.startswith("ort gather ")]) == 9  # 7 + generic + no rows
+    assert all(result["launches"][n] for n in ran if n != "ort gather no rows")
 
 
 @pytest.mark.parametrize("preset", ["mxfp8e4", "mx6", "nvfp4"])
@@ -280,6 +293,40 @@ def test_onnxruntime_cuda_quantize_and_qdq_take_the_fast_and_general_kernels(
         # QuantizeDequantizeMX: the values kernel alone
         assert la[f"ort {preset} (3, 64) qdq {x_type}"] == [*amax, "f"]
         assert la[f"ort {preset} (3, 36) qdq {x_type}"] == [*stats, "q"]
+
+
+def test_onnxruntime_gathermx_copies_the_rows_then_decodes_them_on_the_kernels(
+    emulated_ort: tuple[dict, str],
+) -> None:
+    # GatherMX on the device: one row copy per packed stream (codes, scales, and shift or meta
+    # bits), the codes' unpacking, then one decode of the gathered rows (the bits: the
+    # reference's, test above); only the row indices (int32) go to the device, and the
+    # codebook's table; nothing to the host, no synchronisation, no warning
+    from tests.cast.triton.run_emulated_ort import GATHERS
+
+    result, log = emulated_ort
+    sections = _log_sections(log)
+    names = [f"ort gather {dt} {shape} axis {axis} {i % 3}" for i, (dt, shape, axis) in
+             enumerate(GATHERS)] + ["ort gather generic"]  # fmt: skip
+    for name in names:
+        assert name not in result["refused"], (name, result["refused"].get(name))
+        kinds = _kinds(result["launches"][name])
+        book = "cb41" in name or "generic" in name
+        streams = 3 if "mx6" in name or book else 2
+        assert kinds[:streams] == ["gather"] * streams, (name, kinds)
+        assert kinds[-1] in ("dq", "dqi", "cb"), (name, kinds)
+        table = 2 ** (4 + 1) * 8 if book else 0  # float64 [2^meta][2^index]
+        assert result["copies"][name] == [0, 6 * 4 + table, 0], name
+        assert "host copies" not in sections[name], name
+    # no rows: an empty Y, nothing launched; an index past the table: the CPU op's message,
+    # before any launch
+    assert result["launches"]["ort gather no rows"] == []
+    assert "ort gather no rows" not in result["refused"]
+    message = result["refused"]["ort gather out of range"]
+    assert "index 6 (at flat position 1 of Indices) is out of range for a table of 6 rows" in (
+        message
+    )
+    assert result["launches"]["ort gather out of range"] == []
 
 
 def test_onnxruntime_nodes_with_modes_run_on_the_general_kernels(
@@ -323,6 +370,8 @@ HOST_REASONS = {
     "host dequantize 2-d tiles": "dtype 'int8_e8m0_t8_t4' has no CUDA kernel",
     "host lookup cb41fi_e2m2fnuz_e8m0_t4_t8": "tiles along one axis only, not 2-D tiles",
     "host lookup cb41fi_e2m2fnuz_e8m0_t128s64": "tiles of 128 elements with subtiles of 64",
+    "host gather mxfp4 (64, 6) axis 0": "its tiles run along the table's rows (axis 0 of [64, 6])",
+    "host gather int8_channel (6, 16) axis -1": "dtype 'int8_channel' has no CUDA kernel",
 }
 
 
@@ -376,6 +425,9 @@ HOST_NODES = {
         f"host lookup {c}": ("CodebookLookup", c, {})
         for c in ("cb41fi_e2m2fnuz_e8m0_t4_t8", "cb41fi_e2m2fnuz_e8m0_t128s64")
     },
+    # GatherMX: its table's shape and axis too
+    "host gather mxfp4 (64, 6) axis 0": ("GatherMX", "mxfp4", {"shape": [64, 6], "axis": 0}),
+    "host gather int8_channel (6, 16) axis -1": ("GatherMX", "int8_channel", {"shape": [6, 16]}),
 }
 
 
@@ -510,12 +562,35 @@ def test_a_real_model_on_the_cuda_provider_kernels_gives_the_cpu_bits(
     if "modes" in case:
         assert warnings == [], warnings  # float weights, activations on the GPU kernels
     elif case["fuse"]:
-        # the 2-D tile weights took the host fallback, each with its one warning
-        assert len(warnings) == 18, warnings
+        # the 2-D tile weights took the host fallback, each with its one warning: 18 MatMul
+        # weights, 3 embedding tables (GatherMX: tiles whose rows run along the table's rows)
+        assert len(warnings) == 21, warnings
         assert all("int8_e8m0_t8_t4" in w for w in warnings), warnings
+        assert len([w for w in warnings if "[GatherMX]" in w]) == 3, warnings
     else:  # each pair: a quantize, then unpacking and the decode
         assert kinds.count("dq") + kinds.count("dqi") == 24, kinds
         assert warnings == [], warnings
+
+
+def test_a_real_model_gathers_its_packed_embeddings_on_the_cuda_kernels(
+    fake_driver: Path, tmp_path: Path
+) -> None:
+    # packed weights as `onnxq quantize` writes them (embedding tables in GatherMX, the
+    # default), the tables in MXFP4: the 3 embedding lookups copy their rows out and decode
+    # them on the kernels, the 24 activations cast there. (The packed weights are fed as
+    # inputs from the driver's blocks: onnxruntime's initializers lie outside them. The MatMul
+    # weights are 2-D tiles, on the host fallback: their decode in Triton's interpreter
+    # would take minutes; test above.)
+    case = dict(model="minilm", weights="int8_e8m0_t8_t4", activations="mxfp8e4", fuse=True,
+                recipe={"op_type_overrides": {"Gather": {"weights": "mxfp4"}}},
+                packed_inputs=True)  # fmt: skip
+    result, log = _model_on_cuda_kernels(fake_driver, case, tmp_path)
+    kinds = _kinds(result["kernels"])
+    assert kinds.count("gather") == 3 * 2, kinds  # codes and scales of each table
+    assert kinds.count("dq") + kinds.count("dqi") == 3, kinds
+    assert kinds.count("f") + kinds.count("q") == 24, kinds
+    warnings = [ln for ln in log.splitlines() if "with host copies" in ln]
+    assert len(warnings) == 18 and not [w for w in warnings if "GatherMX" in w], warnings
 
 
 def test_the_bfp16_deployment_recipe_with_blocks_of_8_runs_on_the_cuda_kernels(
