@@ -367,6 +367,41 @@ def c_library_lookup(iters: int) -> list[dict[str, Any]]:
     return rows
 
 
+def c_library_gather(iters: int) -> list[dict[str, Any]]:
+    """GatherMX's launch path (`cuda_aot.gather_packed`) on an mxfp4 table of MiniLM's shape
+    (30522 x 384): 512 and 8192 rows, against torch's embedding lookup of the float table (the
+    float model's Gather). Random codes and scales (the work does not depend on the values)."""
+    try:
+        from onnxq.cast import cuda_aot
+
+        ok, why = cuda_aot.available()
+    except Exception as err:
+        ok, why = False, str(err)
+    if not ok:
+        print(f"C library CUDA gather: {why}")
+        return []
+    shape = (30522, 384)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randint(0, 256, (shape[0] * shape[1] // 2,), dtype=torch.uint8, device="cuda",
+                      generator=gen)  # fmt: skip
+    scale = torch.randint(110, 140, (shape[0] * shape[1] // 32,), dtype=torch.uint8, device="cuda")
+    table = torch.randn(shape, device="cuda")
+    rows = []
+    for n in (512, 8192):
+        idx = torch.randint(0, shape[0], (n,), generator=gen, device="cuda")
+        host = idx.cpu()  # GatherMX reads its indices on the host (onnxruntime copies them)
+        row: dict[str, Any] = {"rows": n}
+        try:
+            row["ms"] = bench(lambda h=host: cuda_aot.gather_packed("mxfp4", shape, h, q, scale),
+                              iters)  # fmt: skip
+            row["float_ms"] = bench(lambda i=idx: torch.nn.functional.embedding(i, table), iters)
+        except Exception as err:
+            row["error"] = str(err)[:200]
+        print(f"C library CUDA gather: {json.dumps(row)}", flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", required=True)
@@ -449,6 +484,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     results["c_library"] = c_library_path(args.iters)
     results["c_library_lookup"] = c_library_lookup(args.iters)
+    results["c_library_gather"] = c_library_gather(args.iters)
     results["seconds"] = time.time() - t_start
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
@@ -547,6 +583,19 @@ def summary(results: dict[str, Any]) -> str:
             frac = f"{r['frac_copy']:.2f}" if "frac_copy" in r else r.get("error")
             ms = f"{r['ms']:.3f}" if "ms" in r else ""
             lines.append(f"| {r['format']} | {r['dtype']} | {frac} | {ms} |")
+    rows = results.get("c_library_gather") or []
+    if rows:
+        lines += [
+            "",
+            "GatherMX on the C library's CUDA path (`cuda_aot.gather_packed`, mxfp4 table "
+            "30522x384, calls, host indices) against torch's embedding of the float table:",
+            "",
+            "| rows | ms | float ms |",
+            "|---|---|---|",
+        ]
+        for r in rows:
+            cells = [f"{r[k]:.3f}" if k in r else str(r.get("error")) for k in ("ms", "float_ms")]
+            lines.append(f"| {r['rows']} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
