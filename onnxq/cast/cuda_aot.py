@@ -390,10 +390,7 @@ def dequantize(
     """
     import torch
 
-    out_dtype = torch.float32 if out_dtype is None else out_dtype
-    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
-    if out_dtype not in kinds:
-        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    out_dtype, out_kind = _out_kind(out_dtype)
     dt = _as_datatype(dtype)
     _check(codes, "codes")
     shape = tuple(codes.shape)
@@ -427,7 +424,7 @@ def dequantize(
         flat["tenscale"].data_ptr() if "tenscale" in flat else None,
         flat["meta"].data_ptr() if "meta" in flat else None,
         y.data_ptr(),
-        kinds[out_dtype],
+        out_kind,
         _stream(codes.device, stream),
     )
     return y
@@ -513,6 +510,21 @@ def _packed_inputs(code: str, fields: dict[str, tuple[Any, int, int]]) -> dict[s
     return flat
 
 
+def _out_kind(out_dtype: Any) -> tuple[Any, int]:
+    """(the output's torch dtype, float32 by default; its float type number for the C ABI).
+
+    Raises:
+        TypeError: a type the CUDA path does not write.
+    """
+    import torch
+
+    out_dtype = torch.float32 if out_dtype is None else out_dtype
+    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
+    if out_dtype not in kinds:
+        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    return out_dtype, kinds[out_dtype]
+
+
 def _packed_fields(
     dt: DataType, shape: tuple[int, ...], axis: int, q: Any, scale: Any, tenscale: Any, meta: Any
 ) -> dict[str, tuple[Any, int, int]]:
@@ -551,10 +563,7 @@ def dequantize_packed(
     """
     import torch
 
-    out_dtype = torch.float32 if out_dtype is None else out_dtype
-    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
-    if out_dtype not in kinds:
-        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    out_dtype, out_kind = _out_kind(out_dtype)
     dt = _as_datatype(dtype)
     shape = tuple(shape)
     flat = _packed_inputs(dt.code, _packed_fields(dt, shape, axis, q, scale, tenscale, meta))
@@ -571,7 +580,7 @@ def dequantize_packed(
         flat["tenscale"].data_ptr() if "tenscale" in flat else None,
         flat["meta"].data_ptr() if "meta" in flat else None,
         y.data_ptr(),
-        kinds[out_dtype],
+        out_kind,
         _stream(y.device, stream),
     )
     return y
@@ -604,10 +613,7 @@ def lookup_packed(
     import numpy as np
     import torch
 
-    out_dtype = torch.float32 if out_dtype is None else out_dtype
-    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
-    if out_dtype not in kinds:
-        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    out_dtype, out_kind = _out_kind(out_dtype)
     dt = _as_datatype(dtype)
     book = dt.nspec
     if not getattr(book, "is_codebook", False):
@@ -627,7 +633,7 @@ def lookup_packed(
         flat["scale"].data_ptr(),
         flat["meta"].data_ptr() if "meta" in flat else None,
         y.data_ptr(),
-        kinds[out_dtype],
+        out_kind,
         _stream(y.device, stream),
     )
     return y
@@ -659,10 +665,7 @@ def gather_packed(
     import numpy as np
     import torch
 
-    out_dtype = torch.float32 if out_dtype is None else out_dtype
-    kinds = {getattr(torch, k): i for i, k in enumerate(_FLOAT_KINDS)}
-    if out_dtype not in kinds:
-        raise TypeError(f"the CUDA path writes float32, float16 or bfloat16, not {out_dtype}")
+    out_dtype, out_kind = _out_kind(out_dtype)
     dt, shape = _as_datatype(dtype), tuple(shape)
     flat = _packed_inputs(dt.code, _packed_fields(dt, shape, axis, q, scale, tenscale, meta))
     idx = np.ascontiguousarray(torch.as_tensor(rows).cpu().numpy(), dtype=np.int64).reshape(-1)
@@ -681,7 +684,7 @@ def gather_packed(
         len(idx),
         *(flat[n].data_ptr() if n in flat else None for n in ("q", "scale", "tenscale", "meta")),
         y.data_ptr(),
-        kinds[out_dtype],
+        out_kind,
         _stream(y.device, stream),
     )
     return y
