@@ -232,8 +232,9 @@ class CudaPlacement:
 
     ``kernels``: the nodes on the library's GPU kernels; ``cpu``: the names of the others by
     reason (a format, mode or GatherMX table without kernels takes the node's CPU kernel on
-    host copies; MatMulMX has no CUDA kernel); ``unknown``: why nothing could be said (the
-    library is missing or has no GPU kernels), else "".
+    host copies; MatMulMX has no CUDA kernel; a library built without GPU kernels registers
+    none, so every node is there); ``unknown``: why nothing could be said (the library is
+    missing or too old), else "".
     """
 
     kernels: int = 0
@@ -285,13 +286,16 @@ def cuda_placement(model: onnx.ModelProto) -> CudaPlacement:
         from onnxq.cast import cuda_aot
 
         count, text = cuda_aot.info()
-        if count == 0:
-            found.unknown = text
-        elif not hasattr(cuda_aot._lib(), "onnxq_cuda_node_support"):
-            found.unknown = "the native library predates onnxq_cuda_node_support; rebuild it"
+        if count and not hasattr(cuda_aot._lib(), "onnxq_cuda_node_support_shape"):
+            found.unknown = "the native library predates onnxq_cuda_node_support_shape; rebuild it"
     except RuntimeError as err:
         found.unknown = str(err)
     if found.unknown:
+        return found
+    if count == 0:  # no CUDA registrations: onnxruntime runs every onnxq node on the CPU
+        for node in nodes:
+            why = f"{CONSTANT_WEIGHT}: {text}" if id(node) in weights else text
+            found.cpu.setdefault(why, []).append(node.name or node.op_type)
         return found
     for node in nodes:
         attrs = _attrs(node)

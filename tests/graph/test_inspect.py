@@ -169,6 +169,21 @@ def test_cuda_placement_of_gathermx_follows_its_table() -> None:
     assert unshaped.startswith("refused by the ops: GatherMX needs its table's shape")
 
 
+def test_cuda_placement_of_a_library_without_gpu_kernels_is_every_node_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a library built without GPU kernels registers no CUDA ops: onnxruntime's CUDA provider
+    # leaves every onnxq node to the CPU provider, which is known, not unknown
+    from onnxq.cast import cuda_aot
+
+    why = "this onnxq library was built without GPU kernels (test)"
+    monkeypatch.setattr(cuda_aot, "info", lambda: (0, why))
+    found = cuda_placement(_model())
+    assert found.unknown == "" and found.kernels == 0 and found.nodes > 0
+    assert all(w.endswith(why) for w in found.cpu), found.cpu
+    assert found.cpu_at_run == sum(len(v) for w, v in found.cpu.items() if w == why)
+
+
 def test_cuda_placement_without_the_library_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     from onnxq.cast import cuda_aot
 
