@@ -21,10 +21,13 @@ namespace cuda {
 using namespace detail;  // NOLINT(build/namespaces)
 namespace {
 
-int gather_kernel() {
-  for (int k = 0; k < kernel_count(); ++k)
-    if (aot_kernel(k).op == kOpGatherRows) return k;
-  return -1;
+int gather_kernel() {  // the table is fixed at build time: looked up once
+  static const int found = [] {
+    for (int k = 0; k < kernel_count(); ++k)
+      if (aot_kernel(k).op == kOpGatherRows) return k;
+    return -1;
+  }();
+  return found;
 }
 
 // Queues dst row i = src row rows[i] (row_bits bits each, packed one after the other) for n
@@ -60,10 +63,11 @@ std::string gather_layout(const Format& f, const std::string& code,
   if (gather_kernel() < 0)
     return "this library's GPU kernels predate GatherMX's row copy (rebuild the library)";
   const std::string dtype = "dtype " + quote_code(code);
+  const AotFormat* preset = f.codebook() ? nullptr : find_format(code);
   if (f.codebook()) {
     const std::string e = lookup_supported(f);
     if (!e.empty()) return dtype + ": " + e.substr(0, e.find("; run this node on the CPU"));
-  } else if (!find_format(code)) {
+  } else if (!preset) {
     return dtype + " has no CUDA kernel in this library (" + describe() + ")";
   }
   const int nd = static_cast<int>(shape.size());
@@ -76,6 +80,7 @@ std::string gather_layout(const Format& f, const std::string& code,
   const std::string e = make_geometry(f, one, axis < 0 ? axis + nd : axis, &g);
   if (!e.empty()) return e;
   GatherRow r;
+  r.preset = preset;
   r.elems = g.size;
   r.q_bits = g.size * f.code_bits();
   r.scale_bits = f.scaled ? g.scale_count() * code_width(f.scale.bits) * 8 : 0;
@@ -106,7 +111,7 @@ std::string gather_packed(const Format& f, const std::string& code,
       rows32[static_cast<size_t>(i)] = static_cast<int32_t>(rows[i]);
     }
     const bool meta = r.meta_bits > 0;
-    const AotFormat* F = f.codebook() ? nullptr : find_format(code);
+    const AotFormat* F = r.preset;  // null for a codebook
     if (!q || !values || (r.scale_bits && !scale) || (meta && !meta_packed) ||
         (F && F->tenscale_bits && !tenscale))
       throw Error{"Q, Scale, Y (and Meta, TenScale where the format has them) are required"};

@@ -203,8 +203,10 @@ std::string gather_packed(const Format& f, const std::string& code,
                           const std::vector<int64_t>& shape, int axis, const int64_t* rows,
                           int64_t n, const void* q, const void* scale, const void* tenscale,
                           const void* meta_packed, void* values, int values_type, void* stream);
-// A row of GatherMX's table in each packed stream: elements, bits of codes, scale codes, meta.
+// A row of GatherMX's table in each packed stream: elements, bits of codes, scale codes, meta;
+// and the embedded format that decodes it (null for a codebook).
 struct GatherRow {
+  const AotFormat* preset = nullptr;
   int64_t elems = 0, q_bits = 0, scale_bits = 0, meta_bits = 0;
 };
 // Why gather_packed cannot run a table of `shape` (tiles along `axis`, in [0, ndim)) of format
